@@ -1,0 +1,242 @@
+package pgchangestream
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Defaults for the zero values of [Config].
+const (
+	DefaultMode                   = ModeHybrid
+	DefaultChangelogTable         = "datastore_changelog"
+	DefaultTokenTable             = "resume_tokens"
+	DefaultNotifyChannel          = "nvsentinel_changes"
+	DefaultPollInterval           = 10 * time.Millisecond
+	DefaultFallbackPollInterval   = time.Second
+	DefaultBatchSize              = 100
+	DefaultBufferSize             = 100
+	DefaultMaxPending             = 4096
+	DefaultIdleCheckpointInterval = time.Second
+)
+
+// ErrInvalidConfig is wrapped by every error [New] returns for a bad [Config].
+var ErrInvalidConfig = errors.New("pgchangestream: invalid config")
+
+// Config configures a [Watcher]. Zero values take the defaults stated on each field.
+type Config struct {
+	// DB runs reads and checkpoint writes. Required. Use the pgx stdlib driver
+	// (github.com/jackc/pgx/v5/stdlib).
+	DB *sql.DB
+	// ConnString is the connection string of the dedicated LISTEN connection. Empty: hybrid
+	// mode degrades to polling (with a warning) and notify mode is a config error.
+	ConnString string
+	// ClientName keys the saved resume token. Required.
+	ClientName string
+	// TableName selects the changelog rows to stream (their table_name column). Required.
+	TableName string
+	// Mode is polling, notify or hybrid. Default ModeHybrid.
+	Mode Mode
+
+	// ChangelogTable is the trigger-filled changelog. Default "datastore_changelog".
+	ChangelogTable string
+	// TokenTable holds one saved token per client. Default "resume_tokens".
+	TokenTable string
+	// NotifyChannel is the channel the trigger notifies. Default "nvsentinel_changes".
+	NotifyChannel string
+
+	// PollInterval is the wait after a short read in polling mode. Default 10ms.
+	PollInterval time.Duration
+	// FallbackPollInterval is the wait after a short read in hybrid mode when no NOTIFY
+	// arrives; each wait is jittered by up to a fifth. Default 1s.
+	FallbackPollInterval time.Duration
+	// BatchSize is the number of rows per read. Default 100.
+	BatchSize int
+	// BufferSize is the capacity of the Events channel. Default 100.
+	BufferSize int
+	// MaxPending bounds the deliveries tracked until acknowledged; beyond it the oldest is
+	// folded into a floor the saved token cannot pass. Default 4096.
+	MaxPending int
+	// IdleCheckpointInterval is how often, at most, the watcher saves a checkpoint that moved
+	// with nothing pending (rows skipped by Filter). Default 1s.
+	IdleCheckpointInterval time.Duration
+	// CheckpointInterval batches checkpoint writes. 0 (default): every MarkProcessed saves
+	// before it returns. Positive: MarkProcessed acknowledges in memory and returns, and a
+	// background saver writes the checkpoint at most once per interval when it changed; Flush
+	// and Close save at once. After a crash, acknowledged events since the last save are
+	// delivered again.
+	CheckpointInterval time.Duration
+
+	// StartFromBeginning makes a client with no saved token start at the oldest row of its
+	// table instead of the newest.
+	StartFromBeginning bool
+	// DisableProcessedFlag skips the legacy "processed = TRUE" update on save.
+	DisableProcessedFlag bool
+	// DocumentField, if set, makes fullDocument (and fullDocumentBeforeChange) the JSON
+	// object in this field of the row, with "id" set to the record id.
+	DocumentField string
+	// Filter, if set, is called for every event read; events for which it returns false are
+	// not delivered, and the saved position moves past them.
+	Filter func(Event) bool
+	// Logger receives the watcher's logs, each with the client name. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// withDefaults returns cfg with zero values replaced by the defaults.
+func (cfg Config) withDefaults() Config {
+	if cfg.Mode == "" {
+		cfg.Mode = DefaultMode
+	}
+	if cfg.ChangelogTable == "" {
+		cfg.ChangelogTable = DefaultChangelogTable
+	}
+	if cfg.TokenTable == "" {
+		cfg.TokenTable = DefaultTokenTable
+	}
+	if cfg.NotifyChannel == "" {
+		cfg.NotifyChannel = DefaultNotifyChannel
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = DefaultPollInterval
+	}
+	if cfg.FallbackPollInterval == 0 {
+		cfg.FallbackPollInterval = DefaultFallbackPollInterval
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = DefaultBatchSize
+	}
+	if cfg.BufferSize == 0 {
+		cfg.BufferSize = DefaultBufferSize
+	}
+	if cfg.MaxPending == 0 {
+		cfg.MaxPending = DefaultMaxPending
+	}
+	if cfg.IdleCheckpointInterval == 0 {
+		cfg.IdleCheckpointInterval = DefaultIdleCheckpointInterval
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return cfg
+}
+
+// validate reports the first problem of a defaulted config, naming the field.
+func (cfg Config) validate() error {
+	invalid := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case cfg.DB == nil:
+		return invalid("Config.DB is required")
+	case strings.TrimSpace(cfg.ClientName) == "":
+		return invalid("Config.ClientName is required")
+	case strings.TrimSpace(cfg.TableName) == "":
+		return invalid("Config.TableName is required")
+	}
+	switch cfg.Mode {
+	case ModePolling, ModeHybrid:
+	case ModeNotify:
+		if cfg.ConnString == "" {
+			return invalid("Config.ConnString is required in notify mode")
+		}
+	default:
+		return invalid("Config.Mode %q is not one of polling, notify, hybrid", cfg.Mode)
+	}
+	for _, f := range []struct {
+		name, value string
+	}{
+		{"Config.ChangelogTable", cfg.ChangelogTable},
+		{"Config.TokenTable", cfg.TokenTable},
+	} {
+		if err := checkIdentifier(f.value); err != nil {
+			return invalid("%s: %v", f.name, err)
+		}
+	}
+	if err := checkChannel(cfg.NotifyChannel); err != nil {
+		return invalid("Config.NotifyChannel: %v", err)
+	}
+	for _, f := range []struct {
+		name  string
+		value time.Duration
+	}{
+		{"Config.PollInterval", cfg.PollInterval},
+		{"Config.FallbackPollInterval", cfg.FallbackPollInterval},
+		{"Config.IdleCheckpointInterval", cfg.IdleCheckpointInterval},
+	} {
+		if f.value < 0 {
+			return invalid("%s must be positive, got %v", f.name, f.value)
+		}
+	}
+	if cfg.CheckpointInterval < 0 {
+		return invalid("Config.CheckpointInterval must not be negative, got %v", cfg.CheckpointInterval)
+	}
+	for _, f := range []struct {
+		name  string
+		value int
+	}{
+		{"Config.BatchSize", cfg.BatchSize},
+		{"Config.BufferSize", cfg.BufferSize},
+		{"Config.MaxPending", cfg.MaxPending},
+	} {
+		if f.value < 0 {
+			return invalid("%s must be positive, got %d", f.name, f.value)
+		}
+	}
+	return nil
+}
+
+// identifierPart is one part of a table or channel name: an unquoted-style SQL identifier.
+var identifierPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*$`)
+
+// maxIdentifierLen is PostgreSQL's NAMEDATALEN-1: longer names are silently truncated.
+const maxIdentifierLen = 63
+
+// splitIdentifier splits "name" or "schema.name" and checks each part.
+func splitIdentifier(name string) (pgx.Identifier, error) {
+	if name == "" {
+		return nil, errors.New("name is empty")
+	}
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("%q has more than one dot (want name or schema.name)", name)
+	}
+	for _, p := range parts {
+		if !identifierPart.MatchString(p) {
+			return nil, fmt.Errorf("%q is not a valid identifier (letters, digits, _ and $, not starting with a digit)", name)
+		}
+		if len(p) > maxIdentifierLen {
+			return nil, fmt.Errorf("%q is longer than %d bytes", p, maxIdentifierLen)
+		}
+	}
+	return pgx.Identifier(parts), nil
+}
+
+// checkIdentifier reports whether name is a valid table or channel name.
+func checkIdentifier(name string) error {
+	_, err := splitIdentifier(name)
+	return err
+}
+
+// checkChannel reports whether name is a valid NOTIFY channel: one identifier, no schema.
+func checkChannel(name string) error {
+	if strings.Contains(name, ".") {
+		return fmt.Errorf("%q contains a dot", name)
+	}
+	return checkIdentifier(name)
+}
+
+// quoteIdentifier quotes a name already checked by checkIdentifier ("schema"."name").
+func quoteIdentifier(name string) string {
+	id, err := splitIdentifier(name)
+	if err != nil {
+		// Unreachable for validated names; quoting the whole string keeps it inert anyway.
+		return pgx.Identifier{name}.Sanitize()
+	}
+	return id.Sanitize()
+}
