@@ -1,0 +1,483 @@
+package pgchangestream
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Retry timing, and how many read ids are remembered to tell late rows from rows already read.
+const (
+	readRetryMin   = 50 * time.Millisecond
+	readRetryMax   = 5 * time.Second
+	loadRetryMin   = 100 * time.Millisecond
+	loadRetryMax   = 10 * time.Second
+	recentCapacity = 16384
+)
+
+// Stats are counters of a [Watcher], for metrics and tests.
+type Stats struct {
+	Delivered, Filtered, Acked, Evicted uint64
+	// Pending is the number of deliveries tracked until acknowledged.
+	Pending int
+	// FloorActive is true while evicted deliveries hold the checkpoint back.
+	FloorActive                        bool
+	CheckpointWrites, CheckpointErrors uint64
+	// Checkpoint is the position last saved (or loaded).
+	Checkpoint Position
+	// Cursor is the newest position read.
+	Cursor Position
+}
+
+// Watcher streams the rows of one table's changelog as events. Create it with [New], then call
+// [Watcher.Start]; read [Watcher.Events]; acknowledge with [Watcher.MarkProcessed]; stop with
+// [Watcher.Close].
+type Watcher struct {
+	cfg    Config              // immutable after New
+	cfgErr error               // immutable; set only by NewPostgreSQLChangeStreamWatcher
+	log    *slog.Logger        // immutable
+	q      queries             // immutable
+	listen *pgconn.Config      // immutable; nil when not listening
+	events chan EventWithToken // sent on and closed by the reader goroutine only (or by Close before Start)
+	wake   chan struct{}       // capacity 1; listener → reader: read now
+	ready  chan struct{}       // closed by the listener after its first connect attempt
+	wg     sync.WaitGroup      // reader, listener and saver goroutines
+
+	// Lifecycle, guarded by lifeMu.
+	lifeMu  sync.Mutex
+	started bool
+	closed  bool
+	cancel  context.CancelFunc // cancels the goroutines' context
+	stopErr error              // why the reader stopped, when not because of Close
+
+	// Delivery state, guarded by mu. Nothing slow happens while mu is held.
+	mu             sync.Mutex
+	loaded         bool // cursor holds the loaded position; checkpoints may be computed
+	cursor         Position
+	seq            uint64
+	ring           *pendingRing
+	filtered       uint64
+	acked          uint64
+	evicted        uint64
+	savedMirror    Position // copy of saved for Stats
+	lastEmptyBatch time.Time
+	lastEventRead  time.Time
+
+	// Checkpoint state, guarded by ckMu, which serializes compute-and-save.
+	ckMu     sync.Mutex
+	saved    Position
+	hasSaved bool
+	bgErr    error // batched mode: the last background save failure, returned once
+
+	// Hints from NOTIFY payloads, guarded by hintMu (listener appends, reader takes).
+	hintMu    sync.Mutex
+	hints     []int64
+	hintsLost bool
+
+	delivered atomic.Uint64 // reader goroutine adds; anyone reads
+	ckWrites  atomic.Uint64
+	ckErrors  atomic.Uint64
+
+	// Reader goroutine only.
+	recent     *recentIDs
+	batch      []changelogRow
+	floorNoted bool
+}
+
+// New validates cfg, fills its defaults and returns a watcher. It does not touch the database.
+func New(cfg Config) (*Watcher, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	w := newWatcher(cfg)
+	if cfg.ConnString != "" && cfg.Mode != ModePolling {
+		pc, err := pgconn.ParseConfig(cfg.ConnString)
+		if err != nil {
+			return nil, fmt.Errorf("%w: Config.ConnString: %v", ErrInvalidConfig, err)
+		}
+		w.setListenConfig(pc)
+	} else if cfg.Mode == ModeHybrid {
+		w.log.Warn("hybrid mode without Config.ConnString: polling only")
+	}
+	return w, nil
+}
+
+// NewPostgreSQLChangeStreamWatcher is the constructor of the watcher this package replaces, with
+// its defaults (10ms polls, 100-event buffer); an unknown mode falls back to polling. Invalid
+// arguments do not panic: the watcher reports them through [Watcher.Err] and MarkProcessed, and
+// its Events channel closes at Start.
+func NewPostgreSQLChangeStreamWatcher(db *sql.DB, clientName, tableName, connString string, mode Mode) *Watcher {
+	switch mode {
+	case ModePolling, ModeNotify, ModeHybrid:
+	default:
+		slog.Warn("pgchangestream: unknown mode, using polling", "mode", mode, "client", clientName)
+		mode = ModePolling
+	}
+	w, err := New(Config{DB: db, ClientName: clientName, TableName: tableName, ConnString: connString, Mode: mode})
+	if err != nil {
+		w = newWatcher(Config{ClientName: clientName, TableName: tableName, Mode: mode}.withDefaults())
+		w.cfgErr = err
+	}
+	return w
+}
+
+func newWatcher(cfg Config) *Watcher {
+	return &Watcher{
+		cfg:    cfg,
+		log:    cfg.Logger.With("client", cfg.ClientName, "table", cfg.TableName),
+		q:      buildQueries(cfg),
+		events: make(chan EventWithToken, cfg.BufferSize),
+		wake:   make(chan struct{}, 1),
+		ready:  make(chan struct{}),
+		ring:   newPendingRing(cfg.MaxPending),
+		recent: newRecentIDs(recentCapacity),
+		batch:  make([]changelogRow, 0, cfg.BatchSize),
+	}
+}
+
+// Events returns the channel of deliveries. It is closed when the watcher stops: after Close, or
+// when Start's context ends ([Watcher.Err] says why).
+func (w *Watcher) Events() <-chan EventWithToken { return w.events }
+
+// Start loads the saved token and starts the reader (and, in notify and hybrid modes, the LISTEN
+// connection) in the background. Cancelling ctx stops the watcher as Close does, but without the
+// final checkpoint save. Calling Start again, or after Close, does nothing.
+func (w *Watcher) Start(ctx context.Context) {
+	w.lifeMu.Lock()
+	defer w.lifeMu.Unlock()
+	if w.started || w.closed {
+		w.log.Warn("Start called twice, or after Close: ignored")
+		return
+	}
+	w.started = true
+	if w.cfgErr != nil {
+		w.stopErr = w.cfgErr
+		close(w.events)
+		return
+	}
+	ctx, w.cancel = context.WithCancel(ctx)
+	w.wg.Add(2)
+	go w.run(ctx)
+	go w.saveLoop(ctx)
+	if w.listen != nil {
+		w.wg.Add(1)
+		go w.listenLoop(ctx)
+	} else {
+		close(w.ready)
+	}
+}
+
+// Close stops reading, waits for the watcher's goroutines (bounded by ctx), closes the LISTEN
+// connection and the Events channel, then saves the checkpoint if it changed. Deliveries that
+// were not acknowledged stay pending, so the saved token never passes them. Calling Close again
+// returns nil. MarkProcessed and Flush keep working after Close.
+func (w *Watcher) Close(ctx context.Context) error {
+	w.lifeMu.Lock()
+	if w.closed {
+		w.lifeMu.Unlock()
+		return nil
+	}
+	w.closed = true
+	started, cancel := w.started, w.cancel
+	w.lifeMu.Unlock()
+	if !started {
+		close(w.events)
+		return nil
+	}
+	if cancel == nil { // configuration error: nothing runs
+		return nil
+	}
+	cancel()
+	done := make(chan struct{})
+	go func() {
+		w.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("pgchangestream: close: waiting for goroutines: %w", ctx.Err())
+	}
+	return w.Flush(ctx)
+}
+
+// Err reports why Events was closed: nil while running and after Close, the context's error when
+// Start's context ended, or a configuration error.
+func (w *Watcher) Err() error {
+	w.lifeMu.Lock()
+	defer w.lifeMu.Unlock()
+	switch {
+	case w.cfgErr != nil:
+		return w.cfgErr
+	case w.closed:
+		return nil
+	}
+	return w.stopErr
+}
+
+// Stats returns the watcher's counters.
+func (w *Watcher) Stats() Stats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return Stats{
+		Delivered:        w.delivered.Load(),
+		Filtered:         w.filtered,
+		Acked:            w.acked,
+		Evicted:          w.evicted,
+		Pending:          w.ring.len(),
+		FloorActive:      w.ring.hasFloor,
+		CheckpointWrites: w.ckWrites.Load(),
+		CheckpointErrors: w.ckErrors.Load(),
+		Checkpoint:       w.savedMirror,
+		Cursor:           w.cursor,
+	}
+}
+
+// LagState returns when a read last found nothing new, and the changed_at of the newest row
+// read. Zero times mean "not yet".
+func (w *Watcher) LagState() (lastEmptyBatch, lastEventRead time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lastEmptyBatch, w.lastEventRead
+}
+
+// run is the reader goroutine: the only sender on events, which it closes when it exits.
+func (w *Watcher) run(ctx context.Context) {
+	defer w.wg.Done()
+	defer close(w.events)
+	defer func() {
+		w.lifeMu.Lock()
+		if w.stopErr == nil {
+			w.stopErr = context.Cause(ctx)
+		}
+		w.lifeMu.Unlock()
+	}()
+	if err := w.loadWithRetry(ctx); err != nil {
+		return
+	}
+	select { // LISTEN before the first read, so nothing committed in between goes unnoticed
+	case <-w.ready:
+	case <-ctx.Done():
+		return
+	}
+	retry := backoff{min: readRetryMin, max: readRetryMax}
+	for {
+		full, err := w.readOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		var wait time.Duration
+		switch {
+		case err != nil:
+			wait = retry.next()
+			w.log.Warn("changelog read failed; retrying from the same position", "error", err, "retry_in", wait)
+		case full:
+			retry.reset()
+			continue
+		default:
+			retry.reset()
+			wait = w.pollWait()
+		}
+		if !w.sleep(ctx, wait) {
+			return
+		}
+	}
+}
+
+// readOnce reads one batch after the cursor and delivers it; when the read reached the end of
+// the visible rows it then recovers late rows named by NOTIFY. full reports a full batch.
+func (w *Watcher) readOnce(ctx context.Context) (full bool, err error) {
+	hints := w.takeHints()
+	n, err := w.readBatch(ctx)
+	if err != nil || n == w.cfg.BatchSize {
+		w.returnHints(hints)
+		return err == nil, err
+	}
+	for i, id := range hints {
+		if err := w.recoverLateRow(ctx, id); err != nil {
+			w.returnHints(hints[i:])
+			return false, err
+		}
+	}
+	return false, nil
+}
+
+// pollWait is how long to wait for a NOTIFY after a short read; 0 means no timer.
+func (w *Watcher) pollWait() time.Duration {
+	switch {
+	case w.listen == nil:
+		return w.cfg.PollInterval
+	case w.cfg.Mode == ModeHybrid:
+		return jitter(w.cfg.FallbackPollInterval)
+	default:
+		return 0
+	}
+}
+
+// sleep waits for d (forever when d is 0), a wake-up or the end of ctx. It returns false when
+// ctx ended.
+func (w *Watcher) sleep(ctx context.Context, d time.Duration) bool {
+	var timeout <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-w.wake:
+	case <-timeout:
+	}
+	return true
+}
+
+// readBatch reads the rows after the cursor and delivers them in order.
+func (w *Watcher) readBatch(ctx context.Context) (int, error) {
+	w.mu.Lock()
+	from := w.cursor
+	w.mu.Unlock()
+	rows, err := w.cfg.DB.QueryContext(ctx, w.q.read, w.cfg.TableName, from.ChangedAt, from.ID)
+	if err != nil {
+		return 0, fmt.Errorf("read changelog: %w", err)
+	}
+	w.batch, err = scanRows(rows, w.batch[:0])
+	if err != nil {
+		return 0, fmt.Errorf("read changelog: %w", err)
+	}
+	if len(w.batch) == 0 {
+		w.mu.Lock()
+		w.lastEmptyBatch = time.Now()
+		w.mu.Unlock()
+		return 0, nil
+	}
+	for i := range w.batch {
+		if err := w.deliver(ctx, &w.batch[i]); err != nil {
+			return i, err
+		}
+	}
+	return len(w.batch), nil
+}
+
+// recoverLateRow delivers the row with this id if it sits below the cursor and was not read
+// recently: a row that committed after rows with later positions were read.
+func (w *Watcher) recoverLateRow(ctx context.Context, id int64) error {
+	if w.recent.contains(id) {
+		return nil
+	}
+	rows, err := w.cfg.DB.QueryContext(ctx, w.q.byID, w.cfg.TableName, id)
+	if err != nil {
+		return fmt.Errorf("fetch changelog row %d: %w", id, err)
+	}
+	w.batch, err = scanRows(rows, w.batch[:0])
+	if err != nil {
+		return fmt.Errorf("fetch changelog row %d: %w", id, err)
+	}
+	if len(w.batch) == 0 {
+		return nil // another table's row, or gone
+	}
+	row := &w.batch[0]
+	w.mu.Lock()
+	below := makePosition(row.ChangedAt, row.ID).Before(w.cursor)
+	w.mu.Unlock()
+	if !below {
+		return nil // the next read gets it
+	}
+	w.log.Info("recovering a row that committed behind the cursor", "id", id)
+	return w.deliver(ctx, row)
+}
+
+// deliver is the one path every row takes: filter, then (one locked step) register the delivery
+// as pending and advance the cursor, then send. A send abandoned because ctx ended stays pending.
+func (w *Watcher) deliver(ctx context.Context, row *changelogRow) error {
+	ev, err := buildEvent(row, w.cfg.TableName, w.cfg.DocumentField)
+	if err != nil {
+		w.log.Error("cannot decode changelog row; delivering it without documents", "id", row.ID, "error", err)
+		bare := changelogRow{ID: row.ID, RecordID: row.RecordID, Operation: row.Operation, ChangedAt: row.ChangedAt}
+		ev, _ = buildEvent(&bare, w.cfg.TableName, w.cfg.DocumentField)
+	}
+	pos := makePosition(row.ChangedAt, row.ID)
+	w.recent.add(row.ID)
+	if w.cfg.Filter != nil && !w.cfg.Filter(ev) {
+		w.mu.Lock()
+		w.advanceLocked(pos)
+		w.filtered++
+		w.mu.Unlock()
+		return nil
+	}
+	token := formatToken(row.ID)
+	w.mu.Lock()
+	w.seq++
+	evicted := w.ring.push(w.seq, row.ID, pos)
+	if evicted {
+		w.evicted++
+	}
+	w.advanceLocked(pos)
+	w.mu.Unlock()
+	if evicted && !w.floorNoted {
+		w.floorNoted = true
+		w.log.Warn("more unacknowledged deliveries than Config.MaxPending; the oldest now hold the checkpoint through a floor",
+			"max_pending", w.cfg.MaxPending)
+	}
+	select {
+	case w.events <- EventWithToken{Event: ev, ResumeToken: token}:
+		w.delivered.Add(1)
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// advanceLocked moves the cursor forward to pos (never back). mu must be held.
+func (w *Watcher) advanceLocked(pos Position) {
+	if w.cursor.Before(pos) {
+		w.cursor = pos
+	}
+	if pos.ChangedAt.After(w.lastEventRead) {
+		w.lastEventRead = pos.ChangedAt
+	}
+}
+
+// backoff is a capped exponential backoff with jitter.
+type backoff struct {
+	min, max, cur time.Duration
+}
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(2*b.cur, b.max)
+	}
+	return jitter(b.cur)
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+// jitter returns d changed by a random amount of up to a fifth either way.
+func jitter(d time.Duration) time.Duration {
+	if d < 5 {
+		return d
+	}
+	return d - d/5 + rand.N(2*d/5)
+}
+
+// sleepCtx waits for d or the end of ctx; it returns false when ctx ended.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,159 @@
+package pgchangestream
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/stretchr/testify/require"
+)
+
+// The exact statements, as PostgreSQL receives them.
+const (
+	wantRead = `SELECT id, record_id::text, operation, old_values::text, new_values::text, changed_at FROM "datastore_changelog"
+	WHERE table_name = $1 AND (changed_at, id) > ($2, $3)
+	ORDER BY changed_at, id LIMIT 100`
+	wantSave = `WITH token AS (INSERT INTO "resume_tokens" (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
+	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated)
+	UPDATE "datastore_changelog" SET processed = TRUE WHERE table_name = $3 AND id <= $4 AND processed = FALSE`
+	wantSaveToken = `INSERT INTO "resume_tokens" (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
+	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`
+	wantLoad   = `SELECT resume_token::text FROM "resume_tokens" WHERE client_name = $1`
+	wantNewest = `SELECT changed_at, id FROM "datastore_changelog" WHERE table_name = $1 ORDER BY changed_at DESC, id DESC LIMIT 1`
+	wantByID   = `SELECT id, record_id::text, operation, old_values::text, new_values::text, changed_at FROM "datastore_changelog" WHERE table_name = $1 AND id = $2`
+)
+
+var changelogCols = []string{"id", "record_id", "operation", "old_values", "new_values", "changed_at"}
+
+func newMockWatcher(t *testing.T, cfg Config) (*Watcher, sqlmock.Sqlmock) {
+	t.Helper()
+	db, mock := mockDB(t)
+	cfg = testConfig(cfg)
+	cfg.DB = db
+	w, err := New(cfg)
+	require.NoError(t, err)
+	return w, mock
+}
+
+func TestQueriesAreTheRowComparisonForm(t *testing.T) {
+	w, _ := newMockWatcher(t, Config{})
+	require.Equal(t, wantRead, w.q.read)
+	require.Equal(t, wantSave, w.q.save)
+	require.Equal(t, wantLoad, w.q.loadToken)
+	require.Equal(t, wantNewest, w.q.newest)
+	require.Equal(t, wantByID, w.q.byID)
+
+	w, _ = newMockWatcher(t, Config{DisableProcessedFlag: true})
+	require.Equal(t, wantSaveToken, w.q.save, "without the legacy flag a save is the upsert alone")
+}
+
+func TestLoadSavedTokenFormats(t *testing.T) {
+	ts := time.Date(2025, 5, 6, 7, 8, 9, 123456000, time.UTC)
+	t.Run("timestamp and id", func(t *testing.T) {
+		w, mock := newMockWatcher(t, Config{})
+		mock.ExpectQuery(wantLoad).WithArgs("c").
+			WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(`{"timestamp": "2025-05-06T07:08:09.123456Z", "eventID": 452}`))
+		require.NoError(t, w.load(context.Background()))
+		require.Equal(t, makePosition(ts, 452), w.Stats().Cursor)
+		mock.ExpectQuery(wantRead).WithArgs("t", ts, int64(452)).WillReturnRows(sqlmock.NewRows(changelogCols))
+		n, err := w.readBatch(context.Background())
+		require.NoError(t, err)
+		require.Zero(t, n)
+		require.NoError(t, mock.ExpectationsWereMet())
+	})
+	t.Run("id only", func(t *testing.T) {
+		w, mock := newMockWatcher(t, Config{})
+		mock.ExpectQuery(wantLoad).WithArgs("c").
+			WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(`{"eventID": 452}`))
+		mock.ExpectQuery(`SELECT changed_at FROM "datastore_changelog" WHERE id = $1`).WithArgs(int64(452)).
+			WillReturnRows(sqlmock.NewRows([]string{"changed_at"}).AddRow(ts))
+		require.NoError(t, w.load(context.Background()))
+		require.Equal(t, makePosition(ts, 452), w.Stats().Cursor, "an id-only token resumes after its row")
+		require.NoError(t, mock.ExpectationsWereMet())
+	})
+	t.Run("malformed", func(t *testing.T) {
+		w, mock := newMockWatcher(t, Config{})
+		mock.ExpectQuery(wantLoad).WithArgs("c").
+			WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(`{"eventID": "x"}`))
+		err := w.load(context.Background())
+		require.ErrorContains(t, err, "load saved token")
+		_, ok := w.checkpointLocked()
+		require.False(t, ok, "nothing can be saved before the token is loaded")
+	})
+	t.Run("no token", func(t *testing.T) {
+		w, mock := newMockWatcher(t, Config{})
+		mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(sqlmock.NewRows([]string{"resume_token"}))
+		mock.ExpectQuery(wantNewest).WithArgs("t").
+			WillReturnRows(sqlmock.NewRows([]string{"changed_at", "id"}).AddRow(ts, int64(9)))
+		mock.ExpectExec(wantSaveToken).WithArgs("c", string(encodeToken(makePosition(ts, 9)))).
+			WillReturnResult(sqlmock.NewResult(0, 1))
+		require.NoError(t, w.load(context.Background()))
+		require.Equal(t, makePosition(ts, 9), w.Stats().Checkpoint)
+		require.NoError(t, mock.ExpectationsWereMet())
+	})
+}
+
+func TestSaveIsOneStatement(t *testing.T) {
+	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
+	w, mock := newMockWatcher(t, Config{})
+	mock.ExpectQuery(wantLoad).WithArgs("c").
+		WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(string(encodeToken(makePosition(ts, 1)))))
+	require.NoError(t, w.load(context.Background()))
+	mock.ExpectQuery(wantRead).WithArgs("t", ts, int64(1)).WillReturnRows(sqlmock.NewRows(changelogCols).
+		AddRow(int64(2), "r2", "INSERT", nil, []byte(`{"a":1}`), ts).
+		AddRow(int64(3), "r3", "DELETE", []byte(`{"a":1}`), nil, ts))
+	n, err := w.readBatch(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+
+	want := makePosition(ts, 3).predecessor()
+	mock.ExpectExec(wantSave).WithArgs("c", string(encodeToken(want)), "t", want.ID).WillReturnResult(sqlmock.NewResult(0, 1))
+	require.NoError(t, w.MarkProcessed(context.Background(), tok(2)))
+
+	mock.ExpectExec(wantSave).WithArgs("c", sqlmock.AnyArg(), "t", int64(3)).WillReturnError(errors.New("disk full"))
+	err = w.MarkProcessed(context.Background(), tok(3))
+	require.ErrorContains(t, err, "disk full")
+	require.NoError(t, mock.ExpectationsWereMet())
+}
+
+func TestRecoverLateRowQueriesByID(t *testing.T) {
+	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
+	w, mock := newMockWatcher(t, Config{})
+	w.loaded, w.cursor = true, makePosition(ts, 10)
+	w.onNotification(`{"id": 7, "table": "t", "operation": "UPDATE"}`)
+	mock.ExpectQuery(wantRead).WithArgs("t", ts, int64(10)).WillReturnRows(sqlmock.NewRows(changelogCols))
+	mock.ExpectQuery(wantByID).WithArgs("t", int64(7)).WillReturnRows(sqlmock.NewRows(changelogCols).
+		AddRow(int64(7), "r7", "UPDATE", []byte(`{"a":1}`), []byte(`{"a":2}`), ts.Add(-time.Second)))
+	full, err := w.readOnce(context.Background())
+	require.NoError(t, err)
+	require.False(t, full)
+	ev := <-w.Events()
+	require.Equal(t, "7", string(ev.ResumeToken))
+	require.Equal(t, map[string]any{"updatedFields": map[string]any{"a": 2.0}}, ev.Event["updateDescription"])
+	require.NoError(t, mock.ExpectationsWereMet())
+}
+
+func TestFailedReadKeepsHints(t *testing.T) {
+	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
+	w, mock := newMockWatcher(t, Config{})
+	w.loaded, w.cursor = true, makePosition(ts, 10)
+	w.onNotification(`{"id": 7, "table": "t", "operation": "INSERT"}`)
+	mock.ExpectQuery(wantRead).WillReturnError(errors.New("connection reset"))
+	_, err := w.readOnce(context.Background())
+	require.ErrorContains(t, err, "connection reset")
+	require.Equal(t, []int64{7}, w.takeHints(), "the hint waits for the next read")
+}
+
+func TestGetUnprocessedEventCount(t *testing.T) {
+	w, mock := newMockWatcher(t, Config{})
+	mock.ExpectQuery(`SELECT count(*) FROM "datastore_changelog" WHERE table_name = $1 AND id > $2 AND processed = FALSE`).
+		WithArgs("t", int64(41)).WillReturnRows(sqlmock.NewRows([]string{"count"}).AddRow(int64(5)))
+	n, err := w.GetUnprocessedEventCount(context.Background(), "41")
+	require.NoError(t, err)
+	require.Equal(t, int64(5), n)
+	_, err = w.GetUnprocessedEventCount(context.Background(), "x")
+	require.ErrorIs(t, err, ErrInvalidToken)
+	require.NoError(t, mock.ExpectationsWereMet())
+}
