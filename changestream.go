@@ -399,10 +399,8 @@ func (w *Watcher) recoverLateRow(ctx context.Context, id int64) error {
 // as pending and advance the cursor, then send. A send abandoned because ctx ended stays pending.
 func (w *Watcher) deliver(ctx context.Context, row *changelogRow) error {
 	ev, err := buildEvent(row, w.cfg.TableName, w.cfg.DocumentField)
-	if err != nil {
+	if err != nil { // the event still has its id, operation, time and key: deliver it, don't stall
 		w.log.Error("cannot decode changelog row; delivering it without documents", "id", row.ID, "error", err)
-		bare := changelogRow{ID: row.ID, RecordID: row.RecordID, Operation: row.Operation, ChangedAt: row.ChangedAt}
-		ev, _ = buildEvent(&bare, w.cfg.TableName, w.cfg.DocumentField)
 	}
 	pos := makePosition(row.ChangedAt, row.ID)
 	w.recent.add(row.ID)

@@ -17,10 +17,10 @@ type Position struct {
 	ID        int64
 }
 
-// makePosition returns a position with the time cut to microseconds and without a monotonic
-// clock reading, so that equal database values compare equal.
+// makePosition returns a position with the time cut to microseconds, in UTC and without a
+// monotonic clock reading, so that equal database values are equal positions.
 func makePosition(changedAt time.Time, id int64) Position {
-	return Position{ChangedAt: changedAt.Round(0).Truncate(time.Microsecond), ID: id}
+	return Position{ChangedAt: changedAt.Round(0).Truncate(time.Microsecond).UTC(), ID: id}
 }
 
 // Compare returns -1, 0 or +1 as p is before, equal to or after q.
