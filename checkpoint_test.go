@@ -1,0 +1,132 @@
+package pgchangestream
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestBatchedCheckpointsSaveInTheBackground(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeDB(testConfig(Config{}))
+		f.insert("t", t0, 5)
+		w := startOn(t, t.Context(), f, Config{StartFromBeginning: true, CheckpointInterval: 100 * time.Millisecond})
+		receive(t, w, 5)
+		synctest.Wait()
+		writes := w.Stats().CheckpointWrites
+		for id := int64(1); id <= 4; id++ {
+			require.NoError(t, w.MarkProcessed(t.Context(), tok(id)))
+		}
+		require.Equal(t, writes, w.Stats().CheckpointWrites, "MarkProcessed returns without saving")
+		require.Equal(t, Position{}, f.token(t, "c"))
+
+		time.Sleep(100 * time.Millisecond)
+		synctest.Wait()
+		require.Equal(t, writes+1, w.Stats().CheckpointWrites, "one save for the four acks")
+		require.Equal(t, rowPos(f, 5).predecessor(), f.token(t, "c"), "the batched save never passes a pending delivery")
+
+		time.Sleep(time.Second)
+		synctest.Wait()
+		require.Equal(t, writes+1, w.Stats().CheckpointWrites, "nothing changed, nothing written")
+
+		require.NoError(t, w.MarkProcessed(t.Context(), tok(5)))
+		require.NoError(t, w.Flush(t.Context()), "Flush saves at once")
+		require.Equal(t, rowPos(f, 5), f.token(t, "c"))
+		closeWatcher(t, w)
+	})
+}
+
+func TestBatchedSaveFailureIsReportedOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeDB(testConfig(Config{}))
+		f.insert("t", t0, 3)
+		w := startOn(t, t.Context(), f, Config{StartFromBeginning: true, CheckpointInterval: 100 * time.Millisecond})
+		receive(t, w, 3)
+		synctest.Wait()
+		f.mu.Lock()
+		f.failSaves = 1
+		f.mu.Unlock()
+		require.NoError(t, w.MarkProcessed(t.Context(), tok(1)))
+		time.Sleep(100 * time.Millisecond)
+		synctest.Wait()
+		require.Equal(t, uint64(1), w.Stats().CheckpointErrors)
+
+		err := w.MarkProcessed(t.Context(), tok(2))
+		require.ErrorIs(t, err, f.readErr, "the next MarkProcessed reports the background failure")
+		require.ErrorContains(t, err, "save checkpoint")
+		require.NoError(t, w.MarkProcessed(t.Context(), tok(2)), "reported once")
+
+		time.Sleep(100 * time.Millisecond)
+		synctest.Wait()
+		require.Equal(t, rowPos(f, 3).predecessor(), f.token(t, "c"), "the kept acknowledgements are saved by the next background save")
+		closeWatcher(t, w)
+	})
+}
+
+func TestBatchedSaveFailureReachesFlush(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeDB(testConfig(Config{}))
+		f.insert("t", t0, 2)
+		w := startOn(t, t.Context(), f, Config{StartFromBeginning: true, CheckpointInterval: time.Second})
+		receive(t, w, 2)
+		synctest.Wait()
+		f.mu.Lock()
+		f.failSaves = 1
+		f.mu.Unlock()
+		require.NoError(t, w.MarkProcessed(t.Context(), tok(1)))
+		time.Sleep(time.Second)
+		synctest.Wait()
+		err := w.Flush(t.Context())
+		require.ErrorIs(t, err, f.readErr, "Flush reports the background failure")
+		require.Equal(t, rowPos(f, 2).predecessor(), f.token(t, "c"), "and saves")
+		require.NoError(t, w.Flush(t.Context()))
+		closeWatcher(t, w)
+	})
+}
+
+func TestBatchedModeSavesOnCloseAndAfter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeDB(testConfig(Config{}))
+		f.insert("t", t0, 3)
+		w := startOn(t, t.Context(), f, Config{StartFromBeginning: true, CheckpointInterval: time.Hour})
+		receive(t, w, 3)
+		require.NoError(t, w.MarkProcessed(t.Context(), tok(1)))
+		require.Equal(t, Position{}, f.token(t, "c"))
+		require.NoError(t, w.Close(context.Background()), "Close saves")
+		require.Equal(t, rowPos(f, 2).predecessor(), f.token(t, "c"))
+		require.NoError(t, w.MarkProcessed(context.Background(), tok(3)))
+		require.Equal(t, rowPos(f, 3), f.token(t, "c"), "after Close, MarkProcessed saves before it returns")
+	})
+}
+
+func TestCloseSavesFilteredProgress(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeDB(testConfig(Config{}))
+		f.insert("t", t0, 4)
+		w := startOn(t, t.Context(), f, Config{StartFromBeginning: true, IdleCheckpointInterval: time.Hour,
+			Filter: func(Event) bool { return false }})
+		synctest.Wait()
+		require.Equal(t, uint64(4), w.Stats().Filtered)
+		require.Equal(t, Position{}, f.token(t, "c"))
+		require.NoError(t, w.Close(context.Background()))
+		require.Equal(t, rowPos(f, 4), f.token(t, "c"))
+	})
+}
+
+func TestPollWaitByMode(t *testing.T) {
+	db, _ := mockDB(t)
+	w, err := New(Config{DB: db, ClientName: "c", TableName: "t", ConnString: "postgres://u@localhost/db",
+		FallbackPollInterval: time.Second, Logger: quietLogger})
+	require.NoError(t, err)
+	for range 100 {
+		d := w.pollWait()
+		require.GreaterOrEqual(t, d, 800*time.Millisecond, "hybrid fallback polls are jittered by up to a fifth")
+		require.Less(t, d, 1200*time.Millisecond)
+	}
+	w, err = New(Config{DB: db, ClientName: "c", TableName: "t", ConnString: "postgres://u@localhost/db", Mode: ModeNotify})
+	require.NoError(t, err)
+	require.Zero(t, w.pollWait(), "notify mode waits for a NOTIFY only")
+}
