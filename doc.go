@@ -1,0 +1,93 @@
+// Package pgchangestream turns a trigger-filled PostgreSQL changelog table into a change stream
+// that never loses an event: MongoDB-style change events (insert, update, delete) on a channel,
+// and a per-client resume token, saved in the database, from which a restarted consumer carries
+// on.
+//
+// A trigger on each watched table writes every change into the changelog table (default
+// datastore_changelog) and sends pg_notify on a channel (default nvsentinel_changes).
+// [InstallSchema] and [CaptureChanges] create the tables, the index reads need and the trigger;
+// databases that already have this layout work unchanged. A [Watcher] reads the changelog rows of
+// one table in (changed_at, id) order and delivers them on [Watcher.Events].
+//
+//	w, err := pgchangestream.New(pgchangestream.Config{
+//		DB:         db,  // *sql.DB with the pgx stdlib driver
+//		ConnString: dsn, // for the LISTEN connection
+//		ClientName: "billing",
+//		TableName:  "orders",
+//	})
+//	if err != nil {
+//		return err
+//	}
+//	w.Start(ctx)
+//	defer w.Close(context.Background())
+//	for ev := range w.Events() {
+//		if err := handle(ev.Event); err != nil {
+//			return err
+//		}
+//		if err := w.MarkProcessed(ctx, ev.ResumeToken); err != nil {
+//			return err
+//		}
+//	}
+//
+// # Delivery guarantees
+//
+// Delivery is at-least-once. Every delivery is recorded as pending before it is sent. The saved
+// token is the minimum of the read cursor and the predecessors of all pending deliveries, so it
+// never passes an event that was handed out but not acknowledged, including events still
+// buffered in the channel and sends abandoned by Close. After a restart, everything after the
+// saved token is delivered again: consumers must be idempotent.
+//
+// Rows that commit late (a transaction that started earlier commits after rows with later
+// positions were read) are recovered when their NOTIFY arrives: they are fetched by id and
+// delivered as ordinary pending deliveries, and the saved token stays behind them until they are
+// acknowledged.
+//
+// # Acknowledgements
+//
+// [Watcher.MarkProcessed] is cumulative in delivery order, like MongoDB resume tokens and Kafka
+// offsets: it acknowledges the earliest pending delivery with that token and every delivery
+// handed out before it. Acknowledge in delivery order, or acknowledge a contiguous watermark
+// (everything up to this event is done). A caller that acknowledges a later event while an
+// earlier one is still being worked on certifies the earlier one too; callers that work out of
+// order must track their own low-water mark and acknowledge that.
+//
+// An empty token, or the token of no pending delivery, acknowledges nothing. A token that is not
+// a decimal changelog id is an error ([ErrInvalidToken]).
+//
+// # Checkpoints
+//
+// By default every MarkProcessed saves the checkpoint before it returns, in one statement (the
+// token upsert and the legacy processed flag), and returns an error if the save fails; the
+// acknowledgement is kept, so calling MarkProcessed again (with any token) retries. Concurrent
+// saves are ordered, and a call whose position was already saved by another does not write
+// again. With [Config.CheckpointInterval] set, acknowledgements are saved by a background saver
+// at most once per interval instead: faster, at the cost of replaying the events acknowledged
+// since the last save after a crash. When rows rejected by [Config.Filter] move the position with
+// nothing pending, the watcher saves it by itself (at most once per
+// [Config.IdleCheckpointInterval]).
+//
+// A client with no saved token starts after the newest row of its table as the database sees it
+// (or at the oldest row with [Config.StartFromBeginning]), and saves that start at once. If the
+// saved token cannot be read, the watcher retries; it never guesses a position.
+//
+// # Shutdown
+//
+// [Watcher.Close] stops reading, waits for the watcher's goroutines, closes the LISTEN connection
+// and the Events channel (exactly once, never racing a send) and saves the checkpoint. Close is
+// idempotent. MarkProcessed and [Watcher.Flush] keep working after Close, so a consumer can
+// acknowledge its final watermark after closing. Cancelling Start's context stops the watcher
+// the same way, without the final save; [Watcher.Err] then says why Events closed.
+//
+// # Known limits
+//
+//   - Without NOTIFY (polling mode, or while the LISTEN connection is down), a row that commits
+//     behind the cursor is not seen by polling: this is inherent to a (changed_at, id) cursor.
+//     Hybrid mode, the default, recovers such rows from their NOTIFY.
+//   - Tracking is bounded by [Config.MaxPending]. When it is full, the oldest pending delivery is
+//     folded into a floor the saved token cannot pass, so nothing is lost. But if the same row is
+//     delivered again while its earlier delivery has been evicted, an acknowledgement of the
+//     later copy can certify more than was processed. This needs saturation and a redelivered id
+//     together.
+//   - changed_at is the writing transaction's start time, so positions are not commit order;
+//     long transactions produce late rows (see above).
+package pgchangestream

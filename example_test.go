@@ -1,0 +1,57 @@
+package pgchangestream_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+
+	"github.com/pgchangestream/pgchangestream"
+)
+
+// This is the quick start of the README: stream the changes of the orders table and acknowledge
+// each event once it is handled.
+func Example() {
+	ctx := context.Background()
+	dsn := "postgres://app@localhost:5432/shop"
+
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+
+	// Once per database: the changelog, the token table and the trigger on orders.
+	if err := pgchangestream.InstallSchema(ctx, db, pgchangestream.SchemaOptions{}); err != nil {
+		log.Fatal(err)
+	}
+	if err := pgchangestream.CaptureChanges(ctx, db, "orders", pgchangestream.SchemaOptions{}); err != nil {
+		log.Fatal(err)
+	}
+
+	w, err := pgchangestream.New(pgchangestream.Config{
+		DB:         db,
+		ConnString: dsn, // LISTEN/NOTIFY for low latency; polling stays as a fallback
+		ClientName: "billing",
+		TableName:  "orders",
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	w.Start(ctx)
+	defer w.Close(context.Background())
+
+	for ev := range w.Events() {
+		fmt.Println(ev.Event["operationType"], ev.Event["documentKey"])
+		// Acknowledge after the work is done: the saved token never passes an event that was
+		// not acknowledged, so a crash replays it.
+		if err := w.MarkProcessed(ctx, ev.ResumeToken); err != nil {
+			log.Printf("saving the checkpoint failed, the next acknowledgement retries: %v", err)
+		}
+	}
+	if err := w.Err(); err != nil {
+		log.Fatal(err)
+	}
+}
