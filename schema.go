@@ -1,0 +1,401 @@
+package pgchangestream
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"embed"
+	"errors"
+	"fmt"
+	"strings"
+	"text/template"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultTriggerFunction is the default [SchemaOptions.FunctionName]. It is the existing schema's
+// name, so triggers that already call it pick up the function [InstallSchema] writes.
+const DefaultTriggerFunction = "log_table_changes"
+
+// SchemaOptions names the objects [InstallSchema] and [CaptureChanges] create. Zero values take
+// the same defaults as [Config]. Each name is "name" or "schema.name" (letters, digits, _ and $),
+// with at most one $: names are written into dollar-quoted bodies.
+type SchemaOptions struct {
+	// ChangelogTable is the trigger-filled changelog. Default "datastore_changelog".
+	ChangelogTable string
+	// TokenTable holds one saved token per client. Default "resume_tokens".
+	TokenTable string
+	// NotifyChannel is the channel the trigger function notifies. Default "nvsentinel_changes".
+	NotifyChannel string
+	// FunctionName is the trigger function. Default "log_table_changes".
+	FunctionName string
+}
+
+const (
+	// ddlLockKey is the transaction-level advisory lock taken by the table and function script
+	// and by CaptureChanges, so concurrent runs do not race on the catalog.
+	ddlLockKey int64 = 0x7067_6373_0000_0001
+	// installLockKey is the session-level advisory lock that serializes whole InstallSchema
+	// runs, including the concurrent index builds.
+	installLockKey int64 = 0x7067_6373_0000_0002
+	// installLockRetry is the wait between tries of installLockKey.
+	installLockRetry = 200 * time.Millisecond
+	// unlockTimeout bounds the release of installLockKey, which runs even after ctx is done.
+	unlockTimeout = 10 * time.Second
+)
+
+//go:embed schema/*.sql
+var schemaFiles embed.FS
+
+// schemaTemplates holds the SQL templates of schema/, filled with quoted names at call time.
+var schemaTemplates = template.Must(template.New("schema").Option("missingkey=error").
+	ParseFS(schemaFiles, "schema/*.sql"))
+
+// renderSchema fills the named template. The templates and the shapes of their data are fixed,
+// so an error here is a bug the tests catch.
+func renderSchema(name string, data any) (string, error) {
+	var b bytes.Buffer
+	if err := schemaTemplates.ExecuteTemplate(&b, name, data); err != nil {
+		return "", fmt.Errorf("render schema template %s: %w", name, err)
+	}
+	return strings.TrimSpace(b.String()), nil
+}
+
+// mustRenderSchema renders a template that takes no data, at package initialization.
+func mustRenderSchema(name string) string {
+	s, err := renderSchema(name, nil)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// The queries of schema/indexes.sql that take no names.
+var (
+	tryInstallLockSQL = mustRenderSchema("try_install_lock")
+	installUnlockSQL  = mustRenderSchema("install_unlock")
+	invalidIndexesSQL = mustRenderSchema("invalid_indexes")
+)
+
+// quoteLiteral returns s as a SQL string literal. Names reaching it are validated identifiers,
+// which hold no quote or backslash; quotes are doubled all the same.
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// unqualified returns the name part of "name" or "schema.name".
+func unqualified(name string) string {
+	return name[strings.LastIndexByte(name, '.')+1:]
+}
+
+// triggerName is the trigger CaptureChanges attaches to table: "<name>_changes", cut to 63
+// bytes as PostgreSQL cuts it, so a trigger created with the long name is found again.
+func triggerName(table string) string {
+	name := unqualified(table) + "_changes"
+	return name[:min(len(name), maxIdentifierLen)]
+}
+
+// checkSchemaName validates one name for the schema statements, naming field in the error.
+func checkSchemaName(field, name string, check func(string) error) error {
+	err := check(name)
+	if err == nil && strings.Count(name, "$") > 1 {
+		err = fmt.Errorf("%q holds more than one $, which could end a dollar-quoted body", name)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrInvalidConfig, field, err)
+	}
+	return nil
+}
+
+// resolve fills the defaults of opts and validates every name.
+func (opts SchemaOptions) resolve() (SchemaOptions, error) {
+	opts.ChangelogTable = cmp.Or(opts.ChangelogTable, DefaultChangelogTable)
+	opts.TokenTable = cmp.Or(opts.TokenTable, DefaultTokenTable)
+	opts.NotifyChannel = cmp.Or(opts.NotifyChannel, DefaultNotifyChannel)
+	opts.FunctionName = cmp.Or(opts.FunctionName, DefaultTriggerFunction)
+	for _, f := range []struct {
+		field, name string
+		check       func(string) error
+	}{
+		{"SchemaOptions.ChangelogTable", opts.ChangelogTable, checkIdentifier},
+		{"SchemaOptions.TokenTable", opts.TokenTable, checkIdentifier},
+		{"SchemaOptions.NotifyChannel", opts.NotifyChannel, checkChannel},
+		{"SchemaOptions.FunctionName", opts.FunctionName, checkIdentifier},
+	} {
+		if err := checkSchemaName(f.field, f.name, f.check); err != nil {
+			return opts, err
+		}
+	}
+	return opts, nil
+}
+
+// changelogIndex is one index of the changelog: its template in schema/indexes.sql and its
+// unqualified name.
+type changelogIndex struct {
+	template, name string
+}
+
+// changelogIndexes returns the indexes of the changelog table, the read index first. The
+// default changelog keeps the existing schema's names for the two indexes it already has;
+// other changelogs get names derived from theirs, so two changelogs in one schema do not clash.
+func changelogIndexes(changelog string) ([]changelogIndex, error) {
+	base := unqualified(changelog)
+	unprocessed, tableRecord := base+"_unprocessed_idx", base+"_table_record_idx"
+	if base == DefaultChangelogTable {
+		unprocessed, tableRecord = "idx_changelog_unprocessed", "idx_changelog_table_record"
+	}
+	indexes := []changelogIndex{
+		{"stream_index", base + "_stream_idx"},
+		{"unprocessed_index", unprocessed},
+		{"table_record_index", tableRecord},
+	}
+	for _, idx := range indexes {
+		if len(idx.name) > maxIdentifierLen {
+			return nil, fmt.Errorf("%w: SchemaOptions.ChangelogTable: %q is too long: "+
+				"its index name %q would exceed %d bytes", ErrInvalidConfig, changelog, idx.name, maxIdentifierLen)
+		}
+	}
+	return indexes, nil
+}
+
+// installPlan is what InstallSchema runs for one SchemaOptions.
+type installPlan struct {
+	changelog  string           // quoted changelog table
+	indexes    []changelogIndex // built concurrently by statements[1:], in order
+	statements []string         // the table and function script, then one build per index
+}
+
+// newInstallPlan validates opts and renders the install statements. Errors other than invalid
+// names are attributed to the install.
+func newInstallPlan(opts SchemaOptions) (installPlan, error) {
+	p, err := renderInstallPlan(opts)
+	if err != nil && !errors.Is(err, ErrInvalidConfig) {
+		err = fmt.Errorf("pgchangestream: install schema: %w", err)
+	}
+	return p, err
+}
+
+// renderInstallPlan is newInstallPlan without the attribution of errors.
+func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
+	opts, err := opts.resolve()
+	if err != nil {
+		return installPlan{}, err
+	}
+	indexes, err := changelogIndexes(opts.ChangelogTable)
+	if err != nil {
+		return installPlan{}, err
+	}
+	p := installPlan{changelog: quoteIdentifier(opts.ChangelogTable), indexes: indexes}
+	createIndex := func(idx changelogIndex, create string) (string, error) {
+		return renderSchema(idx.template, struct{ Create, Name, Changelog string }{
+			create, quoteIdentifier(idx.name), p.changelog,
+		})
+	}
+	var inTx, concurrent []string
+	for _, idx := range indexes {
+		plain, err := createIndex(idx, "CREATE INDEX")
+		if err != nil {
+			return installPlan{}, err
+		}
+		built, err := createIndex(idx, "CREATE INDEX CONCURRENTLY")
+		if err != nil {
+			return installPlan{}, err
+		}
+		inTx, concurrent = append(inTx, plain), append(concurrent, built)
+	}
+	script, err := renderSchema("install.sql", struct {
+		LockKey                                                    int64
+		Changelog, ChangelogLiteral, TokenTable, Function, Channel string
+		Indexes                                                    []string
+	}{
+		ddlLockKey, p.changelog, quoteLiteral(p.changelog), quoteIdentifier(opts.TokenTable),
+		quoteIdentifier(opts.FunctionName), quoteLiteral(opts.NotifyChannel), inTx,
+	})
+	if err != nil {
+		return installPlan{}, err
+	}
+	p.statements = append([]string{script}, concurrent...)
+	return p, nil
+}
+
+// InstallSchemaSQL returns the statements [InstallSchema] runs, in order, each one Exec call:
+//
+//  1. one script of several commands, run as one implicit transaction (the simple query
+//     protocol, which database/sql drivers use for Exec without arguments): a transaction-level
+//     advisory lock; the changelog table with its indexes if the table is missing; the token
+//     table if missing; CREATE OR REPLACE of the trigger function;
+//  2. CREATE INDEX CONCURRENTLY IF NOT EXISTS for the read index (table_name, changed_at, id),
+//     named "<changelog>_stream_idx";
+//  3. the same for the existing schema's partial (changed_at) WHERE processed = FALSE index
+//     and its (table_name, record_id) index.
+//
+// The concurrent builds cannot run inside a transaction block. Around these statements
+// InstallSchema also holds a session-level advisory lock, and drops any of the indexes that a
+// failed concurrent build left invalid before building it again.
+func InstallSchemaSQL(opts SchemaOptions) ([]string, error) {
+	p, err := newInstallPlan(opts)
+	if err != nil {
+		return nil, err
+	}
+	return p.statements, nil
+}
+
+// InstallSchema creates the changelog table, the token table, their indexes and the trigger
+// function that fills the changelog and notifies [SchemaOptions.NotifyChannel] with
+// {"id": <changelog id>, "table": <table>, "operation": "INSERT|UPDATE|DELETE"}. It runs
+// [InstallSchemaSQL]'s statements. It is idempotent and keeps an existing changelog as it is
+// (including a UUID record_id), only adding missing indexes, which it builds without blocking
+// writes. Concurrent calls wait for each other; a call that has to build an index on a large
+// changelog takes as long as the build.
+func InstallSchema(ctx context.Context, db *sql.DB, opts SchemaOptions) error {
+	p, err := newInstallPlan(opts)
+	if err != nil {
+		return err
+	}
+	if err := p.run(ctx, db); err != nil {
+		return fmt.Errorf("pgchangestream: install schema: %w", err)
+	}
+	return nil
+}
+
+// run executes the plan on one connection that holds the install lock throughout.
+func (p installPlan) run(ctx context.Context, db *sql.DB) error {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("get a connection: %w", err)
+	}
+	defer func() { _ = conn.Close() }() // ErrConnDone if unlockInstall discarded it
+	if err := lockInstall(ctx, conn); err != nil {
+		return err
+	}
+	defer unlockInstall(ctx, conn)
+	if _, err := conn.ExecContext(ctx, p.statements[0]); err != nil {
+		return fmt.Errorf("create tables and trigger function: %w", err)
+	}
+	if err := p.dropInvalidIndexes(ctx, conn); err != nil {
+		return err
+	}
+	for i, stmt := range p.statements[1:] {
+		if _, err := conn.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("build index %s: %w", p.indexes[i].name, err)
+		}
+	}
+	return nil
+}
+
+// dropInvalidIndexes drops those of the plan's indexes that a failed concurrent build left
+// invalid, so the builds that follow create them again.
+func (p installPlan) dropInvalidIndexes(ctx context.Context, conn *sql.Conn) error {
+	rows, err := conn.QueryContext(ctx, invalidIndexesSQL, p.changelog)
+	if err != nil {
+		return fmt.Errorf("find invalid indexes: %w", err)
+	}
+	defer rows.Close()
+	var invalid []pgx.Identifier
+	for rows.Next() {
+		var schema, name string
+		if err := rows.Scan(&schema, &name); err != nil {
+			return fmt.Errorf("find invalid indexes: %w", err)
+		}
+		for _, idx := range p.indexes {
+			if idx.name == name {
+				invalid = append(invalid, pgx.Identifier{schema, name})
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("find invalid indexes: %w", err)
+	}
+	for _, idx := range invalid {
+		stmt, err := renderSchema("drop_index", idx.Sanitize())
+		if err != nil {
+			return err
+		}
+		if _, err := conn.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("drop invalid index %s: %w", idx.Sanitize(), err)
+		}
+	}
+	return nil
+}
+
+// lockInstall takes the session-level install lock on conn, trying again every
+// installLockRetry until ctx is done. It never waits inside the server (see
+// schema/indexes.sql).
+func lockInstall(ctx context.Context, conn *sql.Conn) error {
+	for {
+		var locked bool
+		if err := conn.QueryRowContext(ctx, tryInstallLockSQL, installLockKey).Scan(&locked); err != nil {
+			return fmt.Errorf("take install lock: %w", err)
+		}
+		if locked {
+			return nil
+		}
+		t := time.NewTimer(installLockRetry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("wait for a concurrent install: %w", ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// unlockInstall releases the install lock. If that fails, it discards the connection, which
+// releases the lock too: a pooled connection must not keep it.
+func unlockInstall(ctx context.Context, conn *sql.Conn) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
+	defer cancel()
+	var released bool
+	err := conn.QueryRowContext(ctx, installUnlockSQL, installLockKey).Scan(&released)
+	if err != nil || !released {
+		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	}
+}
+
+// CaptureChangesSQL returns the statements [CaptureChanges] runs: one DO block that checks the
+// table and attaches the trigger if it is missing.
+func CaptureChangesSQL(table string, opts SchemaOptions) ([]string, error) {
+	opts, err := opts.resolve()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSchemaName("CaptureChanges table", table, checkIdentifier); err != nil {
+		return nil, err
+	}
+	trigger := triggerName(table)
+	stmt, err := renderSchema("capture.sql", struct {
+		LockKey                                                  int64
+		Table, TableLiteral, ChangelogLiteral, Trigger, Function string
+		TriggerLiteral                                           string
+	}{
+		ddlLockKey, quoteIdentifier(table), quoteLiteral(quoteIdentifier(table)),
+		quoteLiteral(quoteIdentifier(opts.ChangelogTable)), quoteIdentifier(trigger),
+		quoteIdentifier(opts.FunctionName), quoteLiteral(trigger),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgchangestream: capture changes of %s: %w", table, err)
+	}
+	return []string{stmt}, nil
+}
+
+// CaptureChanges attaches the trigger function to table ("name" or "schema.name") if it is not
+// attached yet, as a trigger named "<name>_changes" that fires after every inserted, updated
+// or deleted row. The table must have a column named id, whose value becomes the changelog's
+// record_id; CaptureChanges fails if the table does not exist, has no id column, or has one
+// the changelog's record_id cannot store (an existing changelog's UUID record_id takes only
+// uuid ids). Run [InstallSchema] first.
+func CaptureChanges(ctx context.Context, db *sql.DB, table string, opts SchemaOptions) error {
+	stmts, err := CaptureChangesSQL(table, opts)
+	if err != nil {
+		return err
+	}
+	for _, stmt := range stmts {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("pgchangestream: capture changes of %s: %w", table, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,39 @@
+{{- /*
+The changelog's indexes. .Create is "CREATE INDEX" (inside the install transaction, with a new
+table) or "CREATE INDEX CONCURRENTLY" (its own Exec call, on an existing table).
+
+stream_index serves the reads: table_name = $1 AND (changed_at, id) > ($2, $3) ORDER BY
+changed_at, id. It must not be partial. The other two are the existing schema's, used by the
+unprocessed-event count and the legacy processed update.
+*/ -}}
+{{define "stream_index" -}}
+{{.Create}} IF NOT EXISTS {{.Name}} ON {{.Changelog}} (table_name, changed_at, id)
+{{- end}}
+{{define "unprocessed_index" -}}
+{{.Create}} IF NOT EXISTS {{.Name}} ON {{.Changelog}} (changed_at) WHERE processed = FALSE
+{{- end}}
+{{define "table_record_index" -}}
+{{.Create}} IF NOT EXISTS {{.Name}} ON {{.Changelog}} (table_name, record_id)
+{{- end}}
+
+{{- /*
+Indexes of the changelog ($1, its quoted name) left invalid by a failed concurrent build; CREATE
+INDEX ... IF NOT EXISTS would keep them. InstallSchema drops ours with drop_index and builds them
+again.
+*/ -}}
+{{define "invalid_indexes" -}}
+SELECT n.nspname, c.relname
+FROM pg_index i
+JOIN pg_class c ON c.oid = i.indexrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE i.indrelid = to_regclass($1) AND NOT i.indisvalid
+{{- end}}
+{{define "drop_index"}}DROP INDEX CONCURRENTLY IF EXISTS {{.}}{{end}}
+
+{{- /*
+The session-level lock that serializes whole InstallSchema runs. It is only ever tried, never
+waited for in the server: a session blocked on a lock holds a snapshot, a concurrent index build
+waits for every older snapshot, and the two deadlock.
+*/ -}}
+{{define "try_install_lock"}}SELECT pg_try_advisory_lock($1){{end}}
+{{define "install_unlock"}}SELECT pg_advisory_unlock($1){{end}}

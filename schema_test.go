@@ -1,0 +1,539 @@
+package pgchangestream
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+)
+
+func newSchemaMock(t *testing.T) (*sql.DB, sqlmock.Sqlmock) {
+	t.Helper()
+	db, mock, err := sqlmock.New(sqlmock.QueryMatcherOption(sqlmock.QueryMatcherEqual))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return db, mock
+}
+
+var schemaExecOK = sqlmock.NewResult(0, 0)
+
+func schemaBoolRow(v bool) *sqlmock.Rows { return sqlmock.NewRows([]string{"v"}).AddRow(v) }
+
+// expectStart expects a default InstallSchema run up to the index builds: the install lock, the
+// script, and the invalid-index query, which returns the (schema, name) rows in invalid.
+func expectStart(t *testing.T, mock sqlmock.Sqlmock, invalid ...[2]string) []string {
+	t.Helper()
+	stmts, err := InstallSchemaSQL(SchemaOptions{})
+	require.NoError(t, err)
+	mock.ExpectQuery(tryInstallLockSQL).WithArgs(installLockKey).WillReturnRows(schemaBoolRow(true))
+	mock.ExpectExec(stmts[0]).WillReturnResult(schemaExecOK)
+	rows := sqlmock.NewRows([]string{"nspname", "relname"})
+	for _, r := range invalid {
+		rows.AddRow(r[0], r[1])
+	}
+	mock.ExpectQuery(invalidIndexesSQL).WithArgs(`"datastore_changelog"`).WillReturnRows(rows)
+	return stmts
+}
+
+// expectBuilds expects the index builds of stmts and the release of the install lock.
+func expectBuilds(mock sqlmock.Sqlmock, stmts []string) *sqlmock.ExpectedQuery {
+	for _, stmt := range stmts[1:] {
+		mock.ExpectExec(stmt).WillReturnResult(schemaExecOK)
+	}
+	return mock.ExpectQuery(installUnlockSQL).WithArgs(installLockKey)
+}
+
+func TestInstallSchemaSQLDefaults(t *testing.T) {
+	stmts, err := InstallSchemaSQL(SchemaOptions{})
+	require.NoError(t, err)
+	require.Len(t, stmts, 4)
+	for _, want := range []string{
+		fmt.Sprintf("SELECT pg_advisory_xact_lock(%d);", ddlLockKey),
+		`IF to_regclass('"datastore_changelog"') IS NULL THEN`,
+		`CREATE TABLE "datastore_changelog" (`,
+		"record_id  TEXT NOT NULL,",
+		`CREATE INDEX IF NOT EXISTS "datastore_changelog_stream_idx" ON "datastore_changelog" (table_name, changed_at, id);`,
+		`CREATE INDEX IF NOT EXISTS "idx_changelog_unprocessed" ON "datastore_changelog" (changed_at) WHERE processed = FALSE;`,
+		`CREATE INDEX IF NOT EXISTS "idx_changelog_table_record" ON "datastore_changelog" (table_name, record_id);`,
+		`CREATE TABLE IF NOT EXISTS "resume_tokens" (`,
+		`CREATE OR REPLACE FUNCTION "log_table_changes"() RETURNS trigger`,
+		`INSERT INTO "datastore_changelog" (table_name, record_id, operation, new_values)`,
+		"VALUES (TG_TABLE_NAME, OLD.id, TG_OP, to_jsonb(OLD))",
+		"PERFORM pg_notify('nvsentinel_changes', json_build_object(\n        'id', changelog_id, 'table', TG_TABLE_NAME, 'operation', TG_OP)::text);",
+	} {
+		assert.Contains(t, stmts[0], want)
+	}
+	assert.NotContains(t, stmts[0], "CONCURRENTLY")
+	assert.Equal(t, []string{
+		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "datastore_changelog_stream_idx" ON "datastore_changelog" (table_name, changed_at, id)`,
+		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "idx_changelog_unprocessed" ON "datastore_changelog" (changed_at) WHERE processed = FALSE`,
+		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "idx_changelog_table_record" ON "datastore_changelog" (table_name, record_id)`,
+	}, stmts[1:])
+}
+
+func TestInstallSchemaSQLNames(t *testing.T) {
+	stmts, err := InstallSchemaSQL(SchemaOptions{
+		ChangelogTable: "audit.changes", TokenTable: "audit.tokens",
+		NotifyChannel: "audit_events", FunctionName: "audit.log_changes",
+	})
+	require.NoError(t, err)
+	for _, want := range []string{
+		`IF to_regclass('"audit"."changes"') IS NULL THEN`,
+		`CREATE TABLE IF NOT EXISTS "audit"."tokens" (`,
+		`CREATE OR REPLACE FUNCTION "audit"."log_changes"() RETURNS trigger`,
+		"pg_notify('audit_events', ",
+	} {
+		assert.Contains(t, stmts[0], want)
+	}
+	assert.Equal(t, []string{
+		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "changes_stream_idx" ON "audit"."changes" (table_name, changed_at, id)`,
+		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "changes_unprocessed_idx" ON "audit"."changes" (changed_at) WHERE processed = FALSE`,
+		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "changes_table_record_idx" ON "audit"."changes" (table_name, record_id)`,
+	}, stmts[1:])
+}
+
+func TestSchemaRejectsInvalidNames(t *testing.T) {
+	const install, capture = 1, 2 // which calls reject the case
+	for _, tc := range []struct {
+		name, table, field string
+		opts               SchemaOptions
+		rejectedBy         int
+	}{
+		{"changelog", "orders", "SchemaOptions.ChangelogTable", SchemaOptions{ChangelogTable: "bad-name"}, install | capture},
+		{"changelog dollars", "orders", "SchemaOptions.ChangelogTable", SchemaOptions{ChangelogTable: "a$body$b"}, install | capture},
+		{"changelog index too long", "orders", "SchemaOptions.ChangelogTable",
+			SchemaOptions{ChangelogTable: strings.Repeat("c", 50)}, install},
+		{"token table", "orders", "SchemaOptions.TokenTable", SchemaOptions{TokenTable: "a.b.c"}, install | capture},
+		{"channel", "orders", "SchemaOptions.NotifyChannel", SchemaOptions{NotifyChannel: "s.events"}, install | capture},
+		{"function", "orders", "SchemaOptions.FunctionName", SchemaOptions{FunctionName: "1fn"}, install | capture},
+		{"table", "orders; DROP TABLE x", "CaptureChanges table", SchemaOptions{}, capture},
+		{"empty table", "", "CaptureChanges table", SchemaOptions{}, capture},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db, mock := newSchemaMock(t)
+			check := func(rejected bool, errs ...error) {
+				for _, err := range errs {
+					if !rejected {
+						require.NoError(t, err)
+						continue
+					}
+					require.ErrorIs(t, err, ErrInvalidConfig)
+					assert.Contains(t, err.Error(), "pgchangestream: invalid config: "+tc.field+": ")
+				}
+			}
+			_, sqlErr := InstallSchemaSQL(tc.opts)
+			check(tc.rejectedBy&install != 0, sqlErr)
+			if tc.rejectedBy&install != 0 {
+				check(true, InstallSchema(t.Context(), db, tc.opts))
+			}
+			_, sqlErr = CaptureChangesSQL(tc.table, tc.opts)
+			check(tc.rejectedBy&capture != 0, sqlErr)
+			if tc.rejectedBy&capture != 0 {
+				check(true, CaptureChanges(t.Context(), db, tc.table, tc.opts))
+			}
+			require.NoError(t, mock.ExpectationsWereMet())
+		})
+	}
+}
+
+func TestInstallSchemaRunsStatementsInOrder(t *testing.T) {
+	db, mock := newSchemaMock(t)
+	expectBuilds(mock, expectStart(t, mock)).WillReturnRows(schemaBoolRow(true))
+
+	require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	require.NoError(t, mock.ExpectationsWereMet())
+}
+
+func TestInstallSchemaRebuildsInvalidIndex(t *testing.T) {
+	db, mock := newSchemaMock(t)
+	stmts := expectStart(t, mock, [2]string{"public", "datastore_changelog_stream_idx"},
+		[2]string{"public", "unrelated_idx"})
+	mock.ExpectExec(`DROP INDEX CONCURRENTLY IF EXISTS "public"."datastore_changelog_stream_idx"`).
+		WillReturnResult(schemaExecOK)
+	expectBuilds(mock, stmts).WillReturnRows(schemaBoolRow(true))
+
+	require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	require.NoError(t, mock.ExpectationsWereMet())
+}
+
+func TestInstallSchemaWrapsErrors(t *testing.T) {
+	boom := errors.New("boom")
+	for _, tc := range []struct {
+		name, want string
+		fail       func(mock sqlmock.Sqlmock, stmts []string)
+	}{
+		{"script", "pgchangestream: install schema: create tables and trigger function: boom",
+			func(mock sqlmock.Sqlmock, stmts []string) {
+				mock.ExpectExec(stmts[0]).WillReturnError(boom)
+			}},
+		{"index build", "pgchangestream: install schema: build index datastore_changelog_stream_idx: boom",
+			func(mock sqlmock.Sqlmock, stmts []string) {
+				mock.ExpectExec(stmts[0]).WillReturnResult(schemaExecOK)
+				mock.ExpectQuery(invalidIndexesSQL).WillReturnRows(sqlmock.NewRows([]string{"nspname", "relname"}))
+				mock.ExpectExec(stmts[1]).WillReturnError(boom)
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db, mock := newSchemaMock(t)
+			stmts, err := InstallSchemaSQL(SchemaOptions{})
+			require.NoError(t, err)
+			mock.ExpectQuery(tryInstallLockSQL).WillReturnRows(schemaBoolRow(true))
+			tc.fail(mock, stmts)
+			mock.ExpectQuery(installUnlockSQL).WillReturnRows(schemaBoolRow(true))
+
+			err = InstallSchema(t.Context(), db, SchemaOptions{})
+			require.ErrorIs(t, err, boom)
+			assert.EqualError(t, err, tc.want)
+			require.NoError(t, mock.ExpectationsWereMet())
+		})
+	}
+}
+
+func TestInstallSchemaDiscardsConnectionWhenUnlockFails(t *testing.T) {
+	db, mock := newSchemaMock(t)
+	expectBuilds(mock, expectStart(t, mock)).WillReturnError(errors.New("connection reset"))
+	mock.ExpectClose() // the session, and its lock, end with the connection
+
+	require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	require.NoError(t, mock.ExpectationsWereMet())
+}
+
+func TestInstallSchemaWaitsForConcurrentInstall(t *testing.T) {
+	t.Run("gets the lock", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			db, mock := newSchemaMock(t)
+			for range 2 {
+				mock.ExpectQuery(tryInstallLockSQL).WithArgs(installLockKey).WillReturnRows(schemaBoolRow(false))
+			}
+			expectBuilds(mock, expectStart(t, mock)).WillReturnRows(schemaBoolRow(true))
+
+			start := time.Now()
+			require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+			assert.Equal(t, 2*installLockRetry, time.Since(start))
+			require.NoError(t, mock.ExpectationsWereMet())
+		})
+	})
+	t.Run("gives up with the context", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			db, mock := newSchemaMock(t)
+			for range 3 {
+				mock.ExpectQuery(tryInstallLockSQL).WithArgs(installLockKey).WillReturnRows(schemaBoolRow(false))
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 5*installLockRetry/2)
+			defer cancel()
+
+			err := InstallSchema(ctx, db, SchemaOptions{})
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			assert.EqualError(t, err, "pgchangestream: install schema: wait for a concurrent install: context deadline exceeded")
+			require.NoError(t, mock.ExpectationsWereMet())
+		})
+	})
+}
+
+func TestCaptureChangesSQL(t *testing.T) {
+	long := strings.Repeat("t", 60)
+	for _, tc := range []struct {
+		table, trigger, on string
+		opts               SchemaOptions
+	}{
+		{"orders", "orders_changes", `"orders"`, SchemaOptions{}},
+		{"s.orders", "orders_changes", `"s"."orders"`, SchemaOptions{}},
+		{long, (long + "_changes")[:63], `"` + long + `"`, SchemaOptions{}},
+		{"orders", "orders_changes", `"orders"`, SchemaOptions{ChangelogTable: "audit.changes", FunctionName: "audit.log_changes"}},
+	} {
+		t.Run(tc.table, func(t *testing.T) {
+			stmts, err := CaptureChangesSQL(tc.table, tc.opts)
+			require.NoError(t, err)
+			require.Len(t, stmts, 1)
+			opts, err := tc.opts.resolve()
+			require.NoError(t, err)
+			for _, want := range []string{
+				"DO $capture$",
+				fmt.Sprintf("PERFORM pg_advisory_xact_lock(%d);", ddlLockKey),
+				"target      regclass := to_regclass('" + tc.on + "');",
+				"changelog   regclass := to_regclass('" + quoteIdentifier(opts.ChangelogTable) + "');",
+				"tgname = '" + tc.trigger + "'",
+				fmt.Sprintf(`CREATE TRIGGER "%s" AFTER INSERT OR UPDATE OR DELETE ON %s`, tc.trigger, tc.on),
+				"FOR EACH ROW EXECUTE FUNCTION " + quoteIdentifier(opts.FunctionName) + "();",
+			} {
+				assert.Contains(t, stmts[0], want)
+			}
+		})
+	}
+}
+
+func TestCaptureChanges(t *testing.T) {
+	db, mock := newSchemaMock(t)
+	stmts, err := CaptureChangesSQL("s.orders", SchemaOptions{})
+	require.NoError(t, err)
+	mock.ExpectExec(stmts[0]).WillReturnResult(schemaExecOK)
+	mock.ExpectExec(stmts[0]).WillReturnError(errors.New("boom"))
+
+	require.NoError(t, CaptureChanges(t.Context(), db, "s.orders", SchemaOptions{}))
+	err = CaptureChanges(t.Context(), db, "s.orders", SchemaOptions{})
+	assert.EqualError(t, err, "pgchangestream: capture changes of s.orders: boom")
+	require.NoError(t, mock.ExpectationsWereMet())
+}
+
+// existingSchema is the schema this library replaces, as an existing installation has it: a
+// UUID record_id, the old trigger function, the partial resume index, and one captured table.
+const existingSchema = `
+CREATE TABLE datastore_changelog (
+    id BIGSERIAL PRIMARY KEY,
+    table_name VARCHAR(100) NOT NULL,
+    record_id UUID NOT NULL,
+    operation VARCHAR(20) NOT NULL,
+    old_values JSONB,
+    new_values JSONB,
+    changed_at TIMESTAMPTZ DEFAULT NOW(),
+    processed BOOLEAN DEFAULT FALSE);
+CREATE INDEX idx_changelog_unprocessed ON datastore_changelog (changed_at) WHERE processed = FALSE;
+CREATE INDEX idx_changelog_table_record ON datastore_changelog (table_name, record_id);
+CREATE INDEX idx_changelog_resume ON datastore_changelog (table_name, changed_at, id) WHERE processed = FALSE;
+CREATE TABLE resume_tokens (
+    client_name VARCHAR(255) PRIMARY KEY,
+    resume_token JSONB NOT NULL,
+    last_updated TIMESTAMPTZ DEFAULT NOW());
+CREATE FUNCTION log_table_changes() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE new_id BIGINT;
+BEGIN
+    INSERT INTO datastore_changelog (table_name, record_id, operation, old_values, new_values)
+    VALUES (TG_TABLE_NAME, COALESCE(NEW.id, OLD.id), TG_OP,
+            CASE WHEN TG_OP <> 'INSERT' THEN to_jsonb(OLD) END,
+            CASE WHEN TG_OP <> 'DELETE' THEN to_jsonb(NEW) END)
+    RETURNING id INTO new_id;
+    PERFORM pg_notify('nvsentinel_changes',
+        json_build_object('id', new_id, 'table', TG_TABLE_NAME, 'operation', TG_OP)::text);
+    RETURN COALESCE(NEW, OLD);
+END $$;
+CREATE TABLE health_events (id UUID PRIMARY KEY DEFAULT gen_random_uuid(), item TEXT);
+CREATE TRIGGER health_events_changes AFTER INSERT OR UPDATE OR DELETE ON health_events
+    FOR EACH ROW EXECUTE FUNCTION log_table_changes();`
+
+// liveExec runs one or more statements.
+func liveExec(t *testing.T, db *sql.DB, query string, args ...any) {
+	t.Helper()
+	_, err := db.ExecContext(t.Context(), query, args...)
+	require.NoError(t, err)
+}
+
+// liveScalar returns the single value of query.
+func liveScalar[T any](t *testing.T, db *sql.DB, query string, args ...any) T {
+	t.Helper()
+	var v T
+	require.NoError(t, db.QueryRowContext(t.Context(), query, args...).Scan(&v))
+	return v
+}
+
+// changelogIndexState maps the changelog's index names to whether they are valid.
+func changelogIndexState(t *testing.T, db *sql.DB) map[string]bool {
+	t.Helper()
+	rows, err := db.QueryContext(t.Context(), `SELECT c.relname, i.indisvalid FROM pg_index i
+		JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = 'datastore_changelog'::regclass`)
+	require.NoError(t, err)
+	defer rows.Close()
+	state := map[string]bool{}
+	for rows.Next() {
+		var name string
+		var valid bool
+		require.NoError(t, rows.Scan(&name, &valid))
+		state[name] = valid
+	}
+	require.NoError(t, rows.Err())
+	return state
+}
+
+func recordIDType(t *testing.T, db *sql.DB) string {
+	return liveScalar[string](t, db, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+		WHERE attrelid = 'datastore_changelog'::regclass AND attname = 'record_id'`)
+}
+
+func triggerCount(t *testing.T, db *sql.DB, table string) int {
+	return liveScalar[int](t, db,
+		"SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::text::regclass AND NOT tgisinternal", table)
+}
+
+// liveListen opens a connection listening on the default channel.
+func liveListen(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	_, err = conn.Exec(t.Context(), "LISTEN "+DefaultNotifyChannel)
+	require.NoError(t, err)
+	return conn
+}
+
+// checkCapture inserts, updates and deletes a row of table (columns id and item) and checks the
+// changelog rows written and the notifications sent.
+func checkCapture(t *testing.T, db *sql.DB, listener *pgx.Conn, table string) {
+	t.Helper()
+	id := liveScalar[string](t, db, "INSERT INTO "+table+" (item) VALUES ('a') RETURNING id::text")
+	liveExec(t, db, "UPDATE "+table+" SET item = 'b' WHERE id::text = $1", id)
+	liveExec(t, db, "DELETE FROM "+table+" WHERE id::text = $1", id)
+
+	rows, err := db.QueryContext(t.Context(), `SELECT id, operation, old_values->>'item', new_values->>'item'
+		FROM datastore_changelog WHERE table_name = $1 AND record_id::text = $2 ORDER BY id`, unqualified(table), id)
+	require.NoError(t, err)
+	defer rows.Close()
+	var got []string
+	for rows.Next() {
+		var changeID int64
+		var op string
+		var oldItem, newItem sql.NullString
+		require.NoError(t, rows.Scan(&changeID, &op, &oldItem, &newItem))
+		got = append(got, fmt.Sprintf("%s %s>%s", op, oldItem.String, newItem.String))
+
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		n, err := listener.WaitForNotification(ctx)
+		cancel()
+		require.NoError(t, err)
+		assert.Equal(t, fmt.Sprintf(`{"id" : %d, "table" : "%s", "operation" : "%s"}`, changeID, unqualified(table), op), n.Payload)
+	}
+	require.NoError(t, rows.Err())
+	assert.Equal(t, []string{"INSERT >a", "UPDATE a>b", "DELETE b>"}, got, table)
+}
+
+// fillChangelog adds n changelog rows spread over four tables, one millisecond apart, and
+// analyzes the table.
+func fillChangelog(t *testing.T, db *sql.DB, n int) {
+	liveExec(t, db, `INSERT INTO datastore_changelog (table_name, record_id, operation, new_values, changed_at)
+		SELECT 'table_' || g % 4, gen_random_uuid(), 'INSERT', jsonb_build_object('n', g),
+		       now() - interval '1 day' + g * interval '1 ms'
+		FROM generate_series(1, $1::int) g`, n)
+	liveExec(t, db, "ANALYZE datastore_changelog")
+}
+
+// requireStreamIndexScan checks that the read query, from an early and from a middle position,
+// is a range scan of the stream index with the row comparison in its index condition: no sort,
+// no filter.
+func requireStreamIndexScan(t *testing.T, db *sql.DB) {
+	t.Helper()
+	for _, offset := range []int{10, 2500} {
+		var at time.Time
+		var id int64
+		require.NoError(t, db.QueryRowContext(t.Context(), `SELECT changed_at, id FROM datastore_changelog
+			WHERE table_name = 'table_1' ORDER BY changed_at, id OFFSET $1 LIMIT 1`, offset).Scan(&at, &id))
+		rows, err := db.QueryContext(t.Context(), `EXPLAIN (COSTS OFF) SELECT id, record_id, operation,
+			old_values, new_values, changed_at FROM datastore_changelog WHERE table_name = $1
+			AND (changed_at, id) > ($2, $3) ORDER BY changed_at, id LIMIT 100`, "table_1", at, id)
+		require.NoError(t, err)
+		var lines []string
+		for rows.Next() {
+			var line string
+			require.NoError(t, rows.Scan(&line))
+			lines = append(lines, line)
+		}
+		require.NoError(t, rows.Err())
+		assert.Regexp(t, `^Limit
+  ->  Index Scan using datastore_changelog_stream_idx on datastore_changelog
+        Index Cond: \(\(\(table_name\)::text = 'table_1'::text\) AND \(ROW\(changed_at, id\) > ROW\(.+\)\)\)$`,
+			strings.Join(lines, "\n"))
+	}
+}
+
+func TestLiveSchemaFreshInstall(t *testing.T) {
+	db, dsn := pgtest.NewDatabase(t, "")
+	for range 2 {
+		require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	}
+	assert.Equal(t, "text", recordIDType(t, db))
+	assert.Equal(t, map[string]bool{"datastore_changelog_pkey": true, "datastore_changelog_stream_idx": true,
+		"idx_changelog_unprocessed": true, "idx_changelog_table_record": true}, changelogIndexState(t, db))
+
+	liveExec(t, db, `CREATE TABLE orders (id UUID PRIMARY KEY DEFAULT gen_random_uuid(), item TEXT);
+		CREATE TABLE counters (id BIGSERIAL PRIMARY KEY, item TEXT);
+		CREATE SCHEMA s;
+		CREATE TABLE s.notes (id TEXT PRIMARY KEY DEFAULT md5(random()::text), item TEXT);
+		CREATE TABLE no_id (key INT, item TEXT);`)
+	listener := liveListen(t, dsn)
+	for _, table := range []string{"orders", "counters", "s.notes"} {
+		for range 2 {
+			require.NoError(t, CaptureChanges(t.Context(), db, table, SchemaOptions{}))
+		}
+		assert.Equal(t, 1, triggerCount(t, db, table))
+		checkCapture(t, db, listener, table)
+	}
+	assert.Equal(t, 1, liveScalar[int](t, db, "SELECT count(*) FROM pg_trigger WHERE tgname = 'notes_changes'"))
+
+	err := CaptureChanges(t.Context(), db, "missing", SchemaOptions{})
+	assert.ErrorContains(t, err, `pgchangestream: capture changes of missing: ERROR: table "missing" does not exist`)
+	err = CaptureChanges(t.Context(), db, "no_id", SchemaOptions{})
+	assert.ErrorContains(t, err, `pgchangestream: capture changes of no_id: ERROR: table no_id has no column "id"`)
+}
+
+func TestLiveSchemaExistingSchema(t *testing.T) {
+	db, dsn := pgtest.NewDatabase(t, "")
+	liveExec(t, db, existingSchema)
+	fillChangelog(t, db, 20000)
+
+	// Concurrent installs build the missing index once and all succeed.
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Go(func() { errs[i] = InstallSchema(t.Context(), db, SchemaOptions{}) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+
+	assert.Equal(t, "uuid", recordIDType(t, db))
+	assert.Equal(t, map[string]bool{"datastore_changelog_pkey": true, "datastore_changelog_stream_idx": true,
+		"idx_changelog_unprocessed": true, "idx_changelog_table_record": true, "idx_changelog_resume": true},
+		changelogIndexState(t, db))
+	assert.Contains(t, liveScalar[string](t, db, "SELECT prosrc FROM pg_proc WHERE proname = 'log_table_changes'"),
+		"ELSIF TG_OP = 'UPDATE' THEN", "the existing function is replaced")
+
+	// The existing trigger calls the new function.
+	listener := liveListen(t, dsn)
+	require.NoError(t, CaptureChanges(t.Context(), db, "health_events", SchemaOptions{}))
+	assert.Equal(t, 1, triggerCount(t, db, "health_events"))
+	checkCapture(t, db, listener, "health_events")
+
+	// A UUID record_id cannot take integer ids: refuse rather than break writes to the table.
+	liveExec(t, db, "CREATE TABLE counters (id BIGSERIAL PRIMARY KEY, item TEXT)")
+	err := CaptureChanges(t.Context(), db, "counters", SchemaOptions{})
+	assert.ErrorContains(t, err, "ERROR: column counters.id is bigint, which datastore_changelog.record_id (uuid) cannot store")
+	assert.Equal(t, 0, triggerCount(t, db, "counters"))
+
+	requireStreamIndexScan(t, db)
+}
+
+func TestLiveSchemaReadQueryUsesStreamIndex(t *testing.T) {
+	db, _ := pgtest.NewDatabase(t, "")
+	require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	fillChangelog(t, db, 20000)
+	requireStreamIndexScan(t, db)
+}
+
+func TestLiveSchemaRebuildsInvalidIndex(t *testing.T) {
+	db, _ := pgtest.NewDatabase(t, "")
+	require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	fillChangelog(t, db, 100)
+	// A unique build over duplicate values fails and leaves an invalid index behind, as an
+	// interrupted concurrent build does.
+	liveExec(t, db, "DROP INDEX datastore_changelog_stream_idx")
+	_, err := db.ExecContext(t.Context(),
+		"CREATE UNIQUE INDEX CONCURRENTLY datastore_changelog_stream_idx ON datastore_changelog (table_name)")
+	require.Error(t, err)
+	require.False(t, changelogIndexState(t, db)["datastore_changelog_stream_idx"])
+
+	require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	assert.True(t, changelogIndexState(t, db)["datastore_changelog_stream_idx"])
+	assert.Equal(t, "CREATE INDEX datastore_changelog_stream_idx ON public.datastore_changelog USING btree (table_name, changed_at, id)",
+		liveScalar[string](t, db, "SELECT pg_get_indexdef('datastore_changelog_stream_idx'::regclass)"))
+}
