@@ -18,6 +18,7 @@ test-race: ## every test with the race detector
 lint: ## gofmt, go vet (both modules), golangci-lint when installed
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags testcontainers ./internal/pgtest/
 	cd benchmarks && $(GO) vet ./...
 	@if command -v golangci-lint >/dev/null 2>&1; then golangci-lint run ./...; fi
 
