@@ -80,9 +80,11 @@
 //
 // # Known limits
 //
-//   - Without NOTIFY (polling mode, or while the LISTEN connection is down), a row that commits
-//     behind the cursor is not seen by polling: this is inherent to a (changed_at, id) cursor.
-//     Hybrid mode, the default, recovers such rows from their NOTIFY.
+//   - A row that commits behind the cursor is only found through its NOTIFY. Polling mode never
+//     sees it, and neither does any mode while the LISTEN connection is down or while no watcher
+//     runs (a row whose transaction is still open when a watcher stops, and commits before the
+//     next one starts, is behind the saved token). This is inherent to a (changed_at, id)
+//     cursor. Hybrid mode, the default, recovers such rows while it runs.
 //   - Tracking is bounded by [Config.MaxPending]. When it is full, the oldest pending delivery is
 //     folded into a floor the saved token cannot pass, so nothing is lost. But if the same row is
 //     delivered again while its earlier delivery has been evicted, an acknowledgement of the
