@@ -1,0 +1,74 @@
+// Command pgchangestream streams, inspects and demonstrates pgchangestream change streams.
+//
+// Usage:
+//
+//	pgchangestream demo    [flags]            run writers and a crashing consumer, check no row is lost
+//	pgchangestream tail    --table T [flags]  stream a table's changes to stdout
+//	pgchangestream status  [flags]            list the saved positions of all clients
+//	pgchangestream schema  install|capture    create the changelog schema, capture a table
+//
+// Every subcommand takes --help. Exit codes: 0 success, 1 runtime failure, 2 usage error.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop() // a second signal gets the default behaviour: exit at once
+	}()
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// mainUsage is the usage text of the command itself.
+const mainUsage = `Usage: pgchangestream <command> [flags]
+
+Commands:
+  demo            start writers and a consumer that crashes and restarts; check that every
+                  written row was delivered
+  tail            stream the changes of one table to stdout, acknowledging them
+  status          list every client's saved position, its age and the rows after it
+  schema install  create the changelog table, the token table and the trigger function
+  schema capture  attach the trigger function to a table
+
+Run 'pgchangestream <command> --help' for the flags of a command.
+Exit codes: 0 success, 1 runtime failure, 2 usage error.
+`
+
+// run runs the command line args (without the program name) and returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, mainUsage)
+		return exitUsage
+	}
+	switch cmd, rest := args[0], args[1:]; cmd {
+	case "demo":
+		return runDemo(ctx, rest, stdout, stderr)
+	case "tail":
+		return runTail(ctx, rest, stdout, stderr)
+	case "status":
+		return runStatus(ctx, rest, stdout, stderr)
+	case "schema":
+		return runSchema(ctx, rest, stdout, stderr)
+	case "help", "-h", "-help", "--help":
+		if len(rest) > 0 && rest[0] != "help" {
+			return run(ctx, append(rest[:len(rest):len(rest)], "--help"), stdout, stderr)
+		}
+		fmt.Fprint(stdout, mainUsage)
+		return exitOK
+	default:
+		fmt.Fprintf(stderr, "%s: unknown command %q (commands: demo, tail, status, schema; see '%s --help')\n",
+			prog, cmd, prog)
+		return exitUsage
+	}
+}

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/pgchangestream/pgchangestream"
+)
+
+// schemaUsage is the usage text of "schema" without a subcommand.
+const schemaUsage = `Usage: pgchangestream schema install [flags]
+       pgchangestream schema capture [flags] TABLE
+
+  install  create the changelog table, the token table, their indexes and the trigger function
+  capture  attach the trigger function to TABLE, so its changes fill the changelog
+
+Run 'pgchangestream schema install --help' or 'pgchangestream schema capture --help' for flags.
+`
+
+// runSchema runs "schema install" or "schema capture".
+func runSchema(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintf(stderr, "%s: schema: missing subcommand: install or capture (see '%s schema --help')\n", prog, prog)
+		return exitUsage
+	}
+	switch args[0] {
+	case "install":
+		return runSchemaInstall(ctx, args[1:], stdout, stderr)
+	case "capture":
+		return runSchemaCapture(ctx, args[1:], stdout, stderr)
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, schemaUsage)
+		return exitOK
+	default:
+		fmt.Fprintf(stderr, "%s: schema: unknown subcommand %q: want install or capture (see '%s schema --help')\n",
+			prog, args[0], prog)
+		return exitUsage
+	}
+}
+
+// schemaFlags are the flags of both schema subcommands.
+type schemaFlags struct {
+	dsn   *string
+	print *bool
+	opts  pgchangestream.SchemaOptions
+}
+
+// addSchemaFlags adds --dsn, --print, --changelog-table and --function, and with all also
+// --token-table and --channel, which only install uses.
+func addSchemaFlags(c *command, all bool) *schemaFlags {
+	f := &schemaFlags{dsn: c.dsnFlag()}
+	f.print = c.fs.Bool("print", false, "print the SQL instead of running it (no database needed)")
+	c.fs.StringVar(&f.opts.ChangelogTable, "changelog-table", pgchangestream.DefaultChangelogTable,
+		"changelog table, name or schema.name")
+	c.fs.StringVar(&f.opts.FunctionName, "function", pgchangestream.DefaultTriggerFunction, "trigger function")
+	if all {
+		c.fs.StringVar(&f.opts.TokenTable, "token-table", pgchangestream.DefaultTokenTable,
+			"table of saved resume tokens")
+		c.fs.StringVar(&f.opts.NotifyChannel, "channel", pgchangestream.DefaultNotifyChannel,
+			"NOTIFY channel the trigger function notifies")
+	}
+	return f
+}
+
+// flagNames names the flags behind the library's configuration fields in its messages.
+var flagNames = strings.NewReplacer(
+	"SchemaOptions.ChangelogTable", "--changelog-table", "Config.ChangelogTable", "--changelog-table",
+	"SchemaOptions.TokenTable", "--token-table", "Config.TokenTable", "--token-table",
+	"SchemaOptions.NotifyChannel", "--channel", "Config.NotifyChannel", "--channel",
+	"SchemaOptions.FunctionName", "--function", "Config.ClientName", "--client",
+	"Config.TableName", "--table", "CaptureChanges table", "TABLE",
+)
+
+// schemaError turns an invalid configuration (a bad name) into a usage error naming the flag.
+func schemaError(err error) error {
+	if errors.Is(err, pgchangestream.ErrInvalidConfig) {
+		msg := strings.TrimPrefix(err.Error(), pgchangestream.ErrInvalidConfig.Error()+": ")
+		return usagef("%s", flagNames.Replace(msg))
+	}
+	return err
+}
+
+// runSchemaInstall runs "schema install".
+func runSchemaInstall(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newCommand("schema install", "schema install [--dsn DSN | --print] [flags]", `
+Creates what the change stream needs, idempotently: the changelog table with its indexes (the
+read index on (table_name, changed_at, id) is built with CREATE INDEX CONCURRENTLY on an
+existing changelog), the token table, and the trigger function (CREATE OR REPLACE) that writes
+a changelog row and a NOTIFY for every change of a captured table. An existing changelog is
+kept as it is. With --print, writes the SQL to stdout instead, for review or psql.`, stdout, stderr)
+	f := addSchemaFlags(c, true)
+	return c.exit(func() error {
+		args, err := c.parse(args)
+		if err != nil {
+			return err
+		}
+		if err := noArgs(args); err != nil {
+			return err
+		}
+		stmts, err := pgchangestream.InstallSchemaSQL(f.opts)
+		if err != nil {
+			return schemaError(err)
+		}
+		if *f.print {
+			return printInstallSQL(stdout, stmts)
+		}
+		dsn, err := resolveDSN(*f.dsn)
+		if err != nil {
+			return err
+		}
+		db, err := connectDB(ctx, dsn)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		if err := pgchangestream.InstallSchema(ctx, db, f.opts); err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(stdout, "schema installed: changelog %s, token table %s, function %s, channel %s\n",
+			f.opts.ChangelogTable, f.opts.TokenTable, f.opts.FunctionName, f.opts.NotifyChannel)
+		return err
+	}())
+}
+
+// printInstallSQL writes the install statements as a psql script: the first (several commands
+// that InstallSchema sends as one implicit transaction) inside BEGIN/COMMIT, then each index
+// build on its own.
+func printInstallSQL(w io.Writer, stmts []string) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- pgchangestream schema install: %d statements, run in order.\n", len(stmts))
+	fmt.Fprintf(&b, "-- 1: tables and trigger function, in one transaction.\nBEGIN;\n%s\nCOMMIT;\n", terminate(stmts[0]))
+	for i, s := range stmts[1:] {
+		fmt.Fprintf(&b, "\n-- %d: index build; it cannot run inside a transaction block. If it fails, drop the\n"+
+			"-- invalid index it leaves before running it again (InstallSchema does that itself).\n%s\n",
+			i+2, terminate(s))
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// terminate ends a statement with a semicolon.
+func terminate(stmt string) string {
+	stmt = strings.TrimSpace(stmt)
+	if strings.HasSuffix(stmt, ";") {
+		return stmt
+	}
+	return stmt + ";"
+}
+
+// runSchemaCapture runs "schema capture TABLE".
+func runSchemaCapture(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newCommand("schema capture", "schema capture [--dsn DSN | --print] [flags] TABLE", `
+Attaches the trigger function to TABLE (name or schema.name) as the trigger "<name>_changes",
+after every inserted, updated or deleted row, unless it is attached already. TABLE needs an id
+column (it becomes the changelog's record_id). Run 'schema install' first. With --print, writes
+the SQL to stdout instead.`, stdout, stderr)
+	f := addSchemaFlags(c, false)
+	return c.exit(func() error {
+		args, err := c.parse(args)
+		if err != nil {
+			return err
+		}
+		switch {
+		case len(args) == 0:
+			return usagef("missing TABLE")
+		case len(args) > 1:
+			return usagef("unexpected argument %q: capture takes one TABLE", args[1])
+		}
+		table := args[0]
+		stmts, err := pgchangestream.CaptureChangesSQL(table, f.opts)
+		if err != nil {
+			return schemaError(err)
+		}
+		if *f.print {
+			for _, s := range stmts {
+				if _, err := fmt.Fprintln(stdout, terminate(s)); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		dsn, err := resolveDSN(*f.dsn)
+		if err != nil {
+			return err
+		}
+		db, err := connectDB(ctx, dsn)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		if err := pgchangestream.CaptureChanges(ctx, db, table, f.opts); err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(stdout, "capturing changes of %s into %s\n", table,
+			cmp.Or(f.opts.ChangelogTable, pgchangestream.DefaultChangelogTable))
+		return err
+	}())
+}

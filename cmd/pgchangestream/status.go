@@ -1,0 +1,271 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/pgchangestream/pgchangestream"
+)
+
+// Token formats, as status reports them.
+const (
+	tokenWithTime = "id+time"  // {"timestamp": ..., "eventID": ...}: what this library writes
+	tokenIDOnly   = "id-only"  // {"eventID": ...}: older tokens; the time is the row's changed_at
+	tokenRowGone  = "row-gone" // id-only, and the row is gone: the next start replays the table
+	tokenInvalid  = "invalid"  // not a token the watcher can load
+)
+
+// clientStatus is one row of the status output.
+type clientStatus struct {
+	Client       string     `json:"client"`
+	Token        string     `json:"token"`
+	TokenFormat  string     `json:"token_format"`
+	PositionID   *int64     `json:"position_id"`
+	PositionTime *time.Time `json:"position_time"`
+	SavedAt      *time.Time `json:"saved_at"`
+	AgeSeconds   *float64   `json:"age_seconds"`
+	Backlog      *int64     `json:"backlog"`
+	BacklogTable *string    `json:"backlog_table"`
+	Error        string     `json:"error,omitempty"`
+}
+
+// runStatus runs "status".
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newCommand("status", "status [--dsn DSN] [--format table|json] [--table TABLE] [flags]", `
+Lists every client in the token table: its saved position (changelog id and changed_at), when
+it was saved, the age of the position (the database's now() minus the position's changed_at),
+and the backlog: the changelog rows after the position. The token table does not record a
+client's table, so the backlog counts the rows of every table after the position; with --table
+it counts only that table's rows (the number a watcher of that table would replay).
+
+Tokens that hold only an id are shown with the changed_at of their row, looked up in the
+changelog; if that row is gone, the watcher replays the table from its beginning, and the
+backlog counts every row.`, stdout, stderr)
+	dsn := c.dsnFlag()
+	format := c.fs.String("format", "table", "table or json")
+	table := c.fs.String("table", "", "count the backlog of this table only (default: rows of every table)")
+	changelog := c.fs.String("changelog-table", pgchangestream.DefaultChangelogTable, "changelog table")
+	tokens := c.fs.String("token-table", pgchangestream.DefaultTokenTable, "table of saved positions")
+	return c.exit(func() error {
+		args, err := c.parse(args)
+		if err != nil {
+			return err
+		}
+		if err := noArgs(args); err != nil {
+			return err
+		}
+		if *format != "table" && *format != "json" {
+			return usagef("--format %q is not one of table, json", *format)
+		}
+		cl, err := quoteTable("changelog-table", *changelog)
+		if err != nil {
+			return err
+		}
+		tok, err := quoteTable("token-table", *tokens)
+		if err != nil {
+			return err
+		}
+		d, err := resolveDSN(*dsn)
+		if err != nil {
+			return err
+		}
+		db, err := connectDB(ctx, d)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		for _, t := range []struct{ name, quoted string }{{*tokens, tok}, {*changelog, cl}} {
+			exists, err := tableExists(ctx, db, t.quoted)
+			if err != nil {
+				return fmt.Errorf("check table %s: %w", t.name, err)
+			}
+			if !exists {
+				return fmt.Errorf("table %s does not exist (create it with '%s schema install')", t.name, prog)
+			}
+		}
+		rows, err := loadStatus(ctx, db, cl, tok, *table)
+		if err != nil {
+			return err
+		}
+		if *format == "json" {
+			return writeStatusJSON(stdout, rows)
+		}
+		return writeStatusTable(stdout, rows)
+	}())
+}
+
+// loadStatus reads every client's token and computes its position, age and backlog.
+func loadStatus(ctx context.Context, db *sql.DB, changelog, tokens, table string) ([]clientStatus, error) {
+	rows, err := db.QueryContext(ctx, `SELECT client_name, resume_token::text, last_updated, now() FROM `+
+		tokens+` ORDER BY client_name`)
+	if err != nil {
+		return nil, fmt.Errorf("read saved positions: %w", err)
+	}
+	var (
+		out []clientStatus
+		now time.Time
+	)
+	for rows.Next() {
+		var (
+			s     clientStatus
+			saved sql.NullTime
+		)
+		if err := rows.Scan(&s.Client, &s.Token, &saved, &now); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read saved positions: %w", err)
+		}
+		if saved.Valid {
+			s.SavedAt = &saved.Time
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read saved positions: %w", err)
+	}
+	backlogSQL := `SELECT count(*) FROM ` + changelog + ` WHERE (changed_at, id) > ($1, $2)`
+	var backlogTable *string
+	if table != "" {
+		backlogSQL += ` AND table_name = $3`
+		backlogTable = &table
+	}
+	for i := range out {
+		s := &out[i]
+		pos, err := resolvePosition(ctx, db, changelog, s)
+		if err != nil {
+			return nil, err
+		}
+		if s.TokenFormat == tokenInvalid {
+			continue
+		}
+		if s.PositionTime != nil {
+			age := math.Round(now.Sub(*s.PositionTime).Seconds()*1000) / 1000
+			s.AgeSeconds = &age
+		}
+		args := []any{pos.ChangedAt, pos.ID}
+		if table != "" {
+			args = append(args, table)
+		}
+		var n int64
+		if err := db.QueryRowContext(ctx, backlogSQL, args...).Scan(&n); err != nil {
+			return nil, fmt.Errorf("count the backlog of client %s: %w", s.Client, err)
+		}
+		s.Backlog, s.BacklogTable = &n, backlogTable
+	}
+	return out, nil
+}
+
+// resolvePosition decodes s.Token, sets the token format and position fields of s, and returns
+// the position a watcher loading this token would resume after.
+func resolvePosition(ctx context.Context, db *sql.DB, changelog string, s *clientStatus) (pgchangestream.Position, error) {
+	var t struct {
+		Timestamp string      `json:"timestamp"`
+		EventID   json.Number `json:"eventID"`
+	}
+	dec := json.NewDecoder(bytes.NewReader([]byte(s.Token)))
+	dec.UseNumber()
+	err := dec.Decode(&t)
+	var id int64
+	if err == nil {
+		id, err = parseEventID(t.EventID)
+	}
+	if err != nil {
+		s.TokenFormat, s.Error = tokenInvalid, err.Error()
+		return pgchangestream.Position{}, nil
+	}
+	s.PositionID = &id
+	if t.Timestamp != "" {
+		ts, err := time.Parse(time.RFC3339Nano, t.Timestamp)
+		if err != nil {
+			s.PositionID, s.TokenFormat, s.Error = nil, tokenInvalid, "timestamp: "+err.Error()
+			return pgchangestream.Position{}, nil
+		}
+		ts = ts.Truncate(time.Microsecond).UTC()
+		s.TokenFormat, s.PositionTime = tokenWithTime, &ts
+		return pgchangestream.Position{ChangedAt: ts, ID: id}, nil
+	}
+	var ts time.Time
+	err = db.QueryRowContext(ctx, `SELECT changed_at FROM `+changelog+` WHERE id = $1`, id).Scan(&ts)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		// Like the watcher: before every row, so that everything is replayed.
+		s.TokenFormat = tokenRowGone
+		return pgchangestream.Position{ID: id}, nil
+	case err != nil:
+		return pgchangestream.Position{}, fmt.Errorf("look up the row of client %s's token: %w", s.Client, err)
+	}
+	ts = ts.UTC()
+	s.TokenFormat, s.PositionTime = tokenIDOnly, &ts
+	return pgchangestream.Position{ChangedAt: ts, ID: id}, nil
+}
+
+// parseEventID parses a token's eventID: an integer, possibly written as a float.
+func parseEventID(n json.Number) (int64, error) {
+	if n == "" {
+		return 0, errors.New("no eventID")
+	}
+	if id, err := strconv.ParseInt(n.String(), 10, 64); err == nil {
+		return id, nil
+	}
+	f, err := n.Float64()
+	if err != nil || f != float64(int64(f)) {
+		return 0, fmt.Errorf("eventID %s is not an integer", n)
+	}
+	return int64(f), nil
+}
+
+// writeStatusJSON writes the rows as one JSON array.
+func writeStatusJSON(w io.Writer, rows []clientStatus) error {
+	if rows == nil {
+		rows = []clientStatus{}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rows)
+}
+
+// writeStatusTable writes the rows as an aligned table.
+func writeStatusTable(w io.Writer, rows []clientStatus) error {
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "CLIENT\tPOSITION\tPOSITION TIME\tTOKEN\tSAVED\tAGE\tBACKLOG")
+	for _, s := range rows {
+		id, posTime, saved, age, backlog := "-", "-", "-", "-", "-"
+		if s.PositionID != nil {
+			id = strconv.FormatInt(*s.PositionID, 10)
+		}
+		if s.PositionTime != nil {
+			posTime = s.PositionTime.UTC().Format(eventTimeFormat)
+		}
+		if s.SavedAt != nil {
+			saved = s.SavedAt.UTC().Format(time.RFC3339)
+		}
+		if s.AgeSeconds != nil {
+			age = formatAge(time.Duration(*s.AgeSeconds * float64(time.Second)))
+		}
+		if s.Backlog != nil {
+			backlog = strconv.FormatInt(*s.Backlog, 10)
+		}
+		format := s.TokenFormat
+		if s.Error != "" {
+			format += " (" + s.Error + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Client, id, posTime, format, saved, age, backlog)
+	}
+	return tw.Flush()
+}
+
+// formatAge rounds an age for display: milliseconds under a second, seconds above.
+func formatAge(d time.Duration) string {
+	if d < time.Second && d > -time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
