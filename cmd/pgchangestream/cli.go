@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 )
@@ -77,12 +78,25 @@ func (c *command) parse(args []string) ([]string, error) {
 	}
 }
 
-// noArgs reports unexpected positional arguments.
-func noArgs(args []string) error {
+// parseNoArgs parses args for a command that takes no positional argument: one is a usage
+// error. --help returns flag.ErrHelp.
+func (c *command) parseNoArgs(args []string) error {
+	args, err := c.parse(args)
+	if err != nil {
+		return err
+	}
 	if len(args) > 0 {
 		return usagef("unexpected argument %q", args[0])
 	}
 	return nil
+}
+
+// checkChoice returns a usage error unless value, given as --name, is one of choices.
+func checkChoice(name, value string, choices ...string) error {
+	if slices.Contains(choices, value) {
+		return nil
+	}
+	return usagef("--%s %q is not one of %s", name, value, strings.Join(choices, ", "))
 }
 
 // usage writes the synopsis, the description and the flags to w.

@@ -29,6 +29,16 @@ func connectDB(ctx context.Context, dsn string) (*sql.DB, error) {
 	return db, nil
 }
 
+// connectFlagDSN connects to the database named by --dsn (flagValue) or $PGCHANGESTREAM_DSN
+// (see resolveDSN and connectDB).
+func connectFlagDSN(ctx context.Context, flagValue string) (*sql.DB, error) {
+	dsn, err := resolveDSN(flagValue)
+	if err != nil {
+		return nil, err
+	}
+	return connectDB(ctx, dsn)
+}
+
 // openDB checks dsn (a usage error if it cannot be parsed) and opens a pool without connecting.
 func openDB(dsn string) (*sql.DB, *pgconn.Config, error) {
 	cfg, err := pgconn.ParseConfig(dsn)
@@ -76,9 +86,15 @@ func quoteTable(flagName, name string) (string, error) {
 	return pgx.Identifier(strings.Split(name, ".")).Sanitize(), nil
 }
 
-// tableExists reports whether the table named by quoted (as quoteTable returns it) exists.
-func tableExists(ctx context.Context, db *sql.DB, quoted string) (bool, error) {
+// requireTable fails unless the table named by quoted (as quoteTable returns it) exists. what
+// and name describe it in the messages ("changelog table", "datastore_changelog").
+func requireTable(ctx context.Context, db *sql.DB, what, name, quoted string) error {
 	var exists bool
-	err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, quoted).Scan(&exists)
-	return exists, err
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, quoted).Scan(&exists); err != nil {
+		return fmt.Errorf("check %s %s: %w", what, name, err)
+	}
+	if !exists {
+		return fmt.Errorf("%s %s does not exist (create it with '%s schema install')", what, name, prog)
+	}
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,10 @@ type incarnation struct {
 	w      *pgchangestream.Watcher
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the consuming goroutine returns
+
+	// unacked holds the ids received and not yet acknowledged (saved) when the consuming
+	// goroutine returned; read only after done is closed.
+	unacked []int64
 }
 
 func newDemoConsumer(dsn string, admin *sql.DB, logger *slog.Logger) *demoConsumer {
@@ -68,17 +73,47 @@ func (c *demoConsumer) start(ctx context.Context) (*pgchangestream.Watcher, erro
 	return w, nil
 }
 
-// consume processes (records) and acknowledges every delivery, in order, until ctx ends or
+// The consumer acknowledges a watermark, the newest event received, every demoAckEvery events,
+// and once no event has arrived for demoAckIdle: it works in batches, as consumers that save
+// fewer checkpoints do. Between two acknowledgements it holds deliveries unacknowledged, which a
+// crash leaves pending, so that the restart delivers them again.
+const (
+	demoAckEvery = 20
+	demoAckIdle  = time.Second
+)
+
+// consume records every delivery and acknowledges them in batches, in order, until ctx ends or
 // the watcher stops.
 func (c *demoConsumer) consume(ctx context.Context, inc *incarnation) {
 	defer close(inc.done)
 	events := inc.w.Events()
+	idle := time.NewTimer(demoAckIdle)
+	idle.Stop()
+	defer idle.Stop()
+	var (
+		last    []byte  // the token of the newest event received
+		unacked []int64 // the ids received since the last acknowledgement that was saved
+	)
+	defer func() { inc.unacked = unacked }()
+	ack := func() {
+		switch err := inc.w.MarkProcessed(ctx, last); {
+		case err == nil:
+			c.acked.Add(uint64(len(unacked)))
+			unacked = unacked[:0]
+		case ctx.Err() == nil: // kept in memory; the next acknowledgement saves it
+			c.ackErrors.Add(1)
+			c.logger.Warn("acknowledgement not saved", "token", string(last), "error", err)
+		}
+	}
 	for {
 		var ev pgchangestream.EventWithToken
 		var ok bool
 		select {
 		case <-ctx.Done():
 			return
+		case <-idle.C:
+			ack()
+			continue
 		case ev, ok = <-events:
 		}
 		if !ok {
@@ -93,47 +128,78 @@ func (c *demoConsumer) consume(ctx context.Context, inc *incarnation) {
 		c.seen[id]++
 		c.mu.Unlock()
 		c.delivered.Add(1)
-		switch err := inc.w.MarkProcessed(ctx, ev.ResumeToken); {
-		case err == nil:
-			c.acked.Add(1)
-		case ctx.Err() == nil:
-			c.ackErrors.Add(1)
-			c.logger.Warn("acknowledgement not saved", "token", string(ev.ResumeToken), "error", err)
+		last, unacked = ev.ResumeToken, append(unacked, id)
+		if len(unacked) < demoAckEvery {
+			idle.Reset(demoAckIdle)
+			continue
 		}
+		idle.Stop()
+		ack()
 	}
 }
 
-// waitStarted waits until w has loaded its start position (it saves it, as a new client).
+// waitStarted waits until w, a new client's first watcher, has loaded its start position (it
+// saves it at once).
 func waitStarted(ctx context.Context, w *pgchangestream.Watcher, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	return waitWatcher(ctx, w, timeout, "save its start position", func() bool {
+		return w.Stats().CheckpointWrites > 0
+	})
+}
+
+// waitReading waits until w has read the changelog once. A watcher listens before its first
+// read, so from then on it handles the NOTIFY of every commit.
+func waitReading(ctx context.Context, w *pgchangestream.Watcher, timeout time.Duration) error {
+	return waitWatcher(ctx, w, timeout, "read the changelog", func() bool {
+		lastEmpty, _ := w.LagState()
+		return w.Stats().Delivered > 0 || !lastEmpty.IsZero()
+	})
+}
+
+// waitWatcher polls until done reports true, for at most timeout; what says what the consumer
+// failed to do then.
+func waitWatcher(parent context.Context, w *pgchangestream.Watcher, timeout time.Duration, what string,
+	done func() bool) error {
+	ctx, cancel := context.WithTimeout(parent, timeout)
 	defer cancel()
-	tick := time.NewTicker(10 * time.Millisecond)
+	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
-	for w.Stats().CheckpointWrites == 0 {
+	for !done() {
 		select {
 		case <-ctx.Done():
 			if err := w.Err(); err != nil {
 				return fmt.Errorf("consumer did not start: %w", err)
 			}
-			return fmt.Errorf("consumer did not save its start position within %v", timeout)
+			if parent.Err() != nil {
+				return interrupted(parent)
+			}
+			return fmt.Errorf("consumer did not %s within %v", what, timeout)
 		case <-tick.C:
 		}
 	}
 	return nil
 }
 
+// crashReport is what a crash left behind.
+type crashReport struct {
+	saved   pgchangestream.Position // the position in the token table: the restart resumes after it
+	unacked int                     // deliveries received and not acknowledged
+	behind  int                     // of those, the ones at or before saved: not delivered again
+}
+
 // crash stops the current incarnation as a crash would: the consuming goroutine stops where it
 // is, the watcher's Start context is cancelled with no Flush, and its pool is closed, so
 // nothing more is saved. Close runs only to release the watcher's goroutines: its final save
-// fails on the closed pool, as it would in a crashed process. crash then returns the position
-// left in the token table, from which the next incarnation resumes.
-func (c *demoConsumer) crash(ctx context.Context) (pgchangestream.Position, error) {
+// fails on the closed pool, as it would in a crashed process. crash then reports the position
+// left in the token table, from which the next incarnation resumes, and the deliveries the
+// incarnation had not acknowledged. Those after the position are delivered again; one at or
+// before it is a late row, delivered after the saved position had passed it.
+func (c *demoConsumer) crash(ctx context.Context) (crashReport, error) {
 	c.mu.Lock()
 	inc := c.cur
 	c.cur = nil
 	c.mu.Unlock()
 	if inc == nil {
-		return pgchangestream.Position{}, errors.New("no consumer running")
+		return crashReport{}, errors.New("no consumer running")
 	}
 	inc.cancel()
 	<-inc.done
@@ -142,7 +208,22 @@ func (c *demoConsumer) crash(ctx context.Context) (pgchangestream.Position, erro
 	defer cancel()
 	_ = inc.w.Close(closeCtx) // its final save fails: the pool is closed
 	c.keepStats(inc)
-	return savedPosition(ctx, c.admin)
+	saved, err := savedPosition(ctx, c.admin)
+	if err != nil {
+		return crashReport{}, err
+	}
+	r := crashReport{saved: saved, unacked: len(inc.unacked)}
+	positions, err := rowPositions(ctx, c.admin, `SELECT id, changed_at FROM datastore_changelog WHERE id = ANY($1)`,
+		inc.unacked)
+	if err != nil {
+		return crashReport{}, fmt.Errorf("read the unacknowledged rows: %w", err)
+	}
+	for _, p := range positions {
+		if !saved.Before(p) {
+			r.behind++
+		}
+	}
+	return r, nil
 }
 
 // stop closes the current incarnation cleanly: Close stops the watcher and saves the final
@@ -187,12 +268,7 @@ func (c *demoConsumer) stats() pgchangestream.Stats {
 func (c *demoConsumer) covers(ids []int64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, id := range ids {
-		if c.seen[id] == 0 {
-			return false
-		}
-	}
-	return true
+	return !slices.ContainsFunc(ids, func(id int64) bool { return c.seen[id] == 0 })
 }
 
 // deliveries returns a copy of the deliveries per changelog id.

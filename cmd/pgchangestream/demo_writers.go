@@ -31,12 +31,16 @@ var (
 )
 
 // demoWriters runs concurrent writers on the demo table. Every statement changes one row, so
-// every successful statement is one changelog row.
+// every successful statement is one changelog row. Each statement is its own transaction.
 type demoWriters struct {
 	db       *sql.DB
 	n        int
 	interval time.Duration // between two statements of one writer
 	seed     uint64
+
+	// gate is held shared by each statement and exclusively by pause: while paused, no
+	// transaction of a writer is open.
+	gate sync.RWMutex
 
 	inserts, updates, deletes atomic.Uint64
 }
@@ -52,6 +56,13 @@ func (d *demoWriters) written() uint64 {
 	return d.inserts.Load() + d.updates.Load() + d.deletes.Load()
 }
 
+// pause returns once every writer has finished its current statement (its transaction
+// committed or failed); the writers then wait until resume. Every pause needs one resume.
+func (d *demoWriters) pause() { d.gate.Lock() }
+
+// resume lets paused writers go on. A writer that fell behind its schedule catches up.
+func (d *demoWriters) resume() { d.gate.Unlock() }
+
 // run writes for duration, then returns after every writer's last statement finished. It stops
 // early, without an error, when ctx ends.
 func (d *demoWriters) run(ctx context.Context, duration time.Duration) error {
@@ -62,7 +73,7 @@ func (d *demoWriters) run(ctx context.Context, duration time.Duration) error {
 	var wg sync.WaitGroup
 	for i := range d.n {
 		wg.Go(func() {
-			if err := d.write(ctx, stop, rand.New(rand.NewPCG(d.seed, uint64(i)+1))); err != nil {
+			if err := d.write(ctx, stop, &writer{rng: rand.New(rand.NewPCG(d.seed, uint64(i)+1))}); err != nil {
 				errs <- fmt.Errorf("writer %d: %w", i+1, err)
 			}
 		})
@@ -72,12 +83,12 @@ func (d *demoWriters) run(ctx context.Context, duration time.Duration) error {
 	return <-errs // nil when no writer failed
 }
 
-// write is one writer: at every interval it inserts an order, or updates or deletes one of its own.
-func (d *demoWriters) write(ctx context.Context, stop <-chan struct{}, rng *rand.Rand) error {
+// write is one writer: at every interval it inserts an order, or updates or deletes one of its
+// own (see statement).
+func (d *demoWriters) write(ctx context.Context, stop <-chan struct{}, w *writer) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	next := time.Now() // when the next statement is due; a writer that falls behind catches up
-	var live []string  // ids of this writer's orders that still exist
 	for {
 		select {
 		case <-ctx.Done():
@@ -91,38 +102,53 @@ func (d *demoWriters) write(ctx context.Context, stop <-chan struct{}, rng *rand
 			next = time.Now() // do not burst after a long stall
 		}
 		timer.Reset(time.Until(next))
-		var err error
-		switch r := rng.Float64(); {
-		case len(live) > 0 && r < 0.2:
-			_, err = d.db.ExecContext(ctx, `UPDATE orders SET status = $2, quantity = quantity + 1 WHERE id = $1`,
-				live[rng.IntN(len(live))], demoStatuses[rng.IntN(len(demoStatuses))])
-			if err == nil {
-				d.updates.Add(1)
-			}
-		case len(live) > 0 && r < 0.3:
-			i := rng.IntN(len(live))
-			_, err = d.db.ExecContext(ctx, `DELETE FROM orders WHERE id = $1`, live[i])
-			if err == nil {
-				live[i] = live[len(live)-1]
-				live = live[:len(live)-1]
-				d.deletes.Add(1)
-			}
-		default:
-			var id string
-			err = d.db.QueryRowContext(ctx, `INSERT INTO orders (customer, item, quantity) VALUES ($1, $2, $3) RETURNING id`,
-				demoCustomers[rng.IntN(len(demoCustomers))], demoItems[rng.IntN(len(demoItems))], 1+rng.IntN(5)).Scan(&id)
-			if err == nil {
-				live = append(live, id)
-				d.inserts.Add(1)
-			}
-		}
-		if err != nil {
+		if err := d.statement(ctx, w); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
 	}
+}
+
+// writer is the state of one writer.
+type writer struct {
+	rng  *rand.Rand
+	live []string // ids of the writer's orders that still exist
+}
+
+// statement inserts an order, or updates or deletes one of w's own, as one transaction. While
+// the writers are paused it first waits for resume.
+func (d *demoWriters) statement(ctx context.Context, w *writer) error {
+	d.gate.RLock()
+	defer d.gate.RUnlock()
+	rng := w.rng
+	var err error
+	switch r := rng.Float64(); {
+	case len(w.live) > 0 && r < 0.2:
+		_, err = d.db.ExecContext(ctx, `UPDATE orders SET status = $2, quantity = quantity + 1 WHERE id = $1`,
+			w.live[rng.IntN(len(w.live))], demoStatuses[rng.IntN(len(demoStatuses))])
+		if err == nil {
+			d.updates.Add(1)
+		}
+	case len(w.live) > 0 && r < 0.3:
+		i := rng.IntN(len(w.live))
+		_, err = d.db.ExecContext(ctx, `DELETE FROM orders WHERE id = $1`, w.live[i])
+		if err == nil {
+			w.live[i] = w.live[len(w.live)-1]
+			w.live = w.live[:len(w.live)-1]
+			d.deletes.Add(1)
+		}
+	default:
+		var id string
+		err = d.db.QueryRowContext(ctx, `INSERT INTO orders (customer, item, quantity) VALUES ($1, $2, $3) RETURNING id`,
+			demoCustomers[rng.IntN(len(demoCustomers))], demoItems[rng.IntN(len(demoItems))], 1+rng.IntN(5)).Scan(&id)
+		if err == nil {
+			w.live = append(w.live, id)
+			d.inserts.Add(1)
+		}
+	}
+	return err
 }
 
 // progressLine shows progress: on a terminal one line rewritten in place, otherwise one line

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -66,6 +67,20 @@ func addSchemaFlags(c *command, all bool) *schemaFlags {
 	return f
 }
 
+// apply connects to the database of --dsn, makes the change and writes the line done to stdout.
+func (f *schemaFlags) apply(ctx context.Context, stdout io.Writer, change func(*sql.DB) error, done string) error {
+	db, err := connectFlagDSN(ctx, *f.dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if err := change(db); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(stdout, done)
+	return err
+}
+
 // flagNames names the flags behind the library's configuration fields in its messages.
 var flagNames = strings.NewReplacer(
 	"SchemaOptions.ChangelogTable", "--changelog-table", "Config.ChangelogTable", "--changelog-table",
@@ -94,11 +109,7 @@ a changelog row and a NOTIFY for every change of a captured table. An existing c
 kept as it is. With --print, writes the SQL to stdout instead, for review or psql.`, stdout, stderr)
 	f := addSchemaFlags(c, true)
 	return c.exit(func() error {
-		args, err := c.parse(args)
-		if err != nil {
-			return err
-		}
-		if err := noArgs(args); err != nil {
+		if err := c.parseNoArgs(args); err != nil {
 			return err
 		}
 		stmts, err := pgchangestream.InstallSchemaSQL(f.opts)
@@ -108,21 +119,10 @@ kept as it is. With --print, writes the SQL to stdout instead, for review or psq
 		if *f.print {
 			return printInstallSQL(stdout, stmts)
 		}
-		dsn, err := resolveDSN(*f.dsn)
-		if err != nil {
-			return err
-		}
-		db, err := connectDB(ctx, dsn)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
-		if err := pgchangestream.InstallSchema(ctx, db, f.opts); err != nil {
-			return err
-		}
-		_, err = fmt.Fprintf(stdout, "schema installed: changelog %s, token table %s, function %s, channel %s\n",
-			f.opts.ChangelogTable, f.opts.TokenTable, f.opts.FunctionName, f.opts.NotifyChannel)
-		return err
+		return f.apply(ctx, stdout, func(db *sql.DB) error {
+			return pgchangestream.InstallSchema(ctx, db, f.opts)
+		}, fmt.Sprintf("schema installed: changelog %s, token table %s, function %s, channel %s",
+			f.opts.ChangelogTable, f.opts.TokenTable, f.opts.FunctionName, f.opts.NotifyChannel))
 	}())
 }
 
@@ -183,20 +183,9 @@ the SQL to stdout instead.`, stdout, stderr)
 			}
 			return nil
 		}
-		dsn, err := resolveDSN(*f.dsn)
-		if err != nil {
-			return err
-		}
-		db, err := connectDB(ctx, dsn)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
-		if err := pgchangestream.CaptureChanges(ctx, db, table, f.opts); err != nil {
-			return err
-		}
-		_, err = fmt.Fprintf(stdout, "capturing changes of %s into %s\n", table,
-			cmp.Or(f.opts.ChangelogTable, pgchangestream.DefaultChangelogTable))
-		return err
+		return f.apply(ctx, stdout, func(db *sql.DB) error {
+			return pgchangestream.CaptureChanges(ctx, db, table, f.opts)
+		}, fmt.Sprintf("capturing changes of %s into %s", table,
+			cmp.Or(f.opts.ChangelogTable, pgchangestream.DefaultChangelogTable)))
 	}())
 }

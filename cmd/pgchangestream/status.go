@@ -56,15 +56,11 @@ backlog counts every row.`, stdout, stderr)
 	changelog := c.fs.String("changelog-table", pgchangestream.DefaultChangelogTable, "changelog table")
 	tokens := c.fs.String("token-table", pgchangestream.DefaultTokenTable, "table of saved positions")
 	return c.exit(func() error {
-		args, err := c.parse(args)
-		if err != nil {
+		if err := c.parseNoArgs(args); err != nil {
 			return err
 		}
-		if err := noArgs(args); err != nil {
+		if err := checkChoice("format", *format, "table", "json"); err != nil {
 			return err
-		}
-		if *format != "table" && *format != "json" {
-			return usagef("--format %q is not one of table, json", *format)
 		}
 		cl, err := quoteTable("changelog-table", *changelog)
 		if err != nil {
@@ -74,22 +70,14 @@ backlog counts every row.`, stdout, stderr)
 		if err != nil {
 			return err
 		}
-		d, err := resolveDSN(*dsn)
-		if err != nil {
-			return err
-		}
-		db, err := connectDB(ctx, d)
+		db, err := connectFlagDSN(ctx, *dsn)
 		if err != nil {
 			return err
 		}
 		defer db.Close()
 		for _, t := range []struct{ name, quoted string }{{*tokens, tok}, {*changelog, cl}} {
-			exists, err := tableExists(ctx, db, t.quoted)
-			if err != nil {
-				return fmt.Errorf("check table %s: %w", t.name, err)
-			}
-			if !exists {
-				return fmt.Errorf("table %s does not exist (create it with '%s schema install')", t.name, prog)
+			if err := requireTable(ctx, db, "table", t.name, t.quoted); err != nil {
+				return err
 			}
 		}
 		rows, err := loadStatus(ctx, db, cl, tok, *table)

@@ -53,11 +53,7 @@ per line; pretty writes "id operation table key time" and the fields set or chan
 	c.fs.StringVar(&f.channel, "channel", pgchangestream.DefaultNotifyChannel, "NOTIFY channel")
 	c.fs.BoolVar(&f.verbose, "verbose", false, "log the watcher's progress (connects, start position) to stderr")
 	return c.exit(func() error {
-		args, err := c.parse(args)
-		if err != nil {
-			return err
-		}
-		if err := noArgs(args); err != nil {
+		if err := c.parseNoArgs(args); err != nil {
 			return err
 		}
 		return tail(ctx, c, f)
@@ -70,19 +66,16 @@ func tail(ctx context.Context, c *command, f tailFlags) error {
 		return usagef("--table is required")
 	}
 	mode := pgchangestream.Mode(f.mode)
-	switch mode {
-	case pgchangestream.ModePolling, pgchangestream.ModeNotify, pgchangestream.ModeHybrid:
-	default:
-		return usagef("--mode %q is not one of polling, notify, hybrid", f.mode)
+	if err := checkChoice("mode", f.mode, string(pgchangestream.ModePolling), string(pgchangestream.ModeNotify),
+		string(pgchangestream.ModeHybrid)); err != nil {
+		return err
 	}
-	var write func(w *bufio.Writer, ev pgchangestream.EventWithToken) error
-	switch f.format {
-	case "json":
-		write = writeJSONEvent
-	case "pretty":
+	if err := checkChoice("format", f.format, "json", "pretty"); err != nil {
+		return err
+	}
+	write := writeJSONEvent
+	if f.format == "pretty" {
 		write = writePrettyEvent
-	default:
-		return usagef("--format %q is not one of json, pretty", f.format)
 	}
 	changelog, err := quoteTable("changelog-table", f.changelog)
 	if err != nil {
@@ -128,15 +121,11 @@ func tail(ctx context.Context, c *command, f tailFlags) error {
 // checkTailTable fails when the changelog table is missing and warns when it has no row for the
 // table yet (a typo, or a table not captured).
 func checkTailTable(ctx context.Context, c *command, db *sql.DB, changelog string, f tailFlags) error {
-	exists, err := tableExists(ctx, db, changelog)
-	if err != nil {
-		return fmt.Errorf("check changelog table %s: %w", f.changelog, err)
-	}
-	if !exists {
-		return fmt.Errorf("changelog table %s does not exist (create it with '%s schema install')", f.changelog, prog)
+	if err := requireTable(ctx, db, "changelog table", f.changelog, changelog); err != nil {
+		return err
 	}
 	var any bool
-	err = db.QueryRowContext(ctx, `SELECT EXISTS (SELECT FROM `+changelog+` WHERE table_name = $1)`, f.table).Scan(&any)
+	err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT FROM `+changelog+` WHERE table_name = $1)`, f.table).Scan(&any)
 	if err != nil {
 		return fmt.Errorf("check changelog rows of %s: %w", f.table, err)
 	}
