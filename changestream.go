@@ -360,7 +360,7 @@ func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	for i := range w.batch {
-		if err := w.deliver(ctx, &w.batch[i]); err != nil {
+		if err := w.deliver(ctx, &w.batch[i], false); err != nil {
 			return i, err
 		}
 	}
@@ -392,12 +392,14 @@ func (w *Watcher) recoverLateRow(ctx context.Context, id int64) error {
 		return nil // the next read gets it
 	}
 	w.log.Info("recovering a row that committed behind the cursor", "id", id)
-	return w.deliver(ctx, row)
+	return w.deliver(ctx, row, true)
 }
 
 // deliver is the one path every row takes: filter, then (one locked step) register the delivery
 // as pending and advance the cursor, then send. A send abandoned because ctx ended stays pending.
-func (w *Watcher) deliver(ctx context.Context, row *changelogRow) error {
+// A late row can sit behind the token already saved (saved while its transaction was still
+// open): the token is then saved again, backward, before the send, so that a crash replays it.
+func (w *Watcher) deliver(ctx context.Context, row *changelogRow, late bool) error {
 	ev, err := buildEvent(row, w.cfg.TableName, w.cfg.DocumentField)
 	if err != nil { // the event still has its id, operation, time and key: deliver it, don't stall
 		w.log.Error("cannot decode changelog row; delivering it without documents", "id", row.ID, "error", err)
@@ -419,7 +421,13 @@ func (w *Watcher) deliver(ctx context.Context, row *changelogRow) error {
 		w.evicted++
 	}
 	w.advanceLocked(pos)
+	behindSaved := late && pos.predecessor().Before(w.savedMirror)
 	w.mu.Unlock()
+	if behindSaved {
+		if err := w.saveCheckpoint(ctx, false); err != nil {
+			w.log.Warn("cannot move the saved token back behind a late row; the next save retries", "id", row.ID, "error", err)
+		}
+	}
 	if evicted && !w.floorNoted {
 		w.floorNoted = true
 		w.log.Warn("more unacknowledged deliveries than Config.MaxPending; the oldest now hold the checkpoint through a floor",

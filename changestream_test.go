@@ -504,3 +504,28 @@ func TestConcurrentSavesAreOrdered(t *testing.T) {
 	require.Equal(t, rowPos(f, 200), f.token(t, "c"))
 	require.Less(t, len(saves), 200, "concurrent acks share saves")
 }
+
+func TestLateRowBehindTheSavedTokenMovesItBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeDB(testConfig(Config{}))
+		late := f.insertRows("t", t0, 1, false)[0] // its transaction is open while b is read and acked
+		b := f.insert("t", t0.Add(time.Second), 1)[0]
+		ctx, crash := context.WithCancel(t.Context())
+		w := startOn(t, ctx, f, Config{StartFromBeginning: true, BufferSize: 1})
+		require.Equal(t, []int64{b}, receive(t, w, 1))
+		require.NoError(t, w.MarkProcessed(t.Context(), tok(b)))
+		require.Equal(t, rowPos(f, b), f.token(t, "c"))
+
+		f.commit(late)
+		w.onNotification(`{"id":` + strconv.FormatInt(late, 10) + `,"table":"t","operation":"INSERT"}`)
+		synctest.Wait()
+		require.Equal(t, rowPos(f, late).predecessor(), f.token(t, "c"),
+			"the token is saved back behind the recovered row before it is handed out")
+		crash() // no Close, no Flush: a restart replays the late row
+		synctest.Wait()
+		w2 := startOn(t, t.Context(), f, Config{})
+		require.Equal(t, []int64{late, b}, receive(t, w2, 2))
+		closeWatcher(t, w2)
+		closeWatcher(t, w)
+	})
+}
