@@ -424,7 +424,7 @@ func (w *Watcher) deliver(ctx context.Context, row *changelogRow, late bool) err
 	behindSaved := late && pos.predecessor().Before(w.savedMirror)
 	w.mu.Unlock()
 	if behindSaved {
-		if err := w.saveCheckpoint(ctx, false); err != nil {
+		if err := w.saveInBackground(ctx, false); err != nil {
 			w.log.Warn("cannot move the saved token back behind a late row; the next save retries", "id", row.ID, "error", err)
 		}
 	}

@@ -183,8 +183,11 @@ func (w *Watcher) saveLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		err := w.saveCheckpoint(ctx, !batched)
-		if err == nil || ctx.Err() != nil {
+		if ctx.Err() != nil { // stopping: a tick that raced the stop starts no new save
+			return
+		}
+		err := w.saveInBackground(ctx, !batched)
+		if err == nil {
 			continue
 		}
 		w.log.Error("background checkpoint save failed", "error", err)
@@ -194,6 +197,18 @@ func (w *Watcher) saveLoop(ctx context.Context) {
 			w.ckMu.Unlock()
 		}
 	}
+}
+
+// backgroundSaveTimeout bounds a save the watcher starts by itself.
+const backgroundSaveTimeout = 30 * time.Second
+
+// saveInBackground is a save the watcher starts by itself (idle, batched, or behind a late
+// row). Stopping the watcher does not cancel it mid-statement, so its outcome is known: either
+// it committed and is recorded, or it failed. Only the timeout bounds it.
+func (w *Watcher) saveInBackground(ctx context.Context, idleOnly bool) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backgroundSaveTimeout)
+	defer cancel()
+	return w.saveCheckpoint(ctx, idleOnly)
 }
 
 // GetUnprocessedEventCount counts the changelog rows of the watched table after lastProcessedID
