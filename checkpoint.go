@@ -132,7 +132,7 @@ func (w *Watcher) saveCheckpoint(ctx context.Context, idleOnly bool) error {
 	if w.cfg.DisableProcessedFlag {
 		_, err = w.cfg.DB.ExecContext(ctx, w.q.save, w.cfg.ClientName, string(encodeToken(p)))
 	} else {
-		_, err = w.cfg.DB.ExecContext(ctx, w.q.save, w.cfg.ClientName, string(encodeToken(p)), w.cfg.TableName, p.ID)
+		_, err = w.cfg.DB.ExecContext(ctx, w.q.save, w.cfg.ClientName, string(encodeToken(p)), w.cfg.TableName, p.ChangedAt, p.ID)
 	}
 	if err != nil {
 		w.ckErrors.Add(1)

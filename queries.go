@@ -17,7 +17,11 @@ type queries struct {
 	// rowTime: the changed_at of an id-only saved token's row.
 	rowTime string
 	// loadToken, saveToken: the saved token. save also marks the legacy processed flag in the
-	// same statement (one round trip, one commit) unless disabled.
+	// same statement (one round trip, one commit) unless disabled: the rows of the table at or
+	// before the saved position, exactly the rows the checkpoint certifies. The position
+	// comparison is served by the partial index on unprocessed rows, so a save touches only
+	// the rows it marks; an "id <=" predicate would scan every unprocessed row of the table per
+	// save, and would mark rows with lower ids whose positions are still pending.
 	loadToken, saveToken, save string
 	// unprocessed: GetUnprocessedEventCount.
 	unprocessed string
@@ -40,7 +44,7 @@ func buildQueries(cfg Config) queries {
 		loadToken: `SELECT resume_token::text FROM ` + tok + ` WHERE client_name = $1`,
 		saveToken: upsert,
 		save: `WITH token AS (` + upsert + `)
-	UPDATE ` + cl + ` SET processed = TRUE WHERE table_name = $3 AND id <= $4 AND processed = FALSE`,
+	UPDATE ` + cl + ` SET processed = TRUE WHERE table_name = $3 AND (changed_at, id) <= ($4, $5) AND processed = FALSE`,
 		unprocessed: `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2 AND processed = FALSE`,
 	}
 	if cfg.DisableProcessedFlag {

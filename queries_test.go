@@ -17,7 +17,7 @@ const (
 	ORDER BY changed_at, id LIMIT 100`
 	wantSave = `WITH token AS (INSERT INTO "resume_tokens" (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
 	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated)
-	UPDATE "datastore_changelog" SET processed = TRUE WHERE table_name = $3 AND id <= $4 AND processed = FALSE`
+	UPDATE "datastore_changelog" SET processed = TRUE WHERE table_name = $3 AND (changed_at, id) <= ($4, $5) AND processed = FALSE`
 	wantSaveToken = `INSERT INTO "resume_tokens" (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
 	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`
 	wantLoad   = `SELECT resume_token::text FROM "resume_tokens" WHERE client_name = $1`
@@ -109,10 +109,10 @@ func TestSaveIsOneStatement(t *testing.T) {
 	require.Equal(t, 2, n)
 
 	want := makePosition(ts, 3).predecessor()
-	mock.ExpectExec(wantSave).WithArgs("c", string(encodeToken(want)), "t", want.ID).WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(wantSave).WithArgs("c", string(encodeToken(want)), "t", want.ChangedAt, want.ID).WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.MarkProcessed(context.Background(), tok(2)))
 
-	mock.ExpectExec(wantSave).WithArgs("c", sqlmock.AnyArg(), "t", int64(3)).WillReturnError(errors.New("disk full"))
+	mock.ExpectExec(wantSave).WithArgs("c", sqlmock.AnyArg(), "t", ts, int64(3)).WillReturnError(errors.New("disk full"))
 	err = w.MarkProcessed(context.Background(), tok(3))
 	require.ErrorContains(t, err, "disk full")
 	require.NoError(t, mock.ExpectationsWereMet())
