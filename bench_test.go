@@ -1,0 +1,107 @@
+package pgchangestream
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// benchRow returns changelog row i of a typical captured table: an INSERT with a ~200-byte
+// document (the shape the benchmark command writes).
+func benchRow(i int64) changelogRow {
+	return changelogRow{
+		ID:        i,
+		RecordID:  "42",
+		Operation: "INSERT",
+		NewValues: []byte(`{"id": 42, "n": 42, "doc": {"name": "item-42", "tags": ["alpha", "beta", "gamma"], ` +
+			`"count": 42, "labels": {"tier": "gold", "zone": "zone-2"}, "status": "active"}}`),
+		ChangedAt: t0.Add(time.Duration(i) * time.Microsecond),
+	}
+}
+
+// benchWatcher returns a watcher that is never started, with batched checkpoints so that
+// MarkProcessed does not touch the (absent) database.
+func benchWatcher() *Watcher {
+	w := newWatcher(Config{ClientName: "bench", TableName: "items", CheckpointInterval: time.Hour}.withDefaults())
+	w.loaded = true
+	return w
+}
+
+// BenchmarkDeliveryPath is the in-memory work per event of a drain, tracked (the watcher's
+// deliver and MarkProcessed) and untracked (the same steps without the pending ring): build the
+// event, lock and advance the cursor, send on Events, receive, acknowledge. The difference is
+// what pending tracking costs per event.
+func BenchmarkDeliveryPath(b *testing.B) {
+	ctx := context.Background()
+	b.Run("tracked", func(b *testing.B) {
+		w := benchWatcher()
+		b.ReportAllocs()
+		for i := range b.N {
+			row := benchRow(int64(i + 1))
+			if err := w.deliver(ctx, &row, false); err != nil {
+				b.Fatal(err)
+			}
+			ev := <-w.events
+			if err := w.MarkProcessed(ctx, ev.ResumeToken); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if st := w.Stats(); st.Pending != 0 || st.Acked != uint64(b.N) {
+			b.Fatalf("pending %d, acked %d of %d", st.Pending, st.Acked, b.N)
+		}
+	})
+	b.Run("untracked", func(b *testing.B) {
+		w := benchWatcher()
+		b.ReportAllocs()
+		for i := range b.N {
+			row := benchRow(int64(i + 1))
+			deliverUntracked(w, &row)
+			ev := <-w.events
+			if _, _, err := parseToken(ev.ResumeToken); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// deliverUntracked is Watcher.deliver without the pending ring: the baseline of
+// BenchmarkDeliveryPath.
+func deliverUntracked(w *Watcher, row *changelogRow) {
+	ev, _ := buildEvent(row, w.cfg.TableName, w.cfg.DocumentField)
+	pos := makePosition(row.ChangedAt, row.ID)
+	w.recent.add(row.ID)
+	token := formatToken(row.ID)
+	w.mu.Lock()
+	w.seq++
+	w.advanceLocked(pos)
+	w.mu.Unlock()
+	w.events <- EventWithToken{Event: ev, ResumeToken: token}
+	w.delivered.Add(1)
+}
+
+// BenchmarkMarkProcessedBatched is one push into the pending ring and one MarkProcessed of it
+// with batched checkpoints: the whole per-event cost of tracking and acknowledging, which must
+// not allocate.
+func BenchmarkMarkProcessedBatched(b *testing.B) {
+	ctx := context.Background()
+	w := benchWatcher()
+	tokens := make([][]byte, DefaultMaxPending)
+	for i := range tokens {
+		tokens[i] = formatToken(int64(i))
+	}
+	p := pos(0, 0)
+	b.ReportAllocs()
+	for i := range b.N {
+		id := int64(i % len(tokens))
+		w.mu.Lock()
+		w.seq++
+		w.ring.push(w.seq, id, Position{ChangedAt: p.ChangedAt, ID: id})
+		w.mu.Unlock()
+		if err := w.MarkProcessed(ctx, tokens[id]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if n := w.ring.len(); n != 0 {
+		b.Fatalf("%d pending after the loop", n)
+	}
+}

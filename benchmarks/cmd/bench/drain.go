@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/pgchangestream/pgchangestream"
+)
+
+// drainTimeout bounds one drain, so a stuck watcher fails the run instead of hanging it.
+const drainTimeout = 5 * time.Minute
+
+// drainSpec says how a drain acknowledges.
+type drainSpec struct {
+	// checkpointInterval is Config.CheckpointInterval: 0 saves on every MarkProcessed.
+	checkpointInterval time.Duration
+	// workers > 0 hands deliveries to that many goroutines, which finish out of order and
+	// acknowledge the contiguous watermark; 0 acknowledges each event as it is received.
+	workers int
+	// disableProcessedFlag is Config.DisableProcessedFlag.
+	disableProcessedFlag bool
+	// unanalyzed skips the ANALYZE after filling the backlog.
+	unanalyzed bool
+	// noStartFromBeginning starts the client at its saved token instead of the oldest row.
+	noStartFromBeginning bool
+}
+
+// drain reads n events through a new watcher of client, acknowledging every one as spec says,
+// then flushes the checkpoint. It returns the time from Start until the flush returned.
+func drain(ctx context.Context, d *database, client string, n int, spec drainSpec) (time.Duration, error) {
+	cfg := d.watcherConfig(client)
+	cfg.CheckpointInterval = spec.checkpointInterval
+	cfg.DisableProcessedFlag = spec.disableProcessedFlag
+	cfg.StartFromBeginning = !spec.noStartFromBeginning
+	w, err := pgchangestream.New(cfg)
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, drainTimeout)
+	defer cancel()
+	defer func() { _ = w.Close(context.WithoutCancel(ctx)) }()
+
+	start := time.Now()
+	w.Start(ctx)
+	if spec.workers > 0 {
+		err = consumeConcurrently(ctx, w, n, spec.workers)
+	} else {
+		err = consumeInOrder(ctx, w, n)
+	}
+	if err == nil {
+		err = w.Flush(ctx)
+	}
+	elapsed := time.Since(start)
+	if err != nil {
+		return 0, err
+	}
+	if st := w.Stats(); st.Pending != 0 || st.Checkpoint != st.Cursor {
+		return 0, fmt.Errorf("drain ended with %d pending, checkpoint %v, cursor %v", st.Pending, st.Checkpoint, st.Cursor)
+	}
+	return elapsed, nil
+}
+
+// receive takes the next delivery, failing if Events closed or ctx ended.
+func receive(ctx context.Context, w *pgchangestream.Watcher) (pgchangestream.EventWithToken, error) {
+	select {
+	case ev, ok := <-w.Events():
+		if !ok {
+			return ev, fmt.Errorf("events closed early: %v", w.Err())
+		}
+		return ev, nil
+	case <-ctx.Done():
+		return pgchangestream.EventWithToken{}, fmt.Errorf("waiting for an event: %w", ctx.Err())
+	}
+}
+
+// consumeInOrder acknowledges every event as it is received.
+func consumeInOrder(ctx context.Context, w *pgchangestream.Watcher, n int) error {
+	for range n {
+		ev, err := receive(ctx, w)
+		if err != nil {
+			return err
+		}
+		if err := w.MarkProcessed(ctx, ev.ResumeToken); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// watermark tracks the deliveries finished out of order and the contiguous prefix of them.
+type watermark struct {
+	mu     sync.Mutex
+	tokens [][]byte // by delivery number; written by the dispatcher before the job is sent
+	done   []bool   // guarded by mu
+	next   int      // lowest unfinished delivery number; guarded by mu
+}
+
+// finish records delivery seq as done. If the contiguous prefix grew, it returns the token of
+// the newest delivery in it.
+func (m *watermark) finish(seq int) (token []byte, advanced bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.done[seq] = true
+	old := m.next
+	for m.next < len(m.done) && m.done[m.next] {
+		m.next++
+	}
+	if m.next == old {
+		return nil, false
+	}
+	return m.tokens[m.next-1], true
+}
+
+// consumeConcurrently numbers deliveries in receive order and hands them to workers, which
+// finish in any order; a worker whose finish advances the contiguous watermark acknowledges it.
+func consumeConcurrently(ctx context.Context, w *pgchangestream.Watcher, n, workers int) error {
+	m := &watermark{tokens: make([][]byte, n), done: make([]bool, n)}
+	jobs := make(chan int, workers)
+	errs := make(chan error, workers+1)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for seq := range jobs {
+				// The work itself: yield a random number of times, so that workers finish
+				// out of order as real ones would.
+				for range rand.IntN(4) {
+					runtime.Gosched()
+				}
+				if token, ok := m.finish(seq); ok {
+					if err := w.MarkProcessed(ctx, token); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+		})
+	}
+	var dispatchErr error
+	for seq := 0; seq < n && dispatchErr == nil; seq++ {
+		ev, err := receive(ctx, w)
+		if err != nil {
+			dispatchErr = err
+			break
+		}
+		m.tokens[seq] = ev.ResumeToken
+		select {
+		case jobs <- seq:
+		case err := <-errs:
+			dispatchErr = err
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		dispatchErr = errors.Join(dispatchErr, err)
+	}
+	return dispatchErr
+}
+
+// drainFresh copies the template, fills a backlog of n rows and drains it.
+func drainFresh(ctx context.Context, e *env, n int, spec drainSpec) (time.Duration, error) {
+	d, err := e.newDatabase(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer d.drop(ctx)
+	fill := d.fillItems
+	if spec.unanalyzed {
+		fill = d.fillItemsUnanalyzed
+	}
+	if err := fill(ctx, n); err != nil {
+		return 0, err
+	}
+	return drain(ctx, d, "bench", n, spec)
+}
+
+// retainedSetup is a database whose changelog holds many rows of the items table that an
+// earlier consumer has processed, behind every client's cursor.
+type retainedSetup struct {
+	d      *database
+	client int
+}
+
+// newRetained fills a fresh database with retained rows.
+func newRetained(ctx context.Context, e *env, retained int) (*retainedSetup, error) {
+	d, err := e.newDatabase(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.fillChangelog(ctx, retained, time.Hour, true); err != nil {
+		d.drop(ctx)
+		return nil, err
+	}
+	return &retainedSetup{d: d}, nil
+}
+
+// drainNew saves a new client's token at the newest row, adds n rows through the trigger and
+// drains them with that client. Rows of earlier calls stay behind, so the changelog grows by
+// n per call.
+func (r *retainedSetup) drainNew(ctx context.Context, n int, spec drainSpec) (time.Duration, error) {
+	r.client++
+	client := fmt.Sprintf("retained-%d", r.client)
+	if _, err := r.d.ExecContext(ctx, `INSERT INTO `+tokenTable+` (client_name, resume_token)
+		SELECT $1, jsonb_build_object('timestamp', to_char(changed_at AT TIME ZONE 'UTC',
+			'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'eventID', id)
+		FROM `+changelogTable+` WHERE table_name = $2 ORDER BY changed_at DESC, id DESC LIMIT 1`,
+		client, itemsTable); err != nil {
+		return 0, fmt.Errorf("save the start token: %w", err)
+	}
+	if err := r.d.fillItems(ctx, n); err != nil {
+		return 0, err
+	}
+	spec.noStartFromBeginning = true
+	return drain(ctx, r.d, client, n, spec)
+}
