@@ -3,7 +3,6 @@ package pgchangestream
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -149,51 +148,9 @@ func TestLiveConcurrentDeliveryAndWatermarkAcks(t *testing.T) {
 		written := make(chan error, 1)
 		go func() { written <- e.writeBulk(batches, size) }()
 
-		var (
-			mu        sync.Mutex // guards the four below
-			order     []int64    // ids in receive order
-			finished  []bool     // by receive number
-			done      = map[int64]bool{}
-			watermark int // receive numbers below it are finished
-		)
-		work := make(chan int)
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			defer close(work)
-			for ev := range w.Events() {
-				id, err := parseTokenID(ev.ResumeToken)
-				if err != nil {
-					t.Error(err)
-				}
-				mu.Lock()
-				order = append(order, id)
-				finished = append(finished, false)
-				k := len(order) - 1
-				mu.Unlock()
-				work <- k
-			}
-		})
-		for range workers {
-			wg.Go(func() {
-				for k := range work {
-					mu.Lock()
-					finished[k] = true
-					done[order[k]] = true
-					for watermark < len(order) && finished[watermark] {
-						watermark++
-					}
-					var ack []byte
-					if watermark > 0 {
-						ack = tok(order[watermark-1])
-					}
-					mu.Unlock()
-					if err := w.MarkProcessed(ctx, ack); err != nil {
-						t.Error(err)
-					}
-				}
-			})
-		}
-		defer wg.Wait()
+		c := newWatermarkConsumer()
+		wait := c.run(t, ctx, w, workers)
+		defer wait()
 		defer func() { _ = w.Close(ctx) }()
 
 		// Every row at or before the saved token must be finished: it was marked done before
@@ -212,11 +169,9 @@ func TestLiveConcurrentDeliveryAndWatermarkAcks(t *testing.T) {
 				return 0
 			}
 			defer rows.Close()
-			mu.Lock()
-			defer mu.Unlock()
 			for rows.Next() {
 				var id int64
-				if err := rows.Scan(&id); err != nil || !done[id] {
+				if err := rows.Scan(&id); err != nil || !c.isDone(id) {
 					t.Errorf("saved token %v passes row %d, which is not finished (%v)", p, id, err)
 				}
 				covered++
@@ -225,16 +180,14 @@ func TestLiveConcurrentDeliveryAndWatermarkAcks(t *testing.T) {
 		}
 		waitFor(t, func() bool {
 			checkSaved()
-			mu.Lock()
-			defer mu.Unlock()
-			return watermark == n
+			return c.finishedAll(n)
 		}, "every event is finished")
 		require.NoError(t, <-written)
 		require.NoError(t, w.MarkProcessed(ctx, nil))
 		all := e.idsInOrder()
-		mu.Lock()
-		require.Equal(t, all, order, "every row delivered once, in position order")
-		mu.Unlock()
+		c.mu.Lock()
+		require.Equal(t, all, c.order, "every row delivered once, in position order")
+		c.mu.Unlock()
 		require.Equal(t, e.position(all[n-1]), e.savedToken("c"))
 		require.Equal(t, n, checkSaved())
 	})
