@@ -87,7 +87,9 @@ type Watcher struct {
 
 	// Reader goroutine only.
 	recent     *recentIDs
-	batch      []changelogRow
+	batch      []changelogRow // the rows being delivered
+	spare      []changelogRow // the other buffer; owned by the prefetch while one runs
+	next       *nextBatch     // the prefetch of the next batch, if one was started
 	floorNoted bool
 }
 
@@ -140,6 +142,7 @@ func newWatcher(cfg Config) *Watcher {
 		ring:   newPendingRing(cfg.MaxPending),
 		recent: newRecentIDs(recentCapacity),
 		batch:  make([]changelogRow, 0, cfg.BatchSize),
+		spare:  make([]changelogRow, 0, cfg.BatchSize),
 	}
 }
 
@@ -340,31 +343,77 @@ func (w *Watcher) sleep(ctx context.Context, d time.Duration) bool {
 	return true
 }
 
-// readBatch reads the rows after the cursor and delivers them in order.
+// readBatch reads the rows after the cursor and delivers them in order. After a full batch it
+// starts reading the next one before delivering this one, so the query and the decoding of
+// events overlap; the prefetched batch is used only if the cursor ends exactly where it starts.
 func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 	w.mu.Lock()
 	from := w.cursor
 	w.mu.Unlock()
-	rows, err := w.cfg.DB.QueryContext(ctx, w.q.read, w.cfg.TableName, from.ChangedAt, from.ID)
-	if err != nil {
-		return 0, fmt.Errorf("read changelog: %w", err)
+	fresh := true
+	if p := w.next; p != nil {
+		w.next = nil
+		<-p.done
+		if p.err == nil && p.from.Compare(from) == 0 {
+			w.batch, w.spare, fresh = p.rows, w.batch, false
+		} else {
+			w.spare = p.rows
+		}
 	}
-	w.batch, err = scanRows(rows, w.batch[:0])
-	if err != nil {
-		return 0, fmt.Errorf("read changelog: %w", err)
+	if fresh {
+		var err error
+		if w.batch, err = w.query(ctx, w.q.read, w.batch[:0], w.cfg.TableName, from.ChangedAt, from.ID); err != nil {
+			return 0, fmt.Errorf("read changelog: %w", err)
+		}
 	}
-	if len(w.batch) == 0 {
+	n := len(w.batch)
+	if n == 0 {
 		w.mu.Lock()
 		w.lastEmptyBatch = time.Now()
 		w.mu.Unlock()
 		return 0, nil
+	}
+	if n == w.cfg.BatchSize {
+		last := &w.batch[n-1]
+		w.next = w.prefetch(ctx, makePosition(last.ChangedAt, last.ID))
 	}
 	for i := range w.batch {
 		if err := w.deliver(ctx, &w.batch[i], false); err != nil {
 			return i, err
 		}
 	}
-	return len(w.batch), nil
+	return n, nil
+}
+
+// nextBatch is a read of the next batch running while the current one is delivered.
+type nextBatch struct {
+	from Position
+	done chan struct{} // closed when rows and err are set
+	rows []changelogRow
+	err  error
+}
+
+// prefetch starts reading the batch after from into the spare buffer.
+func (w *Watcher) prefetch(ctx context.Context, from Position) *nextBatch {
+	p := &nextBatch{from: from, done: make(chan struct{})}
+	buf := w.spare[:0]
+	w.spare = nil // owned by the prefetch until it is done
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		defer close(p.done)
+		p.rows, p.err = w.query(ctx, w.q.read, buf, w.cfg.TableName, from.ChangedAt, from.ID)
+	}()
+	return p
+}
+
+// query runs a changelog query and reads its rows into buf.
+func (w *Watcher) query(ctx context.Context, q string, buf []changelogRow, args ...any) ([]changelogRow, error) {
+	rows, err := w.cfg.DB.QueryContext(ctx, q, args...)
+	if err != nil {
+		return buf, err
+	}
+	return scanRows(rows, buf)
 }
 
 // recoverLateRow delivers the row with this id if it sits below the cursor and was not read
@@ -373,12 +422,8 @@ func (w *Watcher) recoverLateRow(ctx context.Context, id int64) error {
 	if w.recent.contains(id) {
 		return nil
 	}
-	rows, err := w.cfg.DB.QueryContext(ctx, w.q.byID, w.cfg.TableName, id)
-	if err != nil {
-		return fmt.Errorf("fetch changelog row %d: %w", id, err)
-	}
-	w.batch, err = scanRows(rows, w.batch[:0])
-	if err != nil {
+	var err error
+	if w.batch, err = w.query(ctx, w.q.byID, w.batch[:0], w.cfg.TableName, id); err != nil {
 		return fmt.Errorf("fetch changelog row %d: %w", id, err)
 	}
 	if len(w.batch) == 0 {

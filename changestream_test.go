@@ -548,3 +548,19 @@ func TestLateRowBehindTheSavedTokenMovesItBack(t *testing.T) {
 		closeWatcher(t, w)
 	})
 }
+
+func TestFailedPrefetchIsReadAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeDB(testConfig(Config{BatchSize: 10}))
+		f.insert("t", t0, 25)
+		f.failReadNumber = 2 // the read of the second batch, started while the first is delivered
+		w := startOn(t, t.Context(), f, Config{StartFromBeginning: true, BatchSize: 10})
+		ids := receive(t, w, 25)
+		for i, id := range ids {
+			require.Equal(t, int64(i+1), id, "every row once, in order")
+		}
+		synctest.Wait()
+		require.Len(t, f.readTimes(), 4, "batch 1, the failed prefetch, batch 2 read again, batch 3")
+		closeWatcher(t, w)
+	})
+}

@@ -22,18 +22,19 @@ type fakeDB struct {
 	q     queries
 	limit int
 
-	mu        sync.Mutex
-	rows      []fakeRow
-	nextID    int64
-	tokens    map[string]string
-	saves     []Position // every checkpoint written, in commit order
-	reads     []time.Time
-	failReads int // fail this many reads
-	failSaves int // fail this many saves
-	saveDelay time.Duration
-	readErr   error          // returned by failing reads and saves
-	failLoads int            // fail this many token loads
-	onSave    func(Position) // called, under the fake's lock, as each save commits
+	mu             sync.Mutex
+	rows           []fakeRow
+	nextID         int64
+	tokens         map[string]string
+	saves          []Position // every checkpoint written, in commit order
+	reads          []time.Time
+	failReads      int // fail this many reads
+	failSaves      int // fail this many saves
+	saveDelay      time.Duration
+	readErr        error          // returned by failing reads and saves
+	failLoads      int            // fail this many token loads
+	failReadNumber int            // fail the read with this number (1 is the first)
+	onSave         func(Position) // called, under the fake's lock, as each save commits
 }
 
 type fakeRow struct {
@@ -136,6 +137,9 @@ func (c fakeConn) QueryContext(ctx context.Context, query string, args []driver.
 	switch query {
 	case f.q.read:
 		f.reads = append(f.reads, time.Now())
+		if len(f.reads) == f.failReadNumber {
+			return nil, f.readErr
+		}
 		if f.failReads > 0 {
 			f.failReads--
 			return nil, f.readErr
