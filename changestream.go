@@ -47,7 +47,7 @@ type Watcher struct {
 	events chan EventWithToken // sent on and closed by the reader goroutine only (or by Close before Start)
 	wake   chan struct{}       // capacity 1; listener → reader: read now
 	ready  chan struct{}       // closed by the listener after its first connect attempt
-	wg     sync.WaitGroup      // reader, listener and saver goroutines
+	wg     sync.WaitGroup      // reader, listener, saver and prefetch goroutines
 
 	// Lifecycle, guarded by lifeMu.
 	lifeMu  sync.Mutex
@@ -80,9 +80,10 @@ type Watcher struct {
 	hints     []int64
 	hintsLost bool
 
-	delivered atomic.Uint64 // reader goroutine adds; anyone reads
-	ckWrites  atomic.Uint64
-	ckErrors  atomic.Uint64
+	// Counters, atomic: added by their writers, read by Stats from any goroutine.
+	delivered atomic.Uint64 // added by the reader after each completed send
+	ckWrites  atomic.Uint64 // added under ckMu (and by load) after each successful save
+	ckErrors  atomic.Uint64 // added under ckMu after each failed save
 
 	// Reader goroutine only.
 	recent     *recentIDs
