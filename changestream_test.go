@@ -317,7 +317,7 @@ func TestFilteredRowsAdvanceTheTokenWhenIdle(t *testing.T) {
 		w := startOn(t, t.Context(), f, Config{StartFromBeginning: true, Filter: keep, IdleCheckpointInterval: time.Second})
 		require.Equal(t, []int64{5}, receive(t, w, 1))
 		require.Equal(t, uint64(4), w.Stats().Filtered)
-		time.Sleep(2 * time.Second)
+		time.Sleep(2500 * time.Millisecond) // two idle ticks pass; the next is at 3s
 		require.Equal(t, Position{}, f.token(t, "c"), "no idle save while a delivery is pending")
 		require.NoError(t, w.MarkProcessed(t.Context(), tok(5)))
 		require.Equal(t, rowPos(f, 5), f.token(t, "c"))
@@ -326,7 +326,7 @@ func TestFilteredRowsAdvanceTheTokenWhenIdle(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		synctest.Wait()
 		require.Equal(t, uint64(7), w.Stats().Filtered)
-		require.Equal(t, rowPos(f, 5), f.token(t, "c"), "not saved before the idle interval")
+		require.Equal(t, rowPos(f, 5), f.token(t, "c"), "not saved before the next idle tick")
 		time.Sleep(time.Second)
 		synctest.Wait()
 		require.Equal(t, rowPos(f, 8), f.token(t, "c"), "filtered rows advance the saved token without acks")
