@@ -145,9 +145,7 @@ func TestLiveBufferedDeliveriesReplayAfterRestart(t *testing.T) {
 		require.NoError(t, w.Close(ctx))
 		require.Equal(t, e.position(ids[1]).predecessor(), e.savedToken("c"), "Close does not pass the buffered deliveries")
 
-		w2 := e.start(e.config(mode))
-		require.Equal(t, ids[1:], receiveWithin(t, w2, 4, liveWait), "a restart replays the buffered deliveries")
-		requireNothingWithin(t, w2, liveQuiet)
+		e.requireRestartDelivers(mode, ids[1:], "a restart replays the buffered deliveries")
 	})
 }
 
@@ -314,9 +312,7 @@ func TestLiveLowerIDWithLaterChangedAt(t *testing.T) {
 		require.Equal(t, pb.predecessor(), e.savedToken("c"))
 		require.NoError(t, w.Close(ctx))
 
-		w2 := e.start(e.config(mode))
-		require.Equal(t, []int64{b}, receiveWithin(t, w2, 1, liveWait))
-		requireNothingWithin(t, w2, liveQuiet)
+		e.requireRestartDelivers(mode, []int64{b})
 	})
 }
 
@@ -379,9 +375,7 @@ func testAbandonedSend(t *testing.T, e *liveEnv, mode Mode, cancelStart bool) {
 	require.NoError(t, w.Close(bg), "Close after the stop (or a second Close) is fine")
 	require.Equal(t, e.position(ids[1]).predecessor(), e.savedToken("c"))
 
-	w2 := e.start(e.config(mode))
-	require.Equal(t, ids[1:], receiveWithin(t, w2, 2, liveWait), "a restart replays the abandoned rows")
-	requireNothingWithin(t, w2, liveQuiet)
+	e.requireRestartDelivers(mode, ids[1:], "a restart replays the abandoned rows")
 }
 
 // TestLiveFinalWatermarkAfterClose proves rules 6 and 13 for the shutdown flush: the consumer read
@@ -414,9 +408,7 @@ func TestLiveFinalWatermarkAfterClose(t *testing.T) {
 		require.Equal(t, 1, st.Pending)
 		require.Equal(t, e.position(ids[3]).predecessor(), e.savedToken("c"), "the row never handed out is not passed")
 
-		w2 := e.start(e.config(mode))
-		require.Equal(t, ids[3:], receiveWithin(t, w2, 2, liveWait))
-		requireNothingWithin(t, w2, liveQuiet)
+		e.requireRestartDelivers(mode, ids[3:])
 	})
 }
 

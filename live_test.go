@@ -161,6 +161,17 @@ func receiveWithin(t *testing.T, w *Watcher, n int, d time.Duration) []int64 {
 	return ids
 }
 
+// requireRestartDelivers starts a new watcher for client "c" (a restart: it loads the saved
+// token) and requires exactly the deliveries want, then nothing more.
+func (e *liveEnv) requireRestartDelivers(mode Mode, want []int64, msgAndArgs ...any) {
+	e.t.Helper()
+	w := e.start(e.config(mode))
+	if len(want) > 0 {
+		require.Equal(e.t, want, receiveWithin(e.t, w, len(want), liveWait), msgAndArgs...)
+	}
+	requireNothingWithin(e.t, w, liveQuiet)
+}
+
 // requireNothingWithin fails if a delivery arrives within d.
 func requireNothingWithin(t *testing.T, w *Watcher, d time.Duration) {
 	t.Helper()
