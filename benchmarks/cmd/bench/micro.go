@@ -15,7 +15,7 @@ import (
 const libraryModule = "github.com/pgchangestream/pgchangestream"
 
 // microBenchmarks selects the library's micro-benchmarks the report uses.
-const microBenchmarks = `^(BenchmarkPendingPushAck|BenchmarkDeliveryPath|BenchmarkMarkProcessedBatched)$`
+const microBenchmarks = `^(BenchmarkPendingPushAck|BenchmarkDeliveryPath|BenchmarkMarkProcessedBatched|BenchmarkCheckpointPosition|BenchmarkBuildEvent)$`
 
 // microResults are the library's in-memory costs per event, from go test -bench (median of
 // the counts).
@@ -30,10 +30,16 @@ type microResults struct {
 	// MarkProcessedBatchedNs and Allocs: one MarkProcessed with batched checkpoints.
 	MarkProcessedBatchedNs     float64 `json:"mark_processed_batched_ns"`
 	MarkProcessedBatchedAllocs float64 `json:"mark_processed_batched_allocs"`
+	// CheckpointNs: computing the checkpoint with half of MaxPending deliveries pending.
+	CheckpointNs     float64 `json:"checkpoint_position_ns"`
+	CheckpointAllocs float64 `json:"checkpoint_position_allocs"`
+	// BuildInsertNs and BuildUpdateNs: one event document from a changelog row of about 1 KB.
+	BuildInsertNs float64 `json:"build_event_insert_ns"`
+	BuildUpdateNs float64 `json:"build_event_update_ns"`
 }
 
 // benchLine matches a go test -bench result line with -benchmem.
-var benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+([\d.]+) ns/op\s+\d+ B/op\s+(\d+) allocs/op`)
+var benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+([\d.]+) ns/op(?:\s+[\d.]+ MB/s)?\s+\d+ B/op\s+(\d+) allocs/op`)
 
 // runMicro runs the library's micro-benchmarks count times each with go test in the library's
 // directory (the replace target of this module).
@@ -65,7 +71,8 @@ func runMicro(ctx context.Context, count int) (*microResults, error) {
 		allocs[m[1]] = append(allocs[m[1]], a)
 	}
 	need := []string{"BenchmarkPendingPushAck", "BenchmarkDeliveryPath/tracked",
-		"BenchmarkDeliveryPath/untracked", "BenchmarkMarkProcessedBatched"}
+		"BenchmarkDeliveryPath/untracked", "BenchmarkMarkProcessedBatched", "BenchmarkCheckpointPosition",
+		"BenchmarkBuildEvent/insert", "BenchmarkBuildEvent/update"}
 	for _, name := range need {
 		if len(ns[name]) == 0 {
 			return nil, fmt.Errorf("no result for %s in:\n%s", name, out.String())
@@ -78,5 +85,9 @@ func runMicro(ctx context.Context, count int) (*microResults, error) {
 		DeliveryUntrackedNs:        median(ns[need[2]]),
 		MarkProcessedBatchedNs:     median(ns[need[3]]),
 		MarkProcessedBatchedAllocs: median(allocs[need[3]]),
+		CheckpointNs:               median(ns[need[4]]),
+		CheckpointAllocs:           median(allocs[need[4]]),
+		BuildInsertNs:              median(ns[need[5]]),
+		BuildUpdateNs:              median(ns[need[6]]),
 	}, nil
 }

@@ -116,7 +116,11 @@ func (r *results) figures() []figure {
 			figure{"MarkProcessed (batched)", fmt.Sprintf("%.1f ns, %.0f allocs", m.MarkProcessedBatchedNs, m.MarkProcessedBatchedAllocs),
 				"BenchmarkMarkProcessedBatched: ring push + MarkProcessed"},
 			figure{"delivery path tracked/untracked", fmt.Sprintf("%.0f / %.0f ns", m.DeliveryTrackedNs, m.DeliveryUntrackedNs),
-				"BenchmarkDeliveryPath: build event, lock, send, receive, ack; with/without the ring"})
+				"BenchmarkDeliveryPath: build event, lock, send, receive, ack; with/without the ring"},
+			figure{"checkpoint position", fmt.Sprintf("%.1f ns, %.0f allocs", m.CheckpointNs, m.CheckpointAllocs),
+				"BenchmarkCheckpointPosition: min of cursor, floor and pending, 2048 pending"},
+			figure{"build event insert/update", fmt.Sprintf("%.1f / %.1f µs", m.BuildInsertNs/1000, m.BuildUpdateNs/1000),
+				"BenchmarkBuildEvent: one event document from a ~1 KB changelog row (JSON decode and diff)"})
 	}
 	return fs
 }
