@@ -209,6 +209,9 @@ func (w *Watcher) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("pgchangestream: close: waiting for goroutines: %w", ctx.Err())
 	}
+	if err := w.holdUnhandledLateRows(ctx); err != nil {
+		return fmt.Errorf("pgchangestream: close: %w", err)
+	}
 	return w.Flush(ctx)
 }
 
@@ -416,35 +419,34 @@ func (w *Watcher) query(ctx context.Context, q string, buf []changelogRow, args 
 	return scanRows(rows, buf)
 }
 
-// recoverLateRow delivers the row with this id if it sits below the cursor and was not read
-// recently: a row that committed after rows with later positions were read.
-func (w *Watcher) recoverLateRow(ctx context.Context, id int64) error {
-	if w.recent.contains(id) {
-		return nil
-	}
-	var err error
-	if w.batch, err = w.query(ctx, w.q.byID, w.batch[:0], w.cfg.TableName, id); err != nil {
-		return fmt.Errorf("fetch changelog row %d: %w", id, err)
-	}
-	if len(w.batch) == 0 {
-		return nil // another table's row, or gone
-	}
-	row := &w.batch[0]
-	w.mu.Lock()
-	below := makePosition(row.ChangedAt, row.ID).Before(w.cursor)
-	w.mu.Unlock()
-	if !below {
-		return nil // the next read gets it
-	}
-	w.log.Info("recovering a row that committed behind the cursor", "id", id)
-	return w.deliver(ctx, row, true)
-}
-
 // deliver is the one path every row takes: filter, then (one locked step) register the delivery
 // as pending and advance the cursor, then send. A send abandoned because ctx ended stays pending.
 // A late row can sit behind the token already saved (saved while its transaction was still
 // open): the token is then saved again, backward, before the send, so that a crash replays it.
 func (w *Watcher) deliver(ctx context.Context, row *changelogRow, late bool) error {
+	ev, pending, behindSaved := w.register(row, late)
+	if !pending {
+		return nil
+	}
+	if behindSaved {
+		if err := w.saveInBackground(ctx, false); err != nil {
+			w.log.Warn("cannot move the saved token back behind a late row; the next save retries", "id", row.ID, "error", err)
+		}
+	}
+	select {
+	case w.events <- EventWithToken{Event: ev, ResumeToken: formatToken(row.ID)}:
+		w.delivered.Add(1)
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// register builds the row's event and runs the filter, then, in one locked step, records the
+// delivery as pending and advances the cursor (a filtered row only advances the cursor).
+// pending is false for a filtered row; behindSaved reports a late row that sits behind the
+// token already saved.
+func (w *Watcher) register(row *changelogRow, late bool) (ev Event, pending, behindSaved bool) {
 	ev, err := buildEvent(row, w.cfg.TableName, w.cfg.DocumentField)
 	if err != nil { // the event still has its id, operation, time and key: deliver it, don't stall
 		w.log.Error("cannot decode changelog row; delivering it without documents", "id", row.ID, "error", err)
@@ -456,9 +458,8 @@ func (w *Watcher) deliver(ctx context.Context, row *changelogRow, late bool) err
 		w.advanceLocked(pos)
 		w.filtered++
 		w.mu.Unlock()
-		return nil
+		return ev, false, false
 	}
-	token := formatToken(row.ID)
 	w.mu.Lock()
 	w.seq++
 	evicted := w.ring.push(w.seq, row.ID, pos)
@@ -466,25 +467,14 @@ func (w *Watcher) deliver(ctx context.Context, row *changelogRow, late bool) err
 		w.evicted++
 	}
 	w.advanceLocked(pos)
-	behindSaved := late && pos.predecessor().Before(w.savedMirror)
+	behindSaved = late && pos.predecessor().Before(w.savedMirror)
 	w.mu.Unlock()
-	if behindSaved {
-		if err := w.saveInBackground(ctx, false); err != nil {
-			w.log.Warn("cannot move the saved token back behind a late row; the next save retries", "id", row.ID, "error", err)
-		}
-	}
 	if evicted && !w.floorNoted {
 		w.floorNoted = true
 		w.log.Warn("more unacknowledged deliveries than Config.MaxPending; the oldest now hold the checkpoint through a floor",
 			"max_pending", w.cfg.MaxPending)
 	}
-	select {
-	case w.events <- EventWithToken{Event: ev, ResumeToken: token}:
-		w.delivered.Add(1)
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return ev, true, behindSaved
 }
 
 // advanceLocked moves the cursor forward to pos (never back). mu must be held.

@@ -445,3 +445,30 @@ func TestLateRowBehindTheSavedTokenMovesItBack(t *testing.T) {
 		closeWatcher(t, w)
 	})
 }
+
+func TestCloseHoldsBehindLateRowsNotYetHandled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeDB(testConfig(Config{}))
+		late := f.insertRows("t", t0, 1, false)[0]
+		ids := f.insert("t", t0.Add(time.Second), 3)
+		w := startOn(t, t.Context(), f, Config{StartFromBeginning: true, BufferSize: 1})
+		require.Equal(t, ids[:1], receive(t, w, 1))
+		synctest.Wait() // the next row waits in the channel, the send of the third is blocked
+		require.NoError(t, w.MarkProcessed(t.Context(), tok(ids[0])))
+		require.Equal(t, rowPos(f, ids[1]).predecessor(), f.token(t, "c"))
+
+		// The late row commits and is notified while the reader is stuck sending: it never gets
+		// to the hint before Close.
+		f.commit(late)
+		w.onNotification(`{"id":` + strconv.FormatInt(late, 10) + `,"table":"t","operation":"INSERT"}`)
+		require.NoError(t, w.Close(context.Background()))
+		require.Equal(t, rowPos(f, late).predecessor(), f.token(t, "c"), "Close saved behind the late row")
+		st := w.Stats()
+		require.Equal(t, 3, st.Pending, "the late row is pending, never handed out")
+
+		w2 := startOn(t, t.Context(), f, Config{})
+		require.Equal(t, append([]int64{late}, ids...), receive(t, w2, 4),
+			"a restart delivers it (and replays what follows it, acknowledged or not)")
+		closeWatcher(t, w2)
+	})
+}
