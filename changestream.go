@@ -154,17 +154,24 @@ func (w *Watcher) Events() <-chan EventWithToken { return w.events }
 // connection) in the background. Cancelling ctx stops the watcher as Close does, but without the
 // final checkpoint save. Calling Start again, or after Close, does nothing.
 func (w *Watcher) Start(ctx context.Context) {
+	if !w.start(ctx) {
+		w.log.Warn("Start called twice, or after Close: ignored")
+	}
+}
+
+// start launches the goroutines under lifeMu; it reports false if the watcher was already
+// started or closed.
+func (w *Watcher) start(ctx context.Context) bool {
 	w.lifeMu.Lock()
 	defer w.lifeMu.Unlock()
 	if w.started || w.closed {
-		w.log.Warn("Start called twice, or after Close: ignored")
-		return
+		return false
 	}
 	w.started = true
 	if w.cfgErr != nil {
 		w.stopErr = w.cfgErr
 		close(w.events)
-		return
+		return true
 	}
 	ctx, w.cancel = context.WithCancel(ctx)
 	w.wg.Add(2)
@@ -176,6 +183,7 @@ func (w *Watcher) Start(ctx context.Context) {
 	} else {
 		close(w.ready)
 	}
+	return true
 }
 
 // Close stops reading, waits for the watcher's goroutines (bounded by ctx), closes the LISTEN

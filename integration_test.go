@@ -227,9 +227,7 @@ func TestLiveLateRowRecoveredInHybridMode(t *testing.T) {
 	w := e.start(e.fromBeginning(ModeHybrid))
 	waitStartSaved(t, w)
 
-	txA, err := e.db.Begin()
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = txA.Rollback() })
+	txA := e.openTx()
 	late := insertItem(t, txA)
 	b := e.insert(1)[0]
 	require.Equal(t, []int64{b}, receiveWithin(t, w, 1, liveWait))
@@ -263,9 +261,7 @@ func TestLiveLateTransactionRowsRecoveredInOrder(t *testing.T) {
 	w := e.start(e.fromBeginning(ModeHybrid))
 	waitStartSaved(t, w)
 
-	txA, err := e.db.Begin()
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = txA.Rollback() })
+	txA := e.openTx()
 	a1 := insertItem(t, txA)
 	b := e.insert(1)[0]
 	a2 := insertItem(t, txA)
@@ -293,9 +289,7 @@ func TestLiveLateTransactionRowsRecoveredInOrder(t *testing.T) {
 func TestLiveLowerIDWithLaterChangedAt(t *testing.T) {
 	eachMode(t, func(t *testing.T, e *liveEnv, mode Mode) {
 		ctx := context.Background()
-		txA, err := e.db.Begin()
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = txA.Rollback() })
+		txA := e.openTx()
 		var startA time.Time
 		require.NoError(t, txA.QueryRow(`SELECT now()`).Scan(&startA))
 		time.Sleep(10 * time.Millisecond) // only to make B's transaction start later than A's

@@ -141,13 +141,16 @@ func (w *Watcher) onNotification(payload string) {
 		return
 	}
 	w.hintMu.Lock()
+	firstLost := false
 	if len(w.hints) < maxHints {
 		w.hints = append(w.hints, *p.ID)
 	} else if !w.hintsLost {
-		w.hintsLost = true
-		w.log.Warn("too many NOTIFY ids waiting for the reader; dropping ids (a late row may be missed)", "max", maxHints)
+		w.hintsLost, firstLost = true, true
 	}
 	w.hintMu.Unlock()
+	if firstLost {
+		w.log.Warn("too many NOTIFY ids waiting for the reader; dropping ids (a late row may be missed)", "max", maxHints)
+	}
 	w.wakeReader()
 }
 

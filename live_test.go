@@ -113,6 +113,16 @@ func (e *liveEnv) inTx(f func(tx *sql.Tx) int64) int64 {
 	return id
 }
 
+// openTx begins a transaction that the test commits when it chooses (rolled back at the end if
+// it did not): a writer still in flight.
+func (e *liveEnv) openTx() *sql.Tx {
+	e.t.Helper()
+	tx, err := e.db.Begin()
+	require.NoError(e.t, err)
+	e.t.Cleanup(func() { _ = tx.Rollback() })
+	return tx
+}
+
 // insertItem inserts one row in tx and returns the id of its changelog row.
 func insertItem(t *testing.T, tx *sql.Tx) int64 {
 	t.Helper()

@@ -19,14 +19,6 @@ import (
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 )
 
-func newSchemaMock(t *testing.T) (*sql.DB, sqlmock.Sqlmock) {
-	t.Helper()
-	db, mock, err := sqlmock.New(sqlmock.QueryMatcherOption(sqlmock.QueryMatcherEqual))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	return db, mock
-}
-
 var schemaExecOK = sqlmock.NewResult(0, 0)
 
 func schemaBoolRow(v bool) *sqlmock.Rows { return sqlmock.NewRows([]string{"v"}).AddRow(v) }
@@ -122,7 +114,7 @@ func TestSchemaRejectsInvalidNames(t *testing.T) {
 		{"empty table", "", "CaptureChanges table", SchemaOptions{}, capture},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			db, mock := newSchemaMock(t)
+			db, mock := mockDB(t)
 			check := func(rejected bool, errs ...error) {
 				for _, err := range errs {
 					if !rejected {
@@ -149,7 +141,7 @@ func TestSchemaRejectsInvalidNames(t *testing.T) {
 }
 
 func TestInstallSchemaRunsStatementsInOrder(t *testing.T) {
-	db, mock := newSchemaMock(t)
+	db, mock := mockDB(t)
 	expectBuilds(mock, expectStart(t, mock)).WillReturnRows(schemaBoolRow(true))
 
 	require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
@@ -157,7 +149,7 @@ func TestInstallSchemaRunsStatementsInOrder(t *testing.T) {
 }
 
 func TestInstallSchemaRebuildsInvalidIndex(t *testing.T) {
-	db, mock := newSchemaMock(t)
+	db, mock := mockDB(t)
 	stmts := expectStart(t, mock, [2]string{"public", "datastore_changelog_stream_idx"},
 		[2]string{"public", "unrelated_idx"})
 	mock.ExpectExec(`DROP INDEX CONCURRENTLY IF EXISTS "public"."datastore_changelog_stream_idx"`).
@@ -186,7 +178,7 @@ func TestInstallSchemaWrapsErrors(t *testing.T) {
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			db, mock := newSchemaMock(t)
+			db, mock := mockDB(t)
 			stmts, err := InstallSchemaSQL(SchemaOptions{})
 			require.NoError(t, err)
 			mock.ExpectQuery(tryInstallLockSQL).WillReturnRows(schemaBoolRow(true))
@@ -202,7 +194,7 @@ func TestInstallSchemaWrapsErrors(t *testing.T) {
 }
 
 func TestInstallSchemaDiscardsConnectionWhenUnlockFails(t *testing.T) {
-	db, mock := newSchemaMock(t)
+	db, mock := mockDB(t)
 	expectBuilds(mock, expectStart(t, mock)).WillReturnError(errors.New("connection reset"))
 	mock.ExpectClose() // the session, and its lock, end with the connection
 
@@ -213,7 +205,7 @@ func TestInstallSchemaDiscardsConnectionWhenUnlockFails(t *testing.T) {
 func TestInstallSchemaWaitsForConcurrentInstall(t *testing.T) {
 	t.Run("gets the lock", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			db, mock := newSchemaMock(t)
+			db, mock := mockDB(t)
 			for range 2 {
 				mock.ExpectQuery(tryInstallLockSQL).WithArgs(installLockKey).WillReturnRows(schemaBoolRow(false))
 			}
@@ -227,7 +219,7 @@ func TestInstallSchemaWaitsForConcurrentInstall(t *testing.T) {
 	})
 	t.Run("gives up with the context", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			db, mock := newSchemaMock(t)
+			db, mock := mockDB(t)
 			for range 3 {
 				mock.ExpectQuery(tryInstallLockSQL).WithArgs(installLockKey).WillReturnRows(schemaBoolRow(false))
 			}
@@ -275,7 +267,7 @@ func TestCaptureChangesSQL(t *testing.T) {
 }
 
 func TestCaptureChanges(t *testing.T) {
-	db, mock := newSchemaMock(t)
+	db, mock := mockDB(t)
 	stmts, err := CaptureChangesSQL("s.orders", SchemaOptions{})
 	require.NoError(t, err)
 	mock.ExpectExec(stmts[0]).WillReturnResult(schemaExecOK)
