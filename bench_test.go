@@ -38,7 +38,7 @@ func BenchmarkDeliveryPath(b *testing.B) {
 		b.ReportAllocs()
 		for i := range b.N {
 			row := benchRow(int64(i + 1))
-			if err := w.deliver(ctx, &row, false); err != nil {
+			if err := w.deliver(ctx, &row, makePosition(row.ChangedAt, row.ID), false); err != nil {
 				b.Fatal(err)
 			}
 			ev := <-w.events

@@ -56,6 +56,11 @@ type Watcher struct {
 	cancel  context.CancelFunc // cancels the goroutines' context
 	stopErr error              // why the reader stopped, when not because of Close
 
+	// skipFree is set by the load when the changelog has the txid column: reads follow snapshot
+	// deltas and NOTIFY only wakes the reader. Written once by the reader goroutine before its
+	// first read, read by the listener.
+	skipFree atomic.Bool
+
 	// Delivery state, guarded by mu. Nothing slow happens while mu is held.
 	mu             sync.Mutex
 	loaded         bool // cursor holds the loaded position; checkpoints may be computed
@@ -86,11 +91,12 @@ type Watcher struct {
 	ckErrors  atomic.Uint64 // added under ckMu after each failed save
 
 	// Reader goroutine only.
-	recent     *recentIDs
-	batch      []changelogRow // the rows being delivered
-	spare      []changelogRow // the other buffer; owned by the prefetch while one runs
-	next       *nextBatch     // the prefetch of the next batch, if one was started
-	floorNoted bool
+	recent      *recentIDs
+	batch       []changelogRow // the rows being delivered
+	spare       []changelogRow // the other buffer; owned by the prefetch while one runs
+	next        *nextBatch     // the prefetch of the next batch, if one was started
+	floorNoted  bool
+	legacyNoted bool // the legacy changelog was reported (by the load, which the reader runs)
 }
 
 // New validates cfg, fills its defaults and returns a watcher. It does not touch the database.
@@ -306,9 +312,14 @@ func (w *Watcher) run(ctx context.Context) {
 	}
 }
 
-// readOnce reads one batch after the cursor and delivers it; when the read reached the end of
-// the visible rows it then recovers late rows named by NOTIFY. full reports a full batch.
+// readOnce reads one batch after the cursor and delivers it. On a legacy changelog, when the
+// read reached the end of the visible rows, it then recovers late rows named by NOTIFY. full
+// reports a full batch.
 func (w *Watcher) readOnce(ctx context.Context) (full bool, err error) {
+	if w.skipFree.Load() {
+		n, err := w.readBatch(ctx)
+		return err == nil && n == w.cfg.BatchSize, err
+	}
 	hints := w.takeHints()
 	n, err := w.readBatch(ctx)
 	if err != nil || n == w.cfg.BatchSize {
@@ -357,10 +368,26 @@ func (w *Watcher) sleep(ctx context.Context, d time.Duration) bool {
 // readBatch reads the rows after the cursor and delivers them in order. After a full batch it
 // starts reading the next one before delivering this one, so the query and the decoding of
 // events overlap; the prefetched batch is used only if the cursor ends exactly where it starts.
+// On an upgraded changelog a read at the start of a delta first takes the delta's end snapshot,
+// and a short batch ends the delta (or the legacy part of a switch-over).
 func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 	w.mu.Lock()
 	from := w.cursor
 	w.mu.Unlock()
+	if from.atDeltaStart() {
+		var (
+			end pgSnapshot
+			err error
+		)
+		if end, err = w.currentSnapshot(ctx); err != nil {
+			return 0, fmt.Errorf("read changelog: take snapshot: %w", err)
+		}
+		if emptyDelta(from.span.base, end) {
+			w.noteEmptyRead()
+			return 0, nil
+		}
+		from = from.withEnd(end)
+	}
 	fresh := true
 	if p := w.next; p != nil {
 		w.next = nil
@@ -373,27 +400,34 @@ func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 	}
 	if fresh {
 		var err error
-		if w.batch, err = w.query(ctx, w.q.read, w.batch[:0], w.cfg.TableName, from.ChangedAt, from.ID); err != nil {
+		if w.batch, err = w.readPage(ctx, from, w.batch[:0]); err != nil {
 			return 0, fmt.Errorf("read changelog: %w", err)
 		}
 	}
 	n := len(w.batch)
 	if n == 0 {
-		w.mu.Lock()
-		w.lastEmptyBatch = time.Now()
-		w.mu.Unlock()
-		return 0, nil
+		w.noteEmptyRead()
 	}
 	if n == w.cfg.BatchSize {
-		last := &w.batch[n-1]
-		w.next = w.prefetch(ctx, makePosition(last.ChangedAt, last.ID))
+		w.next = w.prefetch(ctx, rowPosition(from, &w.batch[n-1]))
 	}
 	for i := range w.batch {
-		if err := w.deliver(ctx, &w.batch[i], false); err != nil {
+		row := &w.batch[i]
+		if err := w.deliver(ctx, row, rowPosition(from, row), false); err != nil {
 			return i, err
 		}
 	}
+	if n < w.cfg.BatchSize && from.span != nil {
+		w.endSpan(from)
+	}
 	return n, nil
+}
+
+// noteEmptyRead records that a read found nothing new.
+func (w *Watcher) noteEmptyRead() {
+	w.mu.Lock()
+	w.lastEmptyBatch = time.Now()
+	w.mu.Unlock()
 }
 
 // nextBatch is a read of the next batch running while the current one is delivered.
@@ -413,26 +447,27 @@ func (w *Watcher) prefetch(ctx context.Context, from Position) *nextBatch {
 	go func() {
 		defer w.wg.Done()
 		defer close(p.done)
-		p.rows, p.err = w.query(ctx, w.q.read, buf, w.cfg.TableName, from.ChangedAt, from.ID)
+		p.rows, p.err = w.readPage(ctx, from, buf)
 	}()
 	return p
 }
 
-// query runs a changelog query and reads its rows into buf.
-func (w *Watcher) query(ctx context.Context, q string, buf []changelogRow, args ...any) ([]changelogRow, error) {
+// query runs a changelog query and reads its rows into buf; withXid reads the txid column that
+// delta reads add.
+func (w *Watcher) query(ctx context.Context, q string, buf []changelogRow, withXid bool, args ...any) ([]changelogRow, error) {
 	rows, err := w.cfg.DB.QueryContext(ctx, q, args...)
 	if err != nil {
 		return buf, err
 	}
-	return scanRows(rows, buf)
+	return scanRows(rows, buf, withXid)
 }
 
 // deliver is the one path every row takes: filter, then (one locked step) register the delivery
 // as pending and advance the cursor, then send. A send abandoned because ctx ended stays pending.
 // A late row can sit behind the token already saved (saved while its transaction was still
 // open): the token is then saved again, backward, before the send, so that a crash replays it.
-func (w *Watcher) deliver(ctx context.Context, row *changelogRow, late bool) error {
-	ev, pending, behindSaved := w.register(row, late)
+func (w *Watcher) deliver(ctx context.Context, row *changelogRow, pos Position, late bool) error {
+	ev, pending, behindSaved := w.register(row, pos, late)
 	if !pending {
 		return nil
 	}
@@ -451,16 +486,17 @@ func (w *Watcher) deliver(ctx context.Context, row *changelogRow, late bool) err
 }
 
 // register builds the row's event and runs the filter, then, in one locked step, records the
-// delivery as pending and advances the cursor (a filtered row only advances the cursor).
+// delivery at pos as pending and advances the cursor (a filtered row only advances the cursor).
 // pending is false for a filtered row; behindSaved reports a late row that sits behind the
 // token already saved.
-func (w *Watcher) register(row *changelogRow, late bool) (ev Event, pending, behindSaved bool) {
+func (w *Watcher) register(row *changelogRow, pos Position, late bool) (ev Event, pending, behindSaved bool) {
 	ev, err := buildEvent(row, w.cfg.TableName, w.cfg.DocumentField)
 	if err != nil { // the event still has its id, operation, time and key: deliver it, don't stall
 		w.log.Error("cannot decode changelog row; delivering it without documents", "id", row.ID, "error", err)
 	}
-	pos := makePosition(row.ChangedAt, row.ID)
-	w.recent.add(row.ID)
+	if pos.span == nil {
+		w.recent.add(row.ID)
+	}
 	if w.cfg.Filter != nil && !w.cfg.Filter(ev) {
 		w.mu.Lock()
 		w.advanceLocked(pos)

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -28,23 +29,40 @@ func (w *Watcher) loadWithRetry(ctx context.Context) error {
 	}
 }
 
-// load reads the saved token, or picks and saves the start position of a new client.
+// load reads the saved token, or picks and saves the start position of a new client. It first
+// finds out whether the changelog is upgraded (reads follow snapshot deltas) and, if so, checks
+// the stored transaction ids against the database's counter.
 func (w *Watcher) load(ctx context.Context) error {
 	w.ckMu.Lock()
 	defer w.ckMu.Unlock()
-	var raw string
-	err := w.cfg.DB.QueryRowContext(ctx, w.q.loadToken, w.cfg.ClientName).Scan(&raw)
-	var pos Position
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		if pos, err = w.startPosition(ctx); err != nil {
+	var skipFree bool
+	if err := w.cfg.DB.QueryRowContext(ctx, w.q.detect, quoteIdentifier(w.cfg.ChangelogTable)).Scan(&skipFree); err != nil {
+		return fmt.Errorf("inspect changelog %s: %w", w.cfg.ChangelogTable, err)
+	}
+	var now pgSnapshot
+	if skipFree {
+		var err error
+		if now, err = w.transactionCounter(ctx); err != nil {
 			return err
 		}
-		// Save it now, so a restart before the first acknowledgement resumes here too.
-		if _, err := w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, string(encodeToken(pos))); err != nil {
-			return fmt.Errorf("save start position: %w", err)
+	} else if !w.legacyNoted {
+		w.legacyNoted = true
+		w.log.Warn("the changelog has no txid column: reads are not skip-free (a row whose transaction commits "+
+			"behind the read position is found only through its NOTIFY); upgrade it with InstallSchema, "+
+			"or the statements of InstallSchemaSQL, and restart the watcher", "changelog", w.cfg.ChangelogTable)
+	}
+	var raw string
+	err := w.cfg.DB.QueryRowContext(ctx, w.q.loadToken, w.cfg.ClientName).Scan(&raw)
+	var (
+		pos  Position
+		save bool
+	)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		if pos, err = w.startPosition(ctx, skipFree, now); err != nil {
+			return err
 		}
-		w.ckWrites.Add(1)
+		save = true // so a restart before the first acknowledgement resumes here too
 		w.log.Info("no saved token: starting", "position", pos, "from_beginning", w.cfg.StartFromBeginning)
 	case err != nil:
 		return fmt.Errorf("load saved token: %w", err)
@@ -56,8 +74,18 @@ func (w *Watcher) load(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("load saved token: %w", err)
 		}
+		if pos, save, err = w.resumePosition(pos, skipFree, now); err != nil {
+			return err
+		}
 		w.log.Info("resuming after the saved token", "position", pos)
 	}
+	if save {
+		if _, err := w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, string(encodeToken(pos))); err != nil {
+			return fmt.Errorf("save start position: %w", err)
+		}
+		w.ckWrites.Add(1)
+	}
+	w.skipFree.Store(skipFree)
 	w.saved, w.hasSaved = pos, true
 	w.mu.Lock()
 	w.cursor = pos
@@ -67,24 +95,88 @@ func (w *Watcher) load(ctx context.Context) error {
 	return nil
 }
 
+// transactionCounter returns the current snapshot of an upgraded changelog, after checking that
+// no transaction id stored for the table is at or beyond it (a restored database).
+func (w *Watcher) transactionCounter(ctx context.Context) (pgSnapshot, error) {
+	var (
+		text   string
+		newest sql.NullString
+	)
+	if err := w.cfg.DB.QueryRowContext(ctx, w.q.deltaStart, w.cfg.TableName).Scan(&text, &newest); err != nil {
+		return pgSnapshot{}, fmt.Errorf("read changelog: take snapshot: %w", err)
+	}
+	now, err := parseSnapshot(text)
+	if err != nil {
+		return pgSnapshot{}, err
+	}
+	if newest.Valid {
+		x, err := strconv.ParseUint(newest.String, 10, 64)
+		if err != nil {
+			return pgSnapshot{}, fmt.Errorf("read changelog: newest txid %q: %w", newest.String, err)
+		}
+		if x >= now.xmax {
+			return pgSnapshot{}, fmt.Errorf("%w: the changelog holds txid %d, the current snapshot is %s",
+				ErrRestoredDatabase, x, now)
+		}
+	}
+	return now, nil
+}
+
+// resumePosition adapts a saved token to the changelog: a legacy token on an upgraded changelog
+// starts a switch-over at the current snapshot (save reports that the new form must be saved at
+// once, so a restart keeps the same switch-over snapshot); a token of an upgraded changelog on a
+// legacy one resumes after its legacy position.
+func (w *Watcher) resumePosition(pos Position, skipFree bool, now pgSnapshot) (_ Position, save bool, err error) {
+	switch {
+	case skipFree && pos.span == nil:
+		pos.span = &span{base: now}
+		w.log.Info("switching a legacy token over to snapshot deltas", "snapshot", now)
+		return pos, true, nil
+	case skipFree:
+		top := pos.span.base
+		if pos.span.hasEnd {
+			top = pos.span.end
+		}
+		if top.xmax > now.xmax {
+			return pos, false, fmt.Errorf("%w: the saved token's snapshot is %s, the current snapshot is %s",
+				ErrRestoredDatabase, top, now)
+		}
+		return pos, false, nil
+	case pos.span != nil:
+		w.log.Warn("the saved token was written for a changelog with a txid column, which this one lacks; "+
+			"resuming after its timestamp and eventID", "position", pos)
+		return makePosition(pos.ChangedAt, pos.ID), false, nil
+	}
+	return pos, false, nil
+}
+
 // startPosition is where a client without a saved token starts: after the newest row of its
-// table as the database sees it, or at the beginning.
-func (w *Watcher) startPosition(ctx context.Context) (Position, error) {
+// table as the database sees it (on an upgraded changelog: after the current snapshot, so rows
+// of transactions still open are ahead of it), or at the beginning.
+func (w *Watcher) startPosition(ctx context.Context, skipFree bool, now pgSnapshot) (Position, error) {
 	if w.cfg.StartFromBeginning {
+		if skipFree { // every visible row in legacy order, then deltas from now
+			return Position{span: &span{base: now}}, nil
+		}
 		return Position{}, nil
 	}
 	var (
-		ts time.Time
-		id int64
+		ts  time.Time
+		id  int64
+		pos Position
 	)
 	err := w.cfg.DB.QueryRowContext(ctx, w.q.newest, w.cfg.TableName).Scan(&ts, &id)
 	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return Position{}, nil // nothing to skip
+	case errors.Is(err, sql.ErrNoRows): // nothing to skip
 	case err != nil:
 		return Position{}, fmt.Errorf("find newest position: %w", err)
+	default:
+		pos = makePosition(ts, id)
 	}
-	return makePosition(ts, id), nil
+	if skipFree {
+		pos.span = &span{seq: 1, base: now}
+	}
+	return pos, nil
 }
 
 // tokenRowPosition converts an id-only saved token by looking up its row's changed_at. If the
@@ -125,15 +217,10 @@ func (w *Watcher) saveCheckpoint(ctx context.Context, idleOnly bool) error {
 	p, ok := w.checkpointLocked()
 	busy := w.ring.len() > 0 || w.ring.hasFloor
 	w.mu.Unlock()
-	if !ok || (idleOnly && busy) || (w.hasSaved && p.Compare(w.saved) == 0) {
+	if !ok || (idleOnly && busy) || (w.hasSaved && unchanged(p, w.saved)) {
 		return nil
 	}
-	var err error
-	if w.cfg.DisableProcessedFlag {
-		_, err = w.cfg.DB.ExecContext(ctx, w.q.save, w.cfg.ClientName, string(encodeToken(p)))
-	} else {
-		_, err = w.cfg.DB.ExecContext(ctx, w.q.save, w.cfg.ClientName, string(encodeToken(p)), w.cfg.TableName, p.ChangedAt, p.ID)
-	}
+	err := w.write(ctx, p)
 	if err != nil {
 		w.ckErrors.Add(1)
 		return fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
@@ -144,6 +231,51 @@ func (w *Watcher) saveCheckpoint(ctx context.Context, idleOnly bool) error {
 	w.savedMirror = p
 	w.mu.Unlock()
 	return nil
+}
+
+// unchanged reports whether saving p instead of saved would change nothing: the same position,
+// or two delta starts with no row read in between (only snapshots moved on).
+func unchanged(p, saved Position) bool {
+	if p.Compare(saved) == 0 {
+		return true
+	}
+	return p.inDelta() && saved.inDelta() && p.Xid == 0 && saved.Xid == 0 &&
+		p.ID == saved.ID && p.ChangedAt.Equal(saved.ChangedAt)
+}
+
+// write saves p in one statement that also marks the processed flag of the rows it newly
+// certifies (those between the last saved position and p), unless the flag is disabled or p is
+// not after the last saved position. ckMu must be held.
+func (w *Watcher) write(ctx context.Context, p Position) error {
+	client, token, table := w.cfg.ClientName, string(encodeToken(p)), w.cfg.TableName
+	prev := w.saved
+	var err error
+	switch {
+	case w.cfg.DisableProcessedFlag || !prev.Before(p):
+		_, err = w.cfg.DB.ExecContext(ctx, w.q.saveToken, client, token)
+	case p.span == nil:
+		_, err = w.cfg.DB.ExecContext(ctx, w.q.saveLegacy, client, token, table, prev.ChangedAt, prev.ID, p.ChangedAt, p.ID)
+	case !p.inDelta():
+		_, err = w.cfg.DB.ExecContext(ctx, w.q.savePhase, client, token, table, prev.ChangedAt, prev.ID,
+			p.ChangedAt, p.ID, p.span.base.String())
+	default:
+		q, from := w.q.saveDelta, prev
+		if !prev.inDelta() { // the legacy part of the switch-over ended since the last save
+			q, from = w.q.saveSwitch, Position{span: &span{seq: 1, base: prev.span.base}}
+		}
+		lo, loID, hi, hiID := rangeArgs(certifyRanges(from, p))
+		end := p.span.base
+		if p.Xid != 0 {
+			end = p.span.end
+		}
+		args := []any{client, token, table, lo, loID, hi, hiID, p.span.base.String(), end.String(),
+			strconv.FormatUint(p.Xid, 10), p.ID}
+		if q == w.q.saveSwitch {
+			args = append(args, prev.ChangedAt, prev.ID)
+		}
+		_, err = w.cfg.DB.ExecContext(ctx, q, args...)
+	}
+	return err
 }
 
 // Flush saves the current checkpoint now if it changed. With a batched

@@ -190,7 +190,7 @@ func runCrashTrials(t *testing.T, mode Mode, watermark bool, trials int, rng *ra
 		// The last save is the last successful MarkProcessed's, unless a late row recovered after
 		// it moved the token back behind itself (still pending, so it must be replayed), or the
 		// idle saver saved the same cursor.
-		require.Equal(t, c.Stats().Checkpoint, saved, "trial %d: saved token right after the crash vs the watcher's last save", trial)
+		require.Equal(t, legacyView(c.Stats().Checkpoint), saved, "trial %d: saved token right after the crash vs the watcher's last save", trial)
 		require.False(t, lastSaved.Before(saved), "trial %d: saved token %v passes the last MarkProcessed's %v", trial, saved, lastSaved)
 	}
 }
@@ -257,7 +257,7 @@ func (r *crashRun) consume(c *crashable, k int, crashed <-chan struct{}, first c
 				return
 			}
 			r.mu.Lock()
-			r.lastSaved = c.Stats().Checkpoint
+			r.lastSaved = legacyView(c.Stats().Checkpoint)
 			r.mu.Unlock()
 		}
 		if id == stopAt {
@@ -276,7 +276,7 @@ func (r *crashRun) savedToken(ctx context.Context) (p Position, ok bool) {
 	require.NoError(r.t, err)
 	p, err = decodeToken([]byte(raw))
 	require.NoError(r.t, err)
-	return p, true
+	return legacyView(p), true
 }
 
 // firstAfter returns the first changelog row after saved in position order, inserting one when
@@ -336,7 +336,7 @@ func (r *crashRun) checkFinal(ctx context.Context, c *crashable, newest int64, c
 	want := rows[len(rows)-1]
 	got, _ := r.savedToken(ctx)
 	require.Equal(t, want, got, "saved token after the final ack")
-	require.Equal(t, want, c.Stats().Checkpoint)
+	require.Equal(t, want, legacyView(c.Stats().Checkpoint))
 	t.Logf("%d rows, %d crashes, %d redeliveries; %d rows late, %d of them never delivered",
 		len(rows), crashes, redelivered, late, lateMissed)
 	if r.cfg.Mode == ModeHybrid && lateMissed > 0 {

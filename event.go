@@ -19,6 +19,8 @@ type changelogRow struct {
 	OldValues []byte
 	NewValues []byte
 	ChangedAt time.Time
+	// Xid is the writing transaction's id, read by snapshot-delta reads only.
+	Xid uint64
 }
 
 // buildEvent turns a changelog row into its change event document (see [Event]). table is the

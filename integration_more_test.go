@@ -17,7 +17,8 @@ func (e *liveEnv) tryToken(client string) (Position, error) {
 	if err := e.db.QueryRow(`SELECT resume_token::text FROM resume_tokens WHERE client_name = $1`, client).Scan(&raw); err != nil {
 		return Position{}, err
 	}
-	return decodeToken([]byte(raw))
+	p, err := decodeToken([]byte(raw))
+	return legacyView(p), err
 }
 
 // processed returns the legacy processed flag of a changelog row.
@@ -112,7 +113,7 @@ func TestLiveCheckpointWriteFailure(t *testing.T) {
 		st := w.Stats()
 		require.Equal(t, before.CheckpointErrors+1, st.CheckpointErrors)
 		require.Equal(t, before.CheckpointWrites, st.CheckpointWrites)
-		require.Equal(t, kept, st.Checkpoint)
+		require.Equal(t, kept, legacyView(st.Checkpoint))
 		require.Equal(t, kept, e.savedToken("c"), "the saved token is unchanged")
 		require.False(t, e.processed(ids[1]), "the processed update failed with the token upsert")
 		require.Equal(t, uint64(2), st.Acked, "the acknowledgement is kept")

@@ -162,9 +162,9 @@ func TestLiveAckIsCumulative(t *testing.T) {
 		st := w.Stats()
 		require.Equal(t, uint64(3), st.Acked, "the ack certifies the two deliveries before it")
 		require.Equal(t, 2, st.Pending)
-		require.Equal(t, e.position(ids[4]), st.Cursor, "acks never move the read cursor")
+		require.Equal(t, e.position(ids[4]), legacyView(st.Cursor), "acks never move the read cursor")
 		require.Equal(t, e.position(ids[3]).predecessor(), e.savedToken("c"))
-		require.Equal(t, e.savedToken("c"), st.Checkpoint)
+		require.Equal(t, e.savedToken("c"), legacyView(st.Checkpoint))
 
 		require.NoError(t, w.MarkProcessed(ctx, tok(ids[4])))
 		st = w.Stats()
@@ -192,7 +192,7 @@ func TestLiveTokensThatCertifyNothing(t *testing.T) {
 		st := w.Stats()
 		require.Zero(t, st.Acked, "nothing was acknowledged")
 		require.Equal(t, 3, st.Pending)
-		require.Equal(t, e.position(ids[2]), st.Cursor, "the cursor did not move")
+		require.Equal(t, e.position(ids[2]), legacyView(st.Cursor), "the cursor did not move")
 		require.Equal(t, first, e.savedToken("c"), "the changed checkpoint was saved, before the first delivery")
 		require.Equal(t, writes+1, st.CheckpointWrites, "only the first call had a changed checkpoint to save")
 
@@ -204,7 +204,7 @@ func TestLiveTokensThatCertifyNothing(t *testing.T) {
 		st = w.Stats()
 		require.Zero(t, st.Acked)
 		require.Equal(t, 3, st.Pending)
-		require.Equal(t, e.position(ids[2]), st.Cursor)
+		require.Equal(t, e.position(ids[2]), legacyView(st.Cursor))
 		require.Equal(t, first, e.savedToken("c"))
 
 		require.NoError(t, w.MarkProcessed(ctx, tok(ids[0])))

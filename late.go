@@ -18,7 +18,7 @@ func (w *Watcher) lateRow(ctx context.Context, id int64) (*changelogRow, error) 
 		return nil, nil
 	}
 	var err error
-	if w.batch, err = w.query(ctx, w.q.byID, w.batch[:0], w.cfg.TableName, id); err != nil {
+	if w.batch, err = w.query(ctx, w.q.byID, w.batch[:0], false, w.cfg.TableName, id); err != nil {
 		return nil, fmt.Errorf("fetch changelog row %d: %w", id, err)
 	}
 	if len(w.batch) == 0 {
@@ -41,7 +41,7 @@ func (w *Watcher) recoverLateRow(ctx context.Context, id int64) error {
 		return err
 	}
 	w.log.Info("recovering a row that committed behind the cursor", "id", id)
-	return w.deliver(ctx, row, true)
+	return w.deliver(ctx, row, makePosition(row.ChangedAt, row.ID), true)
 }
 
 // holdUnhandledLateRows runs in Close once the reader has stopped. Late rows named by
@@ -58,7 +58,7 @@ func (w *Watcher) holdUnhandledLateRows(ctx context.Context) error {
 		}
 		if row != nil {
 			w.log.Info("holding the checkpoint behind a late row not handed out before Close", "id", id)
-			w.register(row, true)
+			w.register(row, makePosition(row.ChangedAt, row.ID), true)
 		}
 	}
 	return nil

@@ -125,8 +125,8 @@ type notifyPayload struct {
 	Operation string `json:"operation"`
 }
 
-// onNotification turns a NOTIFY into a wake-up and, for this table, an id hint. A payload that
-// cannot be parsed is logged and still wakes the reader.
+// onNotification turns a NOTIFY for this table into a wake-up and, on a legacy changelog, an id
+// hint. A payload that cannot be parsed is logged and still wakes the reader.
 func (w *Watcher) onNotification(payload string) {
 	var p notifyPayload
 	if err := json.Unmarshal([]byte(payload), &p); err != nil || p.ID == nil {
@@ -138,6 +138,10 @@ func (w *Watcher) onNotification(payload string) {
 		return
 	}
 	if p.Table != "" && p.Table != w.cfg.TableName {
+		return
+	}
+	if w.skipFree.Load() { // snapshot deltas find every row: the id is not needed
+		w.wakeReader()
 		return
 	}
 	w.hintMu.Lock()

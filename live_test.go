@@ -133,15 +133,19 @@ func insertItem(t *testing.T, tx *sql.Tx) int64 {
 	return id
 }
 
-// savedToken returns the client's saved token, decoded.
+// savedToken returns the legacy position of the client's saved token: its timestamp and
+// eventID, the last row it certifies in either schema state.
 func (e *liveEnv) savedToken(client string) Position {
 	e.t.Helper()
 	var raw string
 	require.NoError(e.t, e.db.QueryRow(`SELECT resume_token::text FROM resume_tokens WHERE client_name = $1`, client).Scan(&raw))
 	p, err := decodeToken([]byte(raw))
 	require.NoError(e.t, err)
-	return p
+	return legacyView(p)
 }
+
+// legacyView returns the legacy position (timestamp, eventID) of p.
+func legacyView(p Position) Position { return makePosition(p.ChangedAt, p.ID) }
 
 // position returns the position of a changelog row.
 func (e *liveEnv) position(id int64) Position {

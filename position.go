@@ -1,37 +1,83 @@
 package pgchangestream
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"strconv"
 	"time"
 )
 
-// Position is a place in the changelog: (changed_at, id), ordered by changed_at, then id.
-// Reading resumes strictly after a position. changed_at is compared at PostgreSQL's microsecond
-// precision.
+// Position is a place in the change stream. Reading resumes strictly after a position.
+//
+// On a legacy changelog (no txid column) a position is (changed_at, id), ordered by changed_at,
+// then id, with changed_at compared at PostgreSQL's microsecond precision. On an upgraded
+// changelog the stream is read in snapshot deltas, and a position is (delta, txid, id): the
+// delta it belongs to, then the writing transaction's id and the row's id inside the delta.
+// Positions are ordered as the rows are delivered in both cases. ChangedAt and ID always name
+// the row at (or, between deltas, last read before) the position, for logs and tools.
 type Position struct {
 	ChangedAt time.Time
 	ID        int64
+	// Xid is the id of the transaction that wrote the row, in snapshot deltas; 0 on a legacy
+	// changelog, in the legacy part of a switch-over, and at the start of a delta.
+	Xid uint64
+
+	span *span // nil on a legacy changelog
 }
 
-// makePosition returns a position with the time cut to microseconds, in UTC and without a
-// monotonic clock reading, so that equal database values are equal positions.
+// span is the part of the stream a position belongs to on an upgraded changelog. Spans are
+// shared by the positions of their rows and never change once made.
+type span struct {
+	// seq orders spans: 0 is the switch-over from a legacy token (rows after the legacy
+	// position that base sees, in legacy order); 1, 2, ... are deltas in reading order.
+	seq uint64
+	// base: every row it sees is behind the span (for seq 0, the snapshot of the switch-over).
+	base pgSnapshot
+	// end is the delta's end snapshot, once the reader has taken it (hasEnd).
+	end    pgSnapshot
+	hasEnd bool
+}
+
+// makePosition returns a legacy position with the time cut to microseconds, in UTC and without
+// a monotonic clock reading, so that equal database values are equal positions.
 func makePosition(changedAt time.Time, id int64) Position {
 	return Position{ChangedAt: changedAt.Round(0).Truncate(time.Microsecond).UTC(), ID: id}
 }
 
+// inDelta reports whether p is a position of a snapshot delta (not a legacy one).
+func (p Position) inDelta() bool { return p.span != nil && p.span.seq > 0 }
+
+// seq returns the span order of p: 0 for legacy positions.
+func (p Position) seq() uint64 {
+	if p.span == nil {
+		return 0
+	}
+	return p.span.seq
+}
+
 // Compare returns -1, 0 or +1 as p is before, equal to or after q.
 func (p Position) Compare(q Position) int {
-	if c := p.ChangedAt.Compare(q.ChangedAt); c != 0 {
-		return c
+	if ps, qs := p.seq(), q.seq(); ps != qs {
+		return cmpOrdered(ps, qs)
 	}
+	if !p.inDelta() {
+		if c := p.ChangedAt.Compare(q.ChangedAt); c != 0 {
+			return c
+		}
+		return cmpOrdered(p.ID, q.ID)
+	}
+	if p.Xid != q.Xid {
+		return cmpOrdered(p.Xid, q.Xid)
+	}
+	if p.Xid == 0 { // both at the start of the delta
+		return 0
+	}
+	return cmpOrdered(p.ID, q.ID)
+}
+
+func cmpOrdered[T int64 | uint64](a, b T) int {
 	switch {
-	case p.ID < q.ID:
+	case a < b:
 		return -1
-	case p.ID > q.ID:
+	case a > b:
 		return 1
 	}
 	return 0
@@ -40,14 +86,41 @@ func (p Position) Compare(q Position) int {
 // Before reports whether p is before q.
 func (p Position) Before(q Position) bool { return p.Compare(q) < 0 }
 
-// predecessor returns (changed_at, id-1): resuming after it reads p's row again.
+// predecessor returns the position just before p's row: resuming after it reads p's row again.
 func (p Position) predecessor() Position {
-	return Position{ChangedAt: p.ChangedAt, ID: p.ID - 1}
+	p.ID--
+	return p
 }
+
+// nextDelta returns the start of the delta after p's, whose base is b. ChangedAt and ID stay
+// those of the last row read.
+func (p Position) nextDelta(b pgSnapshot) Position {
+	return Position{ChangedAt: p.ChangedAt, ID: p.ID, span: &span{seq: p.seq() + 1, base: b}}
+}
+
+// withEnd returns p, a delta start, in the delta that ends at e.
+func (p Position) withEnd(e pgSnapshot) Position {
+	s := *p.span
+	s.end, s.hasEnd = e, true
+	p.span = &s
+	return p
+}
+
+// atDeltaStart reports whether p is the start of a delta whose end has not been taken yet.
+func (p Position) atDeltaStart() bool { return p.inDelta() && p.Xid == 0 && !p.span.hasEnd }
 
 // String formats the position for logs.
 func (p Position) String() string {
-	return fmt.Sprintf("(%s, %d)", p.ChangedAt.UTC().Format(time.RFC3339Nano), p.ID)
+	ts := p.ChangedAt.UTC().Format(time.RFC3339Nano)
+	switch {
+	case p.span == nil:
+		return fmt.Sprintf("(%s, %d)", ts, p.ID)
+	case p.span.seq == 0:
+		return fmt.Sprintf("(%s, %d; switch-over at snapshot %s)", ts, p.ID, p.span.base)
+	case p.Xid == 0:
+		return fmt.Sprintf("(after snapshot %s; last row %d at %s)", p.span.base, p.ID, ts)
+	}
+	return fmt.Sprintf("(delta %s to %s, txid %d, id %d at %s)", p.span.base, p.span.end, p.Xid, p.ID, ts)
 }
 
 // minPosition returns the earlier of a and b.
@@ -56,81 +129,4 @@ func minPosition(a, b Position) Position {
 		return b
 	}
 	return a
-}
-
-// savedToken is the JSON of a saved token, the format of the existing watcher:
-// {"timestamp": "<RFC3339Nano>", "eventID": <id>}. Old tokens carry only eventID.
-type savedToken struct {
-	Timestamp string      `json:"timestamp,omitempty"`
-	EventID   json.Number `json:"eventID"`
-}
-
-// encodeToken returns the saved-token JSON for p.
-func encodeToken(p Position) []byte {
-	b := make([]byte, 0, 64)
-	b = append(b, `{"timestamp":"`...)
-	b = p.ChangedAt.AppendFormat(b, time.RFC3339Nano)
-	b = append(b, `","eventID":`...)
-	b = strconv.AppendInt(b, p.ID, 10)
-	return append(b, '}')
-}
-
-// errTokenNeedsLookup is returned by decodeToken for an id-only token: the position's time must
-// be looked up from the changelog row.
-var errTokenNeedsLookup = errors.New("token has no timestamp")
-
-// decodeToken parses saved-token JSON. For an id-only token it returns the id with
-// errTokenNeedsLookup.
-func decodeToken(data []byte) (Position, error) {
-	var t savedToken
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	if err := dec.Decode(&t); err != nil {
-		return Position{}, fmt.Errorf("saved token %q is not valid JSON: %w", data, err)
-	}
-	if t.EventID == "" {
-		return Position{}, fmt.Errorf("saved token %q has no eventID", data)
-	}
-	id, err := strconv.ParseInt(t.EventID.String(), 10, 64)
-	if err != nil {
-		f, ferr := t.EventID.Float64()
-		if ferr != nil || f != float64(int64(f)) {
-			return Position{}, fmt.Errorf("saved token %q: eventID is not an integer", data)
-		}
-		id = int64(f)
-	}
-	if t.Timestamp == "" {
-		return Position{ID: id}, errTokenNeedsLookup
-	}
-	ts, err := time.Parse(time.RFC3339Nano, t.Timestamp)
-	if err != nil {
-		return Position{}, fmt.Errorf("saved token %q: timestamp: %w", data, err)
-	}
-	return makePosition(ts, id), nil
-}
-
-// ErrInvalidToken is wrapped by the error MarkProcessed returns for a token that is not a
-// decimal int64.
-var ErrInvalidToken = errors.New("pgchangestream: invalid resume token")
-
-// parseToken parses a delivery's resume token (a decimal changelog id). ok is false for an empty
-// token, which certifies nothing.
-func parseToken(token []byte) (id int64, ok bool, err error) {
-	if len(token) == 0 {
-		return 0, false, nil
-	}
-	id, err = strconv.ParseInt(string(token), 10, 64)
-	if err != nil {
-		return 0, false, fmt.Errorf("%w %q: want a decimal changelog id", ErrInvalidToken, truncateForError(token))
-	}
-	return id, true, nil
-}
-
-// truncateForError keeps error messages short for long garbage tokens.
-func truncateForError(b []byte) []byte {
-	const max = 64
-	if len(b) > max {
-		return append(b[:max:max], "..."...)
-	}
-	return b
 }

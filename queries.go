@@ -2,27 +2,53 @@ package pgchangestream
 
 import (
 	"database/sql"
+	"fmt"
 	"strconv"
 )
 
+// txidColumn is the upgraded changelog's column holding the writing transaction's id
+// (xid8, DEFAULT pg_current_xact_id()).
+const txidColumn = "txid"
+
 // queries holds the watcher's SQL, with the configured identifiers quoted once.
 type queries struct {
-	// read: the next batch after a position. The row comparison lets PostgreSQL seek the
-	// (table_name, changed_at, id) index to the position instead of filtering earlier entries.
+	// read: the next batch after a legacy position. The row comparison lets PostgreSQL seek
+	// the (table_name, changed_at, id) index to the position instead of filtering earlier
+	// entries.
 	read string
-	// byID: one row, for late rows named by NOTIFY.
+	// switchRead: read in the legacy part of a switch-over: the same, limited to the rows the
+	// switch-over's snapshot ($4) sees or that were written before the upgrade.
+	switchRead string
+	// deltaRead: the next batch of a snapshot delta: the rows its end snapshot ($6) sees in the
+	// (txid, id) index ranges given as arrays (lower keys $2, $3; upper keys $4, $5), in
+	// (txid, id) order. Each range is its own index range scan (an "= ANY" list is not).
+	deltaRead string
+	// snapshot: the current snapshot, the end of the next delta.
+	snapshot string
+	// detect: whether the changelog ($1, quoted) has the txid column with its default, on
+	// PostgreSQL 13 or later.
+	detect string
+	// deltaStart: the current snapshot and the highest txid stored for the table, checked at
+	// Start against each other and against the saved token.
+	deltaStart string
+	// byID: one row, for late rows named by NOTIFY (legacy changelogs).
 	byID string
 	// newest: the start position of a client without a saved token.
 	newest string
 	// rowTime: the changed_at of an id-only saved token's row.
 	rowTime string
-	// loadToken, saveToken: the saved token. save also marks the legacy processed flag in the
-	// same statement (one round trip, one commit) unless disabled: the rows of the table at or
-	// before the saved position, exactly the rows the checkpoint certifies. The position
-	// comparison is served by the partial index on unprocessed rows, so a save touches only
-	// the rows it marks; an "id <=" predicate would scan every unprocessed row of the table per
-	// save, and would mark rows with lower ids whose positions are still pending.
-	loadToken, saveToken, save string
+	// loadToken, saveToken: the saved token.
+	loadToken, saveToken string
+	// saveLegacy, saveDelta: a save that also marks the legacy processed flag in the same
+	// statement (one round trip, one commit): the rows newly certified since the previous
+	// save, found through index ranges, so a save costs what it certifies. saveLegacy marks
+	// the legacy positions in ($4, $5) .. ($6, $7); savePhase, in the legacy part of a
+	// switch-over, only those that snapshot $8 sees or that have no txid. saveDelta marks the rows in the (txid, id) index
+	// ranges $4..$7 that the saved position certifies: those snapshot $8 sees, and those
+	// snapshot $9 sees up to the key ($10, $11). saveSwitch is saveDelta after the legacy part
+	// of a switch-over ended: it also marks the rest of that part, the legacy positions after
+	// ($12, $13) that snapshot $8 sees.
+	saveLegacy, savePhase, saveDelta, saveSwitch string
 	// unprocessed: GetUnprocessedEventCount.
 	unprocessed string
 }
@@ -32,37 +58,77 @@ const changelogColumns = `id, record_id::text, operation, old_values::text, new_
 func buildQueries(cfg Config) queries {
 	cl := quoteIdentifier(cfg.ChangelogTable)
 	tok := quoteIdentifier(cfg.TokenTable)
+	limit := strconv.Itoa(cfg.BatchSize)
 	upsert := `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
 	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`
+	seesOrOld := `(txid IS NULL OR pg_visible_in_snapshot(txid, $8::pg_snapshot))`
+	legacyMark := `UPDATE ` + cl + ` SET processed = TRUE WHERE table_name = $3 AND (changed_at, id) > ($4, $5) AND (changed_at, id) <= ($6, $7)
+	AND processed = FALSE`
+	deltaMark := `UPDATE ` + cl + ` SET processed = TRUE WHERE id IN (
+		SELECT c.id FROM unnest($4::xid8[], $5::int8[], $6::xid8[], $7::int8[]) AS r(lo, lo_id, hi, hi_id)
+		CROSS JOIN LATERAL (SELECT id FROM ` + cl + ` WHERE table_name = $3
+			AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id) AND processed = FALSE
+			AND (pg_visible_in_snapshot(txid, $8::pg_snapshot)
+				OR (pg_visible_in_snapshot(txid, $9::pg_snapshot) AND (txid, id) <= ($10::xid8, $11)))) c)
+	AND processed = FALSE`
 	q := queries{
 		read: `SELECT ` + changelogColumns + ` FROM ` + cl + `
 	WHERE table_name = $1 AND (changed_at, id) > ($2, $3)
-	ORDER BY changed_at, id LIMIT ` + strconv.Itoa(cfg.BatchSize),
+	ORDER BY changed_at, id LIMIT ` + limit,
+		switchRead: `SELECT ` + changelogColumns + ` FROM ` + cl + `
+	WHERE table_name = $1 AND (changed_at, id) > ($2, $3) AND (txid IS NULL OR pg_visible_in_snapshot(txid, $4::pg_snapshot))
+	ORDER BY changed_at, id LIMIT ` + limit,
+		deltaRead: `SELECT c.id, c.record_id::text, c.operation, c.old_values::text, c.new_values::text, c.changed_at, c.txid::text AS txid_text
+	FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
+	CROSS JOIN LATERAL (SELECT * FROM ` + cl + ` WHERE table_name = $1
+		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id) AND pg_visible_in_snapshot(txid, $6::pg_snapshot)
+		ORDER BY txid, id LIMIT ` + limit + `) c
+	ORDER BY c.txid, c.id LIMIT ` + limit,
+		snapshot: `SELECT pg_current_snapshot()::text`,
+		detect: `SELECT current_setting('server_version_num')::int >= 130000 AND EXISTS (
+		SELECT FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+		WHERE a.attrelid = to_regclass($1) AND a.attname = '` + txidColumn + `' AND NOT a.attisdropped
+			AND format_type(a.atttypid, NULL) = 'xid8' AND pg_get_expr(d.adbin, d.adrelid) = 'pg_current_xact_id()')`,
+		deltaStart: `SELECT pg_current_snapshot()::text, (SELECT c.txid::text AS newest_txid FROM ` + cl + ` c
+		WHERE c.table_name = $1 AND c.txid IS NOT NULL ORDER BY c.txid DESC LIMIT 1)`,
 		byID:      `SELECT ` + changelogColumns + ` FROM ` + cl + ` WHERE table_name = $1 AND id = $2`,
 		newest:    `SELECT changed_at, id FROM ` + cl + ` WHERE table_name = $1 ORDER BY changed_at DESC, id DESC LIMIT 1`,
 		rowTime:   `SELECT changed_at FROM ` + cl + ` WHERE id = $1`,
 		loadToken: `SELECT resume_token::text FROM ` + tok + ` WHERE client_name = $1`,
 		saveToken: upsert,
-		save: `WITH token AS (` + upsert + `)
-	UPDATE ` + cl + ` SET processed = TRUE WHERE table_name = $3 AND (changed_at, id) <= ($4, $5) AND processed = FALSE`,
+		saveLegacy: `WITH token AS (` + upsert + `)
+	` + legacyMark,
+		savePhase: `WITH token AS (` + upsert + `)
+	` + legacyMark + ` AND ` + seesOrOld,
+		saveDelta: `WITH token AS (` + upsert + `)
+	` + deltaMark,
+		saveSwitch: `WITH token AS (` + upsert + `), legacy AS (UPDATE ` + cl + ` SET processed = TRUE
+		WHERE table_name = $3 AND (changed_at, id) > ($12, $13) AND processed = FALSE AND ` + seesOrOld + `)
+	` + deltaMark,
 		unprocessed: `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2 AND processed = FALSE`,
 	}
 	if cfg.DisableProcessedFlag {
-		q.save = q.saveToken
 		q.unprocessed = `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2`
 	}
 	return q
 }
 
-// scanRows reads changelog rows into buf and closes rows.
-func scanRows(rows *sql.Rows, buf []changelogRow) ([]changelogRow, error) {
+// scanRows reads changelog rows into buf and closes rows. withXid reads the txid column that
+// delta reads add after the changelog columns.
+func scanRows(rows *sql.Rows, buf []changelogRow, withXid bool) ([]changelogRow, error) {
 	defer rows.Close()
 	for rows.Next() {
 		var (
 			r        changelogRow
 			old, new sql.RawBytes
+			err      error
 		)
-		if err := rows.Scan(&r.ID, &r.RecordID, &r.Operation, &old, &new, &r.ChangedAt); err != nil {
+		if withXid {
+			err = rows.Scan(&r.ID, &r.RecordID, &r.Operation, &old, &new, &r.ChangedAt, &r.Xid)
+		} else {
+			err = rows.Scan(&r.ID, &r.RecordID, &r.Operation, &old, &new, &r.ChangedAt)
+		}
+		if err != nil {
 			return buf, err
 		}
 		r.OldValues = cloneOrNil(old)
@@ -78,4 +144,28 @@ func cloneOrNil(b sql.RawBytes) []byte {
 		return nil
 	}
 	return append([]byte{}, b...)
+}
+
+// pgArray formats integers as a PostgreSQL array literal.
+func pgArray[T int64 | uint64](xs []T) string {
+	b := make([]byte, 0, 2+21*len(xs))
+	b = append(b, '{')
+	for i, x := range xs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = fmt.Append(b, x)
+	}
+	return string(append(b, '}'))
+}
+
+// rangeArgs returns the four array arguments of key ranges: lower txids, lower ids, upper txids,
+// upper ids.
+func rangeArgs(rs []keyRange) (lo string, loID string, hi string, hiID string) {
+	los, hts := make([]uint64, len(rs)), make([]uint64, len(rs))
+	loIDs, hiIDs := make([]int64, len(rs)), make([]int64, len(rs))
+	for i, r := range rs {
+		los[i], loIDs[i], hts[i], hiIDs[i] = r.lo, r.loID, r.hi, r.hiID
+	}
+	return pgArray(los), pgArray(loIDs), pgArray(hts), pgArray(hiIDs)
 }

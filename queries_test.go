@@ -17,15 +17,27 @@ const (
 	ORDER BY changed_at, id LIMIT 100`
 	wantSave = `WITH token AS (INSERT INTO "resume_tokens" (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
 	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated)
-	UPDATE "datastore_changelog" SET processed = TRUE WHERE table_name = $3 AND (changed_at, id) <= ($4, $5) AND processed = FALSE`
+	UPDATE "datastore_changelog" SET processed = TRUE WHERE table_name = $3 AND (changed_at, id) > ($4, $5) AND (changed_at, id) <= ($6, $7)
+	AND processed = FALSE`
 	wantSaveToken = `INSERT INTO "resume_tokens" (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
 	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`
+	wantDetect = `SELECT current_setting('server_version_num')::int >= 130000 AND EXISTS (
+		SELECT FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+		WHERE a.attrelid = to_regclass($1) AND a.attname = 'txid' AND NOT a.attisdropped
+			AND format_type(a.atttypid, NULL) = 'xid8' AND pg_get_expr(d.adbin, d.adrelid) = 'pg_current_xact_id()')`
 	wantLoad   = `SELECT resume_token::text FROM "resume_tokens" WHERE client_name = $1`
 	wantNewest = `SELECT changed_at, id FROM "datastore_changelog" WHERE table_name = $1 ORDER BY changed_at DESC, id DESC LIMIT 1`
 	wantByID   = `SELECT id, record_id::text, operation, old_values::text, new_values::text, changed_at FROM "datastore_changelog" WHERE table_name = $1 AND id = $2`
 )
 
 var changelogCols = []string{"id", "record_id", "operation", "old_values", "new_values", "changed_at"}
+
+// expectLegacyChangelog expects the load's look for the txid column, and answers that the
+// changelog has none.
+func expectLegacyChangelog(mock sqlmock.Sqlmock) {
+	mock.ExpectQuery(wantDetect).WithArgs(`"datastore_changelog"`).
+		WillReturnRows(sqlmock.NewRows([]string{"skip_free"}).AddRow(false))
+}
 
 func newMockWatcher(t *testing.T, cfg Config) (*Watcher, sqlmock.Sqlmock) {
 	t.Helper()
@@ -40,19 +52,18 @@ func newMockWatcher(t *testing.T, cfg Config) (*Watcher, sqlmock.Sqlmock) {
 func TestQueriesAreTheRowComparisonForm(t *testing.T) {
 	w, _ := newMockWatcher(t, Config{})
 	require.Equal(t, wantRead, w.q.read)
-	require.Equal(t, wantSave, w.q.save)
+	require.Equal(t, wantSave, w.q.saveLegacy)
 	require.Equal(t, wantLoad, w.q.loadToken)
 	require.Equal(t, wantNewest, w.q.newest)
 	require.Equal(t, wantByID, w.q.byID)
 
-	w, _ = newMockWatcher(t, Config{DisableProcessedFlag: true})
-	require.Equal(t, wantSaveToken, w.q.save, "without the legacy flag a save is the upsert alone")
 }
 
 func TestLoadSavedTokenFormats(t *testing.T) {
 	ts := time.Date(2025, 5, 6, 7, 8, 9, 123456000, time.UTC)
 	t.Run("timestamp and id", func(t *testing.T) {
 		w, mock := newMockWatcher(t, Config{})
+		expectLegacyChangelog(mock)
 		mock.ExpectQuery(wantLoad).WithArgs("c").
 			WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(`{"timestamp": "2025-05-06T07:08:09.123456Z", "eventID": 452}`))
 		require.NoError(t, w.load(context.Background()))
@@ -65,6 +76,7 @@ func TestLoadSavedTokenFormats(t *testing.T) {
 	})
 	t.Run("id only", func(t *testing.T) {
 		w, mock := newMockWatcher(t, Config{})
+		expectLegacyChangelog(mock)
 		mock.ExpectQuery(wantLoad).WithArgs("c").
 			WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(`{"eventID": 452}`))
 		mock.ExpectQuery(`SELECT changed_at FROM "datastore_changelog" WHERE id = $1`).WithArgs(int64(452)).
@@ -75,6 +87,7 @@ func TestLoadSavedTokenFormats(t *testing.T) {
 	})
 	t.Run("malformed", func(t *testing.T) {
 		w, mock := newMockWatcher(t, Config{})
+		expectLegacyChangelog(mock)
 		mock.ExpectQuery(wantLoad).WithArgs("c").
 			WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(`{"eventID": "x"}`))
 		err := w.load(context.Background())
@@ -84,6 +97,7 @@ func TestLoadSavedTokenFormats(t *testing.T) {
 	})
 	t.Run("no token", func(t *testing.T) {
 		w, mock := newMockWatcher(t, Config{})
+		expectLegacyChangelog(mock)
 		mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(sqlmock.NewRows([]string{"resume_token"}))
 		mock.ExpectQuery(wantNewest).WithArgs("t").
 			WillReturnRows(sqlmock.NewRows([]string{"changed_at", "id"}).AddRow(ts, int64(9)))
@@ -98,6 +112,7 @@ func TestLoadSavedTokenFormats(t *testing.T) {
 func TestSaveIsOneStatement(t *testing.T) {
 	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
 	w, mock := newMockWatcher(t, Config{})
+	expectLegacyChangelog(mock)
 	mock.ExpectQuery(wantLoad).WithArgs("c").
 		WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(string(encodeToken(makePosition(ts, 1)))))
 	require.NoError(t, w.load(context.Background()))
@@ -109,10 +124,12 @@ func TestSaveIsOneStatement(t *testing.T) {
 	require.Equal(t, 2, n)
 
 	want := makePosition(ts, 3).predecessor()
-	mock.ExpectExec(wantSave).WithArgs("c", string(encodeToken(want)), "t", want.ChangedAt, want.ID).WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(wantSave).WithArgs("c", string(encodeToken(want)), "t", ts, int64(1), want.ChangedAt, want.ID).
+		WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.MarkProcessed(context.Background(), tok(2)))
 
-	mock.ExpectExec(wantSave).WithArgs("c", sqlmock.AnyArg(), "t", ts, int64(3)).WillReturnError(errors.New("disk full"))
+	mock.ExpectExec(wantSave).WithArgs("c", sqlmock.AnyArg(), "t", want.ChangedAt, want.ID, ts, int64(3)).
+		WillReturnError(errors.New("disk full"))
 	err = w.MarkProcessed(context.Background(), tok(3))
 	require.ErrorContains(t, err, "disk full")
 	require.NoError(t, mock.ExpectationsWereMet())

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // DefaultTriggerFunction is the default [SchemaOptions.FunctionName]. It is the existing schema's
@@ -45,6 +46,12 @@ const (
 	installLockRetry = 200 * time.Millisecond
 	// unlockTimeout bounds the release of installLockKey, which runs even after ctx is done.
 	unlockTimeout = 10 * time.Second
+	// alterLockTimeout bounds the wait of the txid column's ALTER TABLE for its lock, during
+	// which writers of the changelog queue behind it. A run that times out is tried again
+	// after alterRetry, at most alterTries times.
+	alterLockTimeout = time.Second
+	alterRetry       = time.Second
+	alterTries       = 30
 )
 
 //go:embed schema/*.sql
@@ -78,6 +85,7 @@ var (
 	tryInstallLockSQL = mustRenderSchema("try_install_lock")
 	installUnlockSQL  = mustRenderSchema("install_unlock")
 	invalidIndexesSQL = mustRenderSchema("invalid_indexes")
+	serverVersionSQL  = mustRenderSchema("server_version")
 )
 
 // quoteLiteral returns s as a SQL string literal. Names reaching it are validated identifiers,
@@ -136,6 +144,7 @@ func (opts SchemaOptions) resolve() (SchemaOptions, error) {
 // unqualified name.
 type changelogIndex struct {
 	template, name string
+	txid           bool // on the txid column: PostgreSQL 13 and later only
 }
 
 // changelogIndexes returns the indexes of the changelog table, the read index first. The
@@ -148,9 +157,10 @@ func changelogIndexes(changelog string) ([]changelogIndex, error) {
 		unprocessed, tableRecord = "idx_changelog_unprocessed", "idx_changelog_table_record"
 	}
 	indexes := []changelogIndex{
-		{"stream_index", base + "_stream_idx"},
-		{"unprocessed_index", unprocessed},
-		{"table_record_index", tableRecord},
+		{"stream_index", base + "_stream_idx", false},
+		{"txid_index", base + "_txid_idx", true},
+		{"unprocessed_index", unprocessed, false},
+		{"table_record_index", tableRecord, false},
 	}
 	for _, idx := range indexes {
 		if len(idx.name) > maxIdentifierLen {
@@ -194,7 +204,7 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 			create, quoteIdentifier(idx.name), p.changelog,
 		})
 	}
-	var inTx, concurrent []string
+	var inTx, txidInTx, concurrent []string
 	for _, idx := range indexes {
 		plain, err := createIndex(idx, "CREATE INDEX")
 		if err != nil {
@@ -204,15 +214,22 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 		if err != nil {
 			return installPlan{}, err
 		}
-		inTx, concurrent = append(inTx, plain), append(concurrent, built)
+		if idx.txid {
+			txidInTx = append(txidInTx, plain)
+		} else {
+			inTx = append(inTx, plain)
+		}
+		concurrent = append(concurrent, built)
 	}
 	script, err := renderSchema("install.sql", struct {
 		LockKey                                                    int64
 		Changelog, ChangelogLiteral, TokenTable, Function, Channel string
-		Indexes                                                    []string
+		Indexes, TxidIndexes                                       []string
+		TxidColumn, LockTimeout                                    string
 	}{
 		ddlLockKey, p.changelog, quoteLiteral(p.changelog), quoteIdentifier(opts.TokenTable),
-		quoteIdentifier(opts.FunctionName), quoteLiteral(opts.NotifyChannel), inTx,
+		quoteIdentifier(opts.FunctionName), quoteLiteral(opts.NotifyChannel), inTx, txidInTx,
+		txidColumn, alterLockTimeout.String(),
 	})
 	if err != nil {
 		return installPlan{}, err
@@ -272,19 +289,47 @@ func (p installPlan) run(ctx context.Context, db *sql.DB) error {
 		return err
 	}
 	defer unlockInstall(ctx, conn)
-	if _, err := conn.ExecContext(ctx, p.statements[0]); err != nil {
-		return fmt.Errorf("create tables and trigger function: %w", err)
+	if err := runScript(ctx, conn, p.statements[0]); err != nil {
+		return err
 	}
 	if err := p.dropInvalidIndexes(ctx, conn); err != nil {
 		return err
 	}
+	var version int
+	if err := conn.QueryRowContext(ctx, serverVersionSQL).Scan(&version); err != nil {
+		return fmt.Errorf("read server version: %w", err)
+	}
 	for i, stmt := range p.statements[1:] {
+		if p.indexes[i].txid && version < 130000 {
+			continue // no txid column before PostgreSQL 13
+		}
 		if _, err := conn.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("build index %s: %w", p.indexes[i].name, err)
 		}
 	}
 	return nil
 }
+
+// runScript runs the table and function script, trying again while the txid column's ALTER
+// TABLE times out waiting for its lock (transactions using the changelog hold it back).
+func runScript(ctx context.Context, conn *sql.Conn, script string) error {
+	for try := 1; ; try++ {
+		_, err := conn.ExecContext(ctx, script)
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != lockNotAvailable || try == alterTries {
+			if err != nil {
+				return fmt.Errorf("create tables and trigger function: %w", err)
+			}
+			return nil
+		}
+		if !sleepCtx(ctx, alterRetry) {
+			return fmt.Errorf("add the txid column: waiting for the changelog's lock: %w", ctx.Err())
+		}
+	}
+}
+
+// lockNotAvailable is PostgreSQL's error code for a lock_timeout.
+const lockNotAvailable = "55P03"
 
 // dropInvalidIndexes drops those of the plan's indexes that a failed concurrent build left
 // invalid, so the builds that follow create them again.

@@ -41,6 +41,7 @@ func expectStart(t *testing.T, mock sqlmock.Sqlmock, invalid ...[2]string) []str
 
 // expectBuilds expects the index builds of stmts and the release of the install lock.
 func expectBuilds(mock sqlmock.Sqlmock, stmts []string) *sqlmock.ExpectedQuery {
+	mock.ExpectQuery(serverVersionSQL).WillReturnRows(sqlmock.NewRows([]string{"v"}).AddRow(150000))
 	for _, stmt := range stmts[1:] {
 		mock.ExpectExec(stmt).WillReturnResult(schemaExecOK)
 	}
@@ -50,15 +51,18 @@ func expectBuilds(mock sqlmock.Sqlmock, stmts []string) *sqlmock.ExpectedQuery {
 func TestInstallSchemaSQLDefaults(t *testing.T) {
 	stmts, err := InstallSchemaSQL(SchemaOptions{})
 	require.NoError(t, err)
-	require.Len(t, stmts, 4)
+	require.Len(t, stmts, 5)
 	for _, want := range []string{
 		fmt.Sprintf("SELECT pg_advisory_xact_lock(%d);", ddlLockKey),
-		`IF to_regclass('"datastore_changelog"') IS NULL THEN`,
+		`changelog regclass := to_regclass('"datastore_changelog"');`,
 		`CREATE TABLE "datastore_changelog" (`,
 		"record_id  TEXT NOT NULL,",
 		`CREATE INDEX IF NOT EXISTS "datastore_changelog_stream_idx" ON "datastore_changelog" (table_name, changed_at, id);`,
 		`CREATE INDEX IF NOT EXISTS "idx_changelog_unprocessed" ON "datastore_changelog" (changed_at) WHERE processed = FALSE;`,
 		`CREATE INDEX IF NOT EXISTS "idx_changelog_table_record" ON "datastore_changelog" (table_name, record_id);`,
+		`ALTER TABLE "datastore_changelog" ADD COLUMN txid xid8;`,
+		`ALTER TABLE "datastore_changelog" ALTER COLUMN txid SET DEFAULT pg_current_xact_id();`,
+		`CREATE INDEX IF NOT EXISTS "datastore_changelog_txid_idx" ON "datastore_changelog" (table_name, txid, id);`,
 		`CREATE TABLE IF NOT EXISTS "resume_tokens" (`,
 		`CREATE OR REPLACE FUNCTION "log_table_changes"() RETURNS trigger`,
 		`INSERT INTO "datastore_changelog" (table_name, record_id, operation, new_values)`,
@@ -70,6 +74,7 @@ func TestInstallSchemaSQLDefaults(t *testing.T) {
 	assert.NotContains(t, stmts[0], "CONCURRENTLY")
 	assert.Equal(t, []string{
 		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "datastore_changelog_stream_idx" ON "datastore_changelog" (table_name, changed_at, id)`,
+		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "datastore_changelog_txid_idx" ON "datastore_changelog" (table_name, txid, id)`,
 		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "idx_changelog_unprocessed" ON "datastore_changelog" (changed_at) WHERE processed = FALSE`,
 		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "idx_changelog_table_record" ON "datastore_changelog" (table_name, record_id)`,
 	}, stmts[1:])
@@ -82,7 +87,7 @@ func TestInstallSchemaSQLNames(t *testing.T) {
 	})
 	require.NoError(t, err)
 	for _, want := range []string{
-		`IF to_regclass('"audit"."changes"') IS NULL THEN`,
+		`changelog regclass := to_regclass('"audit"."changes"');`,
 		`CREATE TABLE IF NOT EXISTS "audit"."tokens" (`,
 		`CREATE OR REPLACE FUNCTION "audit"."log_changes"() RETURNS trigger`,
 		"pg_notify('audit_events', ",
@@ -91,6 +96,7 @@ func TestInstallSchemaSQLNames(t *testing.T) {
 	}
 	assert.Equal(t, []string{
 		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "changes_stream_idx" ON "audit"."changes" (table_name, changed_at, id)`,
+		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "changes_txid_idx" ON "audit"."changes" (table_name, txid, id)`,
 		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "changes_unprocessed_idx" ON "audit"."changes" (changed_at) WHERE processed = FALSE`,
 		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "changes_table_record_idx" ON "audit"."changes" (table_name, record_id)`,
 	}, stmts[1:])
@@ -174,6 +180,7 @@ func TestInstallSchemaWrapsErrors(t *testing.T) {
 			func(mock sqlmock.Sqlmock, stmts []string) {
 				mock.ExpectExec(stmts[0]).WillReturnResult(schemaExecOK)
 				mock.ExpectQuery(invalidIndexesSQL).WillReturnRows(sqlmock.NewRows([]string{"nspname", "relname"}))
+				mock.ExpectQuery(serverVersionSQL).WillReturnRows(sqlmock.NewRows([]string{"v"}).AddRow(150000))
 				mock.ExpectExec(stmts[1]).WillReturnError(boom)
 			}},
 	} {
@@ -436,6 +443,14 @@ func requireStreamIndexScan(t *testing.T, db *sql.DB) {
 	}
 }
 
+// txidColumnState returns the type and default of the changelog's txid column.
+func txidColumnState(t *testing.T, db *sql.DB) string {
+	t.Helper()
+	return liveScalar[string](t, db, `SELECT format_type(a.atttypid, NULL) || ' ' || pg_get_expr(d.adbin, d.adrelid)
+		FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+		WHERE a.attrelid = 'datastore_changelog'::regclass AND a.attname = 'txid'`)
+}
+
 func TestLiveSchemaFreshInstall(t *testing.T) {
 	db, dsn := pgtest.NewDatabase(t, "")
 	for range 2 {
@@ -443,7 +458,9 @@ func TestLiveSchemaFreshInstall(t *testing.T) {
 	}
 	assert.Equal(t, "text", recordIDType(t, db))
 	assert.Equal(t, map[string]bool{"datastore_changelog_pkey": true, "datastore_changelog_stream_idx": true,
-		"idx_changelog_unprocessed": true, "idx_changelog_table_record": true}, changelogIndexState(t, db))
+		"datastore_changelog_txid_idx": true, "idx_changelog_unprocessed": true, "idx_changelog_table_record": true},
+		changelogIndexState(t, db))
+	assert.Equal(t, "xid8 pg_current_xact_id()", txidColumnState(t, db))
 
 	liveExec(t, db, `CREATE TABLE orders (id UUID PRIMARY KEY DEFAULT gen_random_uuid(), item TEXT);
 		CREATE TABLE counters (id BIGSERIAL PRIMARY KEY, item TEXT);
@@ -485,8 +502,11 @@ func TestLiveSchemaExistingSchema(t *testing.T) {
 
 	assert.Equal(t, "uuid", recordIDType(t, db))
 	assert.Equal(t, map[string]bool{"datastore_changelog_pkey": true, "datastore_changelog_stream_idx": true,
-		"idx_changelog_unprocessed": true, "idx_changelog_table_record": true, "idx_changelog_resume": true},
-		changelogIndexState(t, db))
+		"datastore_changelog_txid_idx": true, "idx_changelog_unprocessed": true, "idx_changelog_table_record": true,
+		"idx_changelog_resume": true}, changelogIndexState(t, db))
+	assert.Equal(t, "xid8 pg_current_xact_id()", txidColumnState(t, db))
+	assert.Equal(t, 20000, liveScalar[int](t, db, "SELECT count(*) FROM datastore_changelog WHERE txid IS NULL"),
+		"rows written before the upgrade keep a NULL txid: the table is not rewritten")
 	assert.Contains(t, liveScalar[string](t, db, "SELECT prosrc FROM pg_proc WHERE proname = 'log_table_changes'"),
 		"ELSIF TG_OP = 'UPDATE' THEN", "the existing function is replaced")
 

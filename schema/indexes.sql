@@ -2,8 +2,9 @@
 The changelog's indexes. .Create is "CREATE INDEX" (inside the install transaction, with a new
 table) or "CREATE INDEX CONCURRENTLY" (its own Exec call, on an existing table).
 
-stream_index serves the reads: table_name = $1 AND (changed_at, id) > ($2, $3) ORDER BY
-changed_at, id. It must not be partial. The other two are the existing schema's, used by the
+stream_index serves the legacy reads: table_name = $1 AND (changed_at, id) > ($2, $3) ORDER BY
+changed_at, id. It must not be partial. txid_index serves the reads in snapshot deltas: one
+(txid, id) range of a table per scan. The other two are the existing schema's, used by the
 unprocessed-event count and the legacy processed update.
 */ -}}
 {{define "stream_index" -}}
@@ -11,6 +12,9 @@ unprocessed-event count and the legacy processed update.
 {{- end}}
 {{define "unprocessed_index" -}}
 {{.Create}} IF NOT EXISTS {{.Name}} ON {{.Changelog}} (changed_at) WHERE processed = FALSE
+{{- end}}
+{{define "txid_index" -}}
+{{.Create}} IF NOT EXISTS {{.Name}} ON {{.Changelog}} (table_name, txid, id)
 {{- end}}
 {{define "table_record_index" -}}
 {{.Create}} IF NOT EXISTS {{.Name}} ON {{.Changelog}} (table_name, record_id)
@@ -37,3 +41,4 @@ waits for every older snapshot, and the two deadlock.
 */ -}}
 {{define "try_install_lock"}}SELECT pg_try_advisory_lock($1){{end}}
 {{define "install_unlock"}}SELECT pg_advisory_unlock($1){{end}}
+{{define "server_version"}}SELECT current_setting('server_version_num')::int{{end}}

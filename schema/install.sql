@@ -4,15 +4,21 @@ one implicit transaction. The advisory lock serializes concurrent runs: CREATE .
 and CREATE OR REPLACE FUNCTION can still race on the catalog.
 
 A missing changelog is created together with its indexes (cheap on an empty table). An existing
-changelog, possibly the existing schema's with a UUID record_id, is left as it is; the indexes it
-lacks are built concurrently by the statements that follow this one. (A plain CREATE INDEX IF NOT
-EXISTS would take a lock that blocks writers before it finds that the index exists.)
+changelog, possibly the existing schema's with a UUID record_id, keeps its rows and columns; on
+PostgreSQL 13 and later it gains the txid column; the indexes it lacks are built concurrently by
+the statements that follow this one. (A plain CREATE INDEX IF NOT EXISTS would take a lock that
+blocks writers before it finds that the index exists.)
 */ -}}
 SELECT pg_advisory_xact_lock({{.LockKey}});
 
 DO $install$
+DECLARE
+    changelog regclass := to_regclass({{.ChangelogLiteral}});
+    created   boolean := changelog IS NULL;
+    skip_free boolean := current_setting('server_version_num')::int >= 130000;
+    timeout   text := current_setting('lock_timeout');
 BEGIN
-    IF to_regclass({{.ChangelogLiteral}}) IS NULL THEN
+    IF created THEN
         CREATE TABLE {{.Changelog}} (
             id         BIGSERIAL PRIMARY KEY,
             table_name VARCHAR(100) NOT NULL,
@@ -23,8 +29,31 @@ BEGIN
             changed_at TIMESTAMPTZ DEFAULT NOW(),
             processed  BOOLEAN DEFAULT FALSE
         );
+        changelog := to_regclass({{.ChangelogLiteral}});
 {{- range .Indexes}}
         {{.}};
+{{- end}}
+    END IF;
+    IF skip_free THEN
+        -- The writing transaction's id, for reads in snapshot deltas. It is added without a
+        -- default, then given one, so existing rows stay NULL and the table is not rewritten:
+        -- two catalog changes under a short ACCESS EXCLUSIVE lock, which waits at most
+        -- lock_timeout for transactions using the table (InstallSchema then tries again).
+        PERFORM set_config('lock_timeout', '{{.LockTimeout}}', true);
+        IF NOT EXISTS (SELECT FROM pg_attribute
+                       WHERE attrelid = changelog AND attname = '{{.TxidColumn}}' AND NOT attisdropped) THEN
+            ALTER TABLE {{.Changelog}} ADD COLUMN {{.TxidColumn}} xid8;
+        END IF;
+        IF NOT EXISTS (SELECT FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+                       WHERE a.attrelid = changelog AND a.attname = '{{.TxidColumn}}' AND NOT a.attisdropped
+                       AND pg_get_expr(d.adbin, d.adrelid) = 'pg_current_xact_id()') THEN
+            ALTER TABLE {{.Changelog}} ALTER COLUMN {{.TxidColumn}} SET DEFAULT pg_current_xact_id();
+        END IF;
+        PERFORM set_config('lock_timeout', timeout, true);
+{{- range .TxidIndexes}}
+        IF created THEN
+            {{.}};
+        END IF;
 {{- end}}
     END IF;
 END

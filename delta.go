@@ -1,0 +1,117 @@
+package pgchangestream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// readPage reads the batch after from into buf: a legacy read, a read of the legacy part of a
+// switch-over, or a read of from's delta, whose end snapshot is taken.
+func (w *Watcher) readPage(ctx context.Context, from Position, buf []changelogRow) ([]changelogRow, error) {
+	switch {
+	case from.span == nil:
+		return w.query(ctx, w.q.read, buf, false, w.cfg.TableName, from.ChangedAt, from.ID)
+	case from.span.seq == 0:
+		return w.query(ctx, w.q.switchRead, buf, false, w.cfg.TableName, from.ChangedAt, from.ID, from.span.base.String())
+	}
+	lo, loID, hi, hiID := rangeArgs(deltaRanges(from.span.base, from.span.end, from.Xid, from.ID))
+	return w.query(ctx, w.q.deltaRead, buf, true, w.cfg.TableName, lo, loID, hi, hiID, from.span.end.String())
+}
+
+// rowPosition is the position of a row read after from.
+func rowPosition(from Position, row *changelogRow) Position {
+	p := makePosition(row.ChangedAt, row.ID)
+	p.span = from.span
+	if from.inDelta() {
+		p.Xid = row.Xid
+	}
+	return p
+}
+
+// endSpan moves the cursor to the start of the delta after from's span, whose rows have all
+// been read: the delta that starts at from's end snapshot, or, after the legacy part of a
+// switch-over, at its snapshot.
+func (w *Watcher) endSpan(from Position) {
+	next := from.span.base
+	if from.span.seq > 0 {
+		next = from.span.end
+	}
+	w.mu.Lock()
+	w.advanceLocked(w.cursor.nextDelta(next))
+	w.mu.Unlock()
+}
+
+// currentSnapshot returns the database's current snapshot.
+func (w *Watcher) currentSnapshot(ctx context.Context) (pgSnapshot, error) {
+	var text string
+	if err := w.cfg.DB.QueryRowContext(ctx, w.q.snapshot).Scan(&text); err != nil {
+		return pgSnapshot{}, err
+	}
+	return parseSnapshot(text)
+}
+
+// ErrRestoredDatabase is returned through [Watcher.Err] when transaction ids stored in the
+// changelog or in the saved token are ahead of the database's transaction counter, as after a
+// logical dump and restore. The watcher refuses to start rather than skip or replay rows;
+// docs/operations.md ("Restoring a database") gives the fix.
+var ErrRestoredDatabase = errors.New("pgchangestream: stored transaction ids are ahead of the database's transaction counter " +
+	"(restored from a dump?): clear the changelog's txid column and the snapshot fields of the saved tokens " +
+	"as docs/operations.md describes under \"Restoring a database\"")
+
+// checkNotRestored fails with ErrRestoredDatabase if a stored transaction id is at or beyond the
+// current snapshot's xmax.
+func checkNotRestored(now pgSnapshot, what string, xid uint64) error {
+	if xid >= now.xmax {
+		return fmt.Errorf("%w: %s is %d, the current snapshot is %s", ErrRestoredDatabase, what, xid, now)
+	}
+	return nil
+}
+
+// certifyRanges returns the (txid, id) index ranges holding the rows that delta position p
+// certifies and prev, an earlier delta position, does not: the transactions running in prev's
+// base that p's snapshot sees, then the range from prev's base xmax up to p. The ranges may
+// hold rows p does not certify (the save filters them out); they exclude what prev certified
+// and what lies beyond p, so a save reads about as many index entries as it certifies.
+func certifyRanges(prev, p Position) []keyRange {
+	base := prev.span.base
+	top, pBase := p.span.base, p.span.base
+	if p.Xid != 0 {
+		top = p.span.end
+	}
+	var out []keyRange
+	for _, x := range base.xip {
+		if top.running(x) {
+			continue
+		}
+		r := keyRange{lo: x, loID: minID, hi: x, hiID: maxID}
+		if prev.Xid != 0 && !prev.span.end.running(x) { // x is read in prev's delta
+			if x < prev.Xid {
+				continue
+			}
+			if x == prev.Xid {
+				r.loID = prev.ID
+			}
+		}
+		if p.Xid != 0 && pBase.running(x) { // x is read in p's delta
+			if x > p.Xid {
+				continue
+			}
+			if x == p.Xid {
+				r.hiID = p.ID
+			}
+		}
+		out = append(out, r)
+	}
+	r := keyRange{lo: base.xmax - 1, loID: maxID, hi: pBase.xmax - 1, hiID: maxID}
+	if prev.Xid >= base.xmax {
+		r.lo, r.loID = prev.Xid, prev.ID
+	}
+	if p.Xid >= pBase.xmax {
+		r.hi, r.hiID = p.Xid, p.ID
+	}
+	if r.lo < r.hi || (r.lo == r.hi && r.loID < r.hiID) {
+		out = append(out, r)
+	}
+	return out
+}

@@ -1,0 +1,194 @@
+package pgchangestream
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// savedToken is the JSON of a saved token. The existing watcher's format is
+// {"timestamp": "<RFC3339Nano>", "eventID": <id>}, and old tokens carry only eventID: both mean
+// "resume after the legacy position (timestamp, eventID)". An upgraded changelog adds fields that
+// let a restart resume exactly, while timestamp and eventID keep naming the last row passed, so
+// tools that read them and a rollback to the old watcher keep working:
+//
+//   - "snapshot": every row this pg_snapshot sees, and every row written before the upgrade, is
+//     passed. With "deltaEnd", "deltaXid" and "deltaID" the token is inside the delta from
+//     snapshot to deltaEnd: its rows up to (deltaXid, deltaID) are passed too.
+//   - "switchover": the client is switching over from a legacy token: of the rows this
+//     pg_snapshot sees (and those written before the upgrade), the ones up to the legacy
+//     position (timestamp, eventID) are passed; no row it does not see is passed.
+type savedToken struct {
+	Timestamp  string      `json:"timestamp,omitempty"`
+	EventID    json.Number `json:"eventID"`
+	Snapshot   string      `json:"snapshot,omitempty"`
+	DeltaEnd   string      `json:"deltaEnd,omitempty"`
+	DeltaXid   string      `json:"deltaXid,omitempty"`
+	DeltaID    json.Number `json:"deltaID,omitempty"`
+	Switchover string      `json:"switchover,omitempty"`
+}
+
+// encodeToken returns the saved-token JSON for p.
+func encodeToken(p Position) []byte {
+	b := make([]byte, 0, 96)
+	b = append(b, `{"timestamp":"`...)
+	b = p.ChangedAt.AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","eventID":`...)
+	b = strconv.AppendInt(b, p.ID, 10)
+	switch {
+	case p.span == nil:
+	case p.span.seq == 0:
+		b = appendField(b, "switchover", p.span.base.String())
+	default:
+		b = appendField(b, "snapshot", p.span.base.String())
+		if p.Xid != 0 {
+			b = appendField(b, "deltaEnd", p.span.end.String())
+			b = appendField(b, "deltaXid", strconv.FormatUint(p.Xid, 10))
+			b = append(b, `,"deltaID":`...)
+			b = strconv.AppendInt(b, p.ID, 10)
+		}
+	}
+	return append(b, '}')
+}
+
+// appendField appends ,"name":"value" for a value that needs no escaping.
+func appendField(b []byte, name, value string) []byte {
+	b = append(b, `,"`...)
+	b = append(b, name...)
+	b = append(b, `":"`...)
+	b = append(b, value...)
+	return append(b, '"')
+}
+
+// errTokenNeedsLookup is returned by decodeToken for an id-only token: the position's time must
+// be looked up from the changelog row.
+var errTokenNeedsLookup = errors.New("token has no timestamp")
+
+// decodeToken parses saved-token JSON. For an id-only token it returns the id with
+// errTokenNeedsLookup.
+func decodeToken(data []byte) (Position, error) {
+	var t savedToken
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if err := dec.Decode(&t); err != nil {
+		return Position{}, fmt.Errorf("saved token %q is not valid JSON: %w", data, err)
+	}
+	if t.EventID == "" {
+		return Position{}, fmt.Errorf("saved token %q has no eventID", data)
+	}
+	id, err := tokenInt(t.EventID)
+	if err != nil {
+		return Position{}, fmt.Errorf("saved token %q: eventID: %w", data, err)
+	}
+	if t.Timestamp == "" {
+		if t.Snapshot != "" || t.Switchover != "" {
+			return Position{}, fmt.Errorf("saved token %q has a snapshot but no timestamp", data)
+		}
+		return Position{ID: id}, errTokenNeedsLookup
+	}
+	ts, err := time.Parse(time.RFC3339Nano, t.Timestamp)
+	if err != nil {
+		return Position{}, fmt.Errorf("saved token %q: timestamp: %w", data, err)
+	}
+	p := makePosition(ts, id)
+	if err := t.decodeSpan(&p); err != nil {
+		return Position{}, fmt.Errorf("saved token %q: %w", data, err)
+	}
+	return p, nil
+}
+
+// decodeSpan sets the snapshot part of p from the token's fields.
+func (t savedToken) decodeSpan(p *Position) error {
+	switch {
+	case t.Switchover != "":
+		if t.Snapshot != "" || t.DeltaEnd != "" {
+			return errors.New("switchover goes with no other snapshot")
+		}
+		s, err := parseSnapshot(t.Switchover)
+		if err != nil {
+			return fmt.Errorf("switchover: %w", err)
+		}
+		p.span = &span{base: s}
+	case t.Snapshot != "":
+		s, err := parseSnapshot(t.Snapshot)
+		if err != nil {
+			return fmt.Errorf("snapshot: %w", err)
+		}
+		p.span = &span{seq: 1, base: s}
+		return t.decodeDelta(p)
+	case t.DeltaEnd != "" || t.DeltaXid != "" || t.DeltaID != "":
+		return errors.New("deltaEnd, deltaXid and deltaID need a snapshot")
+	}
+	return nil
+}
+
+// decodeDelta sets the position inside a delta, if the token has one.
+func (t savedToken) decodeDelta(p *Position) error {
+	if t.DeltaEnd == "" && t.DeltaXid == "" && t.DeltaID == "" {
+		return nil
+	}
+	if t.DeltaEnd == "" || t.DeltaXid == "" || t.DeltaID == "" {
+		return errors.New("deltaEnd, deltaXid and deltaID go together")
+	}
+	e, err := parseSnapshot(t.DeltaEnd)
+	if err != nil {
+		return fmt.Errorf("deltaEnd: %w", err)
+	}
+	x, err := strconv.ParseUint(t.DeltaXid, 10, 64)
+	if err != nil {
+		return fmt.Errorf("deltaXid: %w", err)
+	}
+	id, err := tokenInt(t.DeltaID)
+	if err != nil {
+		return fmt.Errorf("deltaID: %w", err)
+	}
+	b := p.span.base
+	if e.xmax < b.xmax || x < firstNormalXid || e.running(x) || (!b.running(x)) {
+		return fmt.Errorf("deltaXid %d is not in the delta from %s to %s", x, b, e)
+	}
+	p.Xid, p.ID = x, id
+	p.span.end, p.span.hasEnd = e, true
+	return nil
+}
+
+// tokenInt parses an integer of a saved token, accepting the float form JSON writers produce.
+func tokenInt(n json.Number) (int64, error) {
+	id, err := strconv.ParseInt(n.String(), 10, 64)
+	if err == nil {
+		return id, nil
+	}
+	f, ferr := n.Float64()
+	if ferr != nil || f != float64(int64(f)) {
+		return 0, errors.New("not an integer")
+	}
+	return int64(f), nil
+}
+
+// ErrInvalidToken is wrapped by the error MarkProcessed returns for a token that is not a
+// decimal int64.
+var ErrInvalidToken = errors.New("pgchangestream: invalid resume token")
+
+// parseToken parses a delivery's resume token (a decimal changelog id). ok is false for an empty
+// token, which certifies nothing.
+func parseToken(token []byte) (id int64, ok bool, err error) {
+	if len(token) == 0 {
+		return 0, false, nil
+	}
+	id, err = strconv.ParseInt(string(token), 10, 64)
+	if err != nil {
+		return 0, false, fmt.Errorf("%w %q: want a decimal changelog id", ErrInvalidToken, truncateForError(token))
+	}
+	return id, true, nil
+}
+
+// truncateForError keeps error messages short for long garbage tokens.
+func truncateForError(b []byte) []byte {
+	const max = 64
+	if len(b) > max {
+		return append(b[:max:max], "..."...)
+	}
+	return b
+}
