@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // readPage reads the batch after from into buf: a legacy read, a read of the legacy part of a
@@ -69,23 +70,35 @@ func checkNotRestored(now pgSnapshot, what string, xid uint64) error {
 }
 
 // certifyRanges returns the (txid, id) index ranges holding the rows that delta position p
-// certifies and prev, an earlier delta position, does not: the transactions running in prev's
-// base that p's snapshot sees, then the range from prev's base xmax up to p. The ranges may
-// hold rows p does not certify (the save filters them out); they exclude what prev certified
-// and what lies beyond p, so a save reads about as many index entries as it certifies.
+// certifies and prev, an earlier delta position, does not: point ranges for the transactions
+// prev had not seen finish, then the range from prev up to p. The ranges may hold rows p does not
+// certify (the save filters them out); they leave out what prev certified and what lies beyond
+// p, so a save reads about as many index entries as it certifies.
 func certifyRanges(prev, p Position) []keyRange {
 	base := prev.span.base
+	// Transactions below the range part that prev has not passed: those running in its base
+	// and, when prev is inside its delta's range, those its end snapshot still saw running.
+	pending := base.xip
+	lo, loID := base.xmax-1, int64(maxID)
+	if prev.Xid >= base.xmax {
+		lo, loID = prev.Xid, prev.ID
+		for _, x := range prev.span.end.xip {
+			if x >= base.xmax && x < prev.Xid {
+				pending = append(slices.Clip(pending), x)
+			}
+		}
+	}
 	top, pBase := p.span.base, p.span.base
 	if p.Xid != 0 {
 		top = p.span.end
 	}
 	var out []keyRange
-	for _, x := range base.xip {
+	for _, x := range pending {
 		if top.running(x) {
 			continue
 		}
 		r := keyRange{lo: x, loID: minID, hi: x, hiID: maxID}
-		if prev.Xid != 0 && !prev.span.end.running(x) { // x is read in prev's delta
+		if prev.Xid != 0 && x < base.xmax && !prev.span.end.running(x) { // read in prev's delta
 			if x < prev.Xid {
 				continue
 			}
@@ -93,7 +106,7 @@ func certifyRanges(prev, p Position) []keyRange {
 				r.loID = prev.ID
 			}
 		}
-		if p.Xid != 0 && pBase.running(x) { // x is read in p's delta
+		if p.Xid != 0 && pBase.running(x) { // read in p's delta
 			if x > p.Xid {
 				continue
 			}
@@ -103,10 +116,7 @@ func certifyRanges(prev, p Position) []keyRange {
 		}
 		out = append(out, r)
 	}
-	r := keyRange{lo: base.xmax - 1, loID: maxID, hi: pBase.xmax - 1, hiID: maxID}
-	if prev.Xid >= base.xmax {
-		r.lo, r.loID = prev.Xid, prev.ID
-	}
+	r := keyRange{lo: lo, loID: loID, hi: pBase.xmax - 1, hiID: maxID}
 	if p.Xid >= pBase.xmax {
 		r.hi, r.hiID = p.Xid, p.ID
 	}
