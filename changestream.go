@@ -281,6 +281,11 @@ func (w *Watcher) run(ctx context.Context) {
 		w.lifeMu.Unlock()
 	}()
 	if err := w.loadWithRetry(ctx); err != nil {
+		if ctx.Err() == nil {
+			w.lifeMu.Lock()
+			w.stopErr = err
+			w.lifeMu.Unlock()
+		}
 		return
 	}
 	select { // LISTEN before the first read, so nothing committed in between goes unnoticed

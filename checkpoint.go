@@ -10,13 +10,18 @@ import (
 )
 
 // loadWithRetry loads the saved token into the cursor. It never guesses a position: while the
-// token cannot be read it retries with backoff until it succeeds or ctx ends.
+// token cannot be read it retries with backoff until it succeeds or ctx ends. A restored
+// database is refused at once.
 func (w *Watcher) loadWithRetry(ctx context.Context) error {
 	retry := backoff{min: loadRetryMin, max: loadRetryMax}
 	for {
 		err := w.load(ctx)
 		if err == nil {
 			return nil
+		}
+		if errors.Is(err, ErrRestoredDatabase) { // retrying cannot help: an operator must act
+			w.log.Error("refusing to start", "error", err)
+			return err
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()

@@ -1,0 +1,156 @@
+package pgchangestream
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/stretchr/testify/require"
+)
+
+// The delta read, exactly as PostgreSQL receives it: one index range scan per (txid, id) range.
+const wantDeltaRead = `SELECT c.id, c.record_id::text, c.operation, c.old_values::text, c.new_values::text, c.changed_at, c.txid::text AS txid_text
+	FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
+	CROSS JOIN LATERAL (SELECT * FROM "datastore_changelog" WHERE table_name = $1
+		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id) AND pg_visible_in_snapshot(txid, $6::pg_snapshot)
+		ORDER BY txid, id LIMIT 100) c
+	ORDER BY c.txid, c.id LIMIT 100`
+
+var deltaCols = append(append([]string{}, changelogCols...), "txid_text")
+
+// expectUpgradedLoad expects the load of an upgraded changelog: the look for the txid column,
+// the current snapshot with the newest stored txid, and the token.
+func expectUpgradedLoad(w *Watcher, mock sqlmock.Sqlmock, snapshot string, newest any, token *sqlmock.Rows) {
+	mock.ExpectQuery(wantDetect).WithArgs(`"datastore_changelog"`).
+		WillReturnRows(sqlmock.NewRows([]string{"skip_free"}).AddRow(true))
+	mock.ExpectQuery(w.q.deltaStart).WithArgs("t").
+		WillReturnRows(sqlmock.NewRows([]string{"snapshot", "newest_txid"}).AddRow(snapshot, newest))
+	mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(token)
+}
+
+func tokenRows(raw ...string) *sqlmock.Rows {
+	rows := sqlmock.NewRows([]string{"resume_token"})
+	for _, r := range raw {
+		rows.AddRow(r)
+	}
+	return rows
+}
+
+func TestDeltaReadsFollowSnapshots(t *testing.T) {
+	ctx := context.Background()
+	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
+	w, mock := newMockWatcher(t, Config{BatchSize: 100})
+
+	// A new client starts at the current snapshot, after the newest row.
+	expectUpgradedLoad(w, mock, "100:105:100,103", "104", tokenRows())
+	mock.ExpectQuery(wantNewest).WithArgs("t").WillReturnRows(sqlmock.NewRows([]string{"changed_at", "id"}).AddRow(ts, int64(9)))
+	mock.ExpectExec(wantSaveToken).WithArgs("c",
+		`{"timestamp":"2025-05-06T07:08:09Z","eventID":9,"snapshot":"100:105:100,103"}`).WillReturnResult(sqlmock.NewResult(0, 1))
+	require.NoError(t, w.load(ctx))
+	require.True(t, w.skipFree.Load())
+
+	// Nothing finished and xmax did not move: no read at all.
+	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:105:100,103"))
+	n, err := w.readBatch(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	// Transaction 103 finished and 105..109 began and ended, 107 still runs: one point range,
+	// then the range from the old xmax to the new one.
+	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:110:100,107"))
+	mock.ExpectQuery(wantDeltaRead).WithArgs("t",
+		"{103,104}", "{-9223372036854775808,9223372036854775807}", "{103,109}", "{9223372036854775807,9223372036854775807}",
+		"100:110:100,107").
+		WillReturnRows(sqlmock.NewRows(deltaCols).
+			AddRow(int64(8), "r8", "INSERT", nil, []byte(`{"a":1}`), ts, "103").
+			AddRow(int64(12), "r12", "INSERT", nil, []byte(`{"a":2}`), ts, "106"))
+	n, err = w.readBatch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	first, second := <-w.Events(), <-w.Events()
+	require.Equal(t, "8", string(first.ResumeToken), "delta order is (txid, id), not id")
+	require.Equal(t, "12", string(second.ResumeToken))
+	require.True(t, w.Stats().Cursor.atDeltaStart(), "a short read ends the delta")
+	require.Equal(t, "100:110:100,107", w.Stats().Cursor.span.base.String())
+
+	// The ack certifies row 8: the saved token is inside the delta, before row 12, and the
+	// processed flag is set through the ranges from the start position to it.
+	mock.ExpectExec(w.q.saveDelta).WithArgs("c",
+		`{"timestamp":"2025-05-06T07:08:09Z","eventID":11,"snapshot":"100:105:100,103","deltaEnd":"100:110:100,107","deltaXid":"106","deltaID":11}`,
+		"t", "{103,104}", "{-9223372036854775808,9223372036854775807}", "{103,106}", "{9223372036854775807,11}",
+		"100:105:100,103", "100:110:100,107", "106", int64(11)).
+		WillReturnResult(sqlmock.NewResult(0, 1))
+	require.NoError(t, w.MarkProcessed(ctx, first.ResumeToken))
+	require.NoError(t, mock.ExpectationsWereMet())
+}
+
+func TestLegacyTokenSwitchesOver(t *testing.T) {
+	ctx := context.Background()
+	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
+	w, mock := newMockWatcher(t, Config{BatchSize: 2})
+	expectUpgradedLoad(w, mock, "100:105:", nil, tokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5}`))
+	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"switchover":"100:105:"}`).
+		WillReturnResult(sqlmock.NewResult(0, 1))
+	require.NoError(t, w.load(ctx), "the switch-over snapshot is saved at once, so a restart keeps it")
+
+	// The legacy part: rows after the legacy position that the switch-over snapshot sees.
+	mock.ExpectQuery(w.q.switchRead).WithArgs("t", ts, int64(5), "100:105:").
+		WillReturnRows(sqlmock.NewRows(changelogCols).AddRow(int64(6), "r6", "INSERT", nil, []byte(`{}`), ts))
+	n, err := w.readBatch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, "6", string((<-w.Events()).ResumeToken))
+	cur := w.Stats().Cursor
+	require.True(t, cur.atDeltaStart(), "the legacy part ended: deltas start at its snapshot")
+	require.Equal(t, "100:105:", cur.span.base.String())
+
+	// The first save after the switch-over also marks the rest of the legacy part.
+	mock.ExpectExec(w.q.saveSwitch).WithArgs("c",
+		`{"timestamp":"2025-05-06T07:08:09Z","eventID":6,"snapshot":"100:105:"}`, "t", "{}", "{}", "{}", "{}",
+		"100:105:", "100:105:", "0", int64(6), ts, int64(5)).
+		WillReturnResult(sqlmock.NewResult(0, 1))
+	require.NoError(t, w.MarkProcessed(ctx, []byte("6")))
+	require.NoError(t, mock.ExpectationsWereMet())
+}
+
+func TestRestoredDatabaseIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		newest any
+		token  *sqlmock.Rows
+	}{
+		{"stored txid", "200", tokenRows()},
+		{"token snapshot", nil, tokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"300:310:"}`)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, mock := newMockWatcher(t, Config{})
+			mock.ExpectQuery(wantDetect).WillReturnRows(sqlmock.NewRows([]string{"skip_free"}).AddRow(true))
+			mock.ExpectQuery(w.q.deltaStart).WillReturnRows(sqlmock.NewRows([]string{"s", "n"}).AddRow("100:105:", tc.newest))
+			if tc.newest == nil {
+				mock.ExpectQuery(wantLoad).WillReturnRows(tc.token)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			err := w.loadWithRetry(ctx)
+			require.ErrorIs(t, err, ErrRestoredDatabase)
+			require.ErrorContains(t, err, "Restoring a database", "the error names the fix")
+			require.NoError(t, ctx.Err(), "refused at once, not retried")
+			require.NoError(t, mock.ExpectationsWereMet())
+		})
+	}
+}
+
+func TestDeltaReadErrorKeepsTheDelta(t *testing.T) {
+	ctx := context.Background()
+	w, mock := newMockWatcher(t, Config{})
+	expectUpgradedLoad(w, mock, "100:105:", nil, tokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"100:105:"}`))
+	require.NoError(t, w.load(ctx))
+	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:107:"))
+	mock.ExpectQuery(wantDeltaRead).WillReturnError(errors.New("connection reset"))
+	_, err := w.readBatch(ctx)
+	require.ErrorContains(t, err, "connection reset")
+	require.Equal(t, "100:105:", w.Stats().Cursor.span.base.String(), "the cursor stays before the delta")
+	require.NoError(t, mock.ExpectationsWereMet())
+}

@@ -1,0 +1,80 @@
+package pgchangestream
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func mustSnapshot(t *testing.T, s string) pgSnapshot {
+	t.Helper()
+	snap, err := parseSnapshot(s)
+	require.NoError(t, err)
+	return snap
+}
+
+func TestDeltaTokenRoundTrip(t *testing.T) {
+	ts := time.Date(2025, 5, 6, 7, 8, 9, 123456000, time.UTC)
+	base, end := mustSnapshot(t, "100:105:100,103"), mustSnapshot(t, "103:120:103,110")
+	for _, tc := range []struct {
+		name string
+		pos  Position
+		json string
+	}{
+		{"switch-over", Position{ChangedAt: ts, ID: 7, span: &span{base: base}},
+			`{"timestamp":"2025-05-06T07:08:09.123456Z","eventID":7,"switchover":"100:105:100,103"}`},
+		{"delta start", Position{ChangedAt: ts, ID: 7, span: &span{seq: 1, base: base}},
+			`{"timestamp":"2025-05-06T07:08:09.123456Z","eventID":7,"snapshot":"100:105:100,103"}`},
+		{"inside a delta", Position{ChangedAt: ts, ID: 41, Xid: 107, span: &span{seq: 1, base: base, end: end, hasEnd: true}},
+			`{"timestamp":"2025-05-06T07:08:09.123456Z","eventID":41,"snapshot":"100:105:100,103",` +
+				`"deltaEnd":"103:120:103,110","deltaXid":"107","deltaID":41}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			data := encodeToken(tc.pos)
+			require.JSONEq(t, tc.json, string(data))
+			got, err := decodeToken(data)
+			require.NoError(t, err)
+			require.Equal(t, 0, tc.pos.Compare(got))
+			require.Equal(t, tc.pos.Xid, got.Xid)
+			require.True(t, tc.pos.span.base.equal(got.span.base))
+			require.Equal(t, tc.pos.span.hasEnd, got.span.hasEnd)
+			require.True(t, tc.pos.span.end.equal(got.span.end))
+		})
+	}
+}
+
+func TestDecodeTokenRejectsBadSnapshots(t *testing.T) {
+	const ts = `"timestamp":"2025-05-06T07:08:09Z","eventID":7`
+	for _, bad := range []string{
+		`{"eventID":7,"snapshot":"1:5:"}`,
+		`{` + ts + `,"snapshot":"x"}`,
+		`{` + ts + `,"switchover":"1:5:","snapshot":"1:5:"}`,
+		`{` + ts + `,"deltaEnd":"1:9:"}`,
+		`{` + ts + `,"snapshot":"10:20:","deltaEnd":"10:30:","deltaXid":"25"}`,
+		`{` + ts + `,"snapshot":"10:20:","deltaEnd":"10:30:","deltaXid":"15","deltaID":1}`,
+		`{` + ts + `,"snapshot":"10:20:","deltaEnd":"10:30:25","deltaXid":"25","deltaID":1}`,
+		`{` + ts + `,"snapshot":"10:20:","deltaEnd":"10:30:","deltaXid":"x","deltaID":1}`,
+	} {
+		_, err := decodeToken([]byte(bad))
+		require.Error(t, err, bad)
+	}
+}
+
+func TestDeltaPositionOrder(t *testing.T) {
+	base, end := mustSnapshot(t, "100:105:100"), mustSnapshot(t, "106:120:")
+	d1 := &span{seq: 1, base: base, end: end, hasEnd: true}
+	start := Position{ID: 99, span: &span{seq: 1, base: base}}
+	a := Position{ID: 5, Xid: 100, span: d1}
+	b := Position{ID: 3, Xid: 106, span: d1}
+	switchOver := Position{ChangedAt: time.Now(), ID: 1000, span: &span{base: base}}
+	next := b.nextDelta(end)
+	require.True(t, start.Before(a), "a delta's start is before its rows, whatever the ids")
+	require.True(t, a.Before(b), "txid orders before id inside a delta")
+	require.True(t, b.Before(next), "the next delta is after every row of this one")
+	require.True(t, switchOver.Before(start), "the legacy part of a switch-over is before every delta")
+	require.Equal(t, 0, start.Compare(start.withEnd(end)), "taking the end snapshot does not move the start")
+	require.Equal(t, Position{ID: 4, Xid: 100, span: d1}, a.predecessor())
+	require.True(t, unchanged(next, Position{ID: 3, span: &span{seq: 9, base: end}}),
+		"only snapshots moved on: nothing to save")
+}
