@@ -131,18 +131,16 @@ func decodeColumn(
 
 // diffInto adds to out every leaf of newDoc that is new or differs from oldDoc, keyed by its
 // dotted path under prefix. A leaf is any value other than a non-empty object, so arrays are
-// compared whole and an object emptied out is reported as the empty object. Keys present only
-// in oldDoc are not reported. oldDoc may be nil.
+// compared whole and an object emptied out is reported as the empty object. A key present only
+// in oldDoc is reported with a nil value, as the replaced watcher reports removed keys (a key
+// set to JSON null looks the same). oldDoc may be nil.
 func diffInto(out map[string]any, prefix string, oldDoc, newDoc map[string]any) {
 	for key, newValue := range newDoc {
 		oldValue, existed := oldDoc[key]
 		if existed && jsonEqual(oldValue, newValue) {
 			continue
 		}
-		path := key
-		if prefix != "" {
-			path = prefix + "." + key
-		}
+		path := joinPath(prefix, key)
 		if newObj, ok := newValue.(map[string]any); ok && len(newObj) > 0 {
 			oldObj, _ := oldValue.(map[string]any)
 			diffInto(out, path, oldObj, newObj)
@@ -150,6 +148,19 @@ func diffInto(out map[string]any, prefix string, oldDoc, newDoc map[string]any) 
 		}
 		out[path] = newValue
 	}
+	for key := range oldDoc {
+		if _, kept := newDoc[key]; !kept {
+			out[joinPath(prefix, key)] = nil
+		}
+	}
+}
+
+// joinPath returns key under the dotted path prefix.
+func joinPath(prefix, key string) string {
+	if prefix == "" {
+		return key
+	}
+	return prefix + "." + key
 }
 
 // jsonEqual reports whether two values decoded by encoding/json are deeply equal.

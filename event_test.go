@@ -127,8 +127,12 @@ func TestBuildEventUpdatedFields(t *testing.T) {
 		{"scalar to object", `{"s":5}`, `{"s":{"k":{"m":1}}}`, evObj{"s.k.m": 1.0}},
 		{"object to scalar", `{"o":{"k":1}}`, `{"o":7}`, evObj{"o": 7.0}},
 		{"object to array", `{"o":{"k":1}}`, `{"o":[1]}`, evObj{"o": []any{1.0}}},
-		{"removed key not reported", `{"a":1,"b":2}`, `{"a":1}`, nil},
-		{"removed nested key not reported", `{"o":{"a":1,"b":2}}`, `{"o":{"a":1}}`, nil},
+		{"removed key listed as nil", `{"a":1,"b":2}`, `{"a":1}`, evObj{"b": nil}},
+		{"removed nested key listed as nil", `{"o":{"a":1,"b":2}}`, `{"o":{"a":1}}`, evObj{"o.b": nil}},
+		{"removed object listed as nil, not its leaves", `{"a":1,"o":{"p":{"q":1}}}`, `{"a":1}`, evObj{"o": nil}},
+		{"removed key beside a changed one", `{"o":{"a":1,"b":2}}`, `{"o":{"a":3}}`, evObj{"o.a": 3.0, "o.b": nil}},
+		{"removed key under a new object", `{"o":{"a":1}}`, `{"o":{"b":{"c":1}}}`, evObj{"o.a": nil, "o.b.c": 1.0}},
+		{"every key removed", `{"a":1,"b":2}`, `{}`, evObj{"a": nil, "b": nil}},
 		{"empty to empty", `{"o":{}}`, `{"o":{}}`, nil},
 	}
 	for _, tt := range tests {
