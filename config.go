@@ -79,7 +79,10 @@ type Config struct {
 	// DisableProcessedFlag skips the legacy "processed = TRUE" update on save.
 	DisableProcessedFlag bool
 	// DocumentField, if set, makes fullDocument (and fullDocumentBeforeChange) the JSON
-	// object in this field of the row, with "id" set to the record id.
+	// object in this field of the row, with "id" set to the record id and, when the row has a
+	// created_at column and the object no "createdAt" key, "createdAt" set to it. A row without
+	// an object in this field is published whole, with a warning.
+	// [NewPostgreSQLChangeStreamWatcher] sets "document" for the table health_events.
 	DocumentField string
 	// Filter, if set, is called for every event read; events for which it returns false are
 	// not delivered, and the saved position moves past them.
