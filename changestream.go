@@ -279,6 +279,7 @@ func (w *Watcher) run(ctx context.Context) {
 	if err := w.loadWithRetry(ctx); err != nil {
 		return
 	}
+	w.checkTableName(ctx)
 	select { // LISTEN before the first read, so nothing committed in between goes unnoticed
 	case <-w.ready:
 	case <-ctx.Done():
