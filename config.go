@@ -31,8 +31,11 @@ const (
 // bound what [New] allocates: a ring of MaxPending entries, two batches of BatchSize rows and a
 // channel of BufferSize events.
 const (
-	MaxBatchSize  = 100_000
+	// MaxBatchSize is the largest BatchSize.
+	MaxBatchSize = 100_000
+	// MaxBufferSize is the largest BufferSize.
 	MaxBufferSize = 100_000
+	// MaxMaxPending is the largest MaxPending.
 	MaxMaxPending = 1 << 20
 	// MinInterval is the shortest PollInterval, FallbackPollInterval, IdleCheckpointInterval and
 	// positive CheckpointInterval.
