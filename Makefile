@@ -5,22 +5,28 @@ TESTFLAGS ?=
 # The whole suite, live PostgreSQL tests included, stays well under this.
 TIMEOUT   ?= 15m
 
-.PHONY: help test test-race lint fmt bench bench-quick demo fuzz
+.PHONY: help test test-race test-container lint check-module-graph fmt bench bench-quick demo fuzz
 
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-test: lint test-race ## vet, format check, then every test with the race detector (starts its own PostgreSQL)
+test: lint check-module-graph test-race ## vet, format and module graph checks, then every test with the race detector (starts its own PostgreSQL)
 
 test-race: ## every test with the race detector
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(TESTFLAGS) ./...
 
-lint: ## gofmt, go vet (both modules), golangci-lint when installed
+test-container: ## every test against PostgreSQL in a throwaway container (needs Docker)
+	cd internal/pgtest/containers && $(GO) run . -dir $(CURDIR) -- $(GO) test -race -count=1 -timeout $(TIMEOUT) $(TESTFLAGS) ./...
+
+lint: ## gofmt, go vet (every module), golangci-lint when installed
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
-	$(GO) vet -tags testcontainers ./internal/pgtest/
+	cd internal/pgtest/containers && $(GO) vet ./...
 	cd benchmarks && $(GO) vet ./...
 	@if command -v golangci-lint >/dev/null 2>&1; then golangci-lint run ./...; fi
+
+check-module-graph: ## fail if a module importing the library would require container tooling
+	.ci/check-module-graph
 
 fmt: ## format the code
 	gofmt -w $$(git ls-files '*.go')
@@ -34,6 +40,8 @@ bench-quick: ## a reduced benchmark run, printed only
 demo: ## crash a consumer five times on a throwaway PostgreSQL and check nothing is lost
 	$(GO) run ./cmd/pgchangestream demo
 
-fuzz: ## fuzz the token parser and the pending ring for a minute each
+fuzz: ## fuzz the token parser, the pending ring, the config and the pipeline filter for a minute each
 	$(GO) test -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime 1m .
 	$(GO) test -run '^$$' -fuzz '^FuzzPending$$' -fuzztime 1m .
+	$(GO) test -run '^$$' -fuzz '^FuzzNew$$' -fuzztime 1m .
+	$(GO) test -run '^$$' -fuzz '^FuzzMatchFilterJSON$$' -fuzztime 1m .

@@ -67,7 +67,7 @@ func BenchmarkDeliveryPath(b *testing.B) {
 // deliverUntracked is Watcher.deliver without the pending ring: the baseline of
 // BenchmarkDeliveryPath.
 func deliverUntracked(w *Watcher, row *changelogRow) {
-	ev, _ := buildEvent(row, w.cfg.TableName, w.cfg.DocumentField)
+	ev, _ := w.event(row)
 	pos := makePosition(row.ChangedAt, row.ID)
 	w.recent.add(row.ID)
 	token := formatToken(row.ID)

@@ -119,9 +119,10 @@ func New(cfg Config) (*Watcher, error) {
 }
 
 // NewPostgreSQLChangeStreamWatcher is the constructor of the watcher this package replaces, with
-// its defaults (10ms polls, 100-event buffer); an unknown mode falls back to polling. Invalid
-// arguments do not panic: the watcher reports them through [Watcher.Err] and MarkProcessed, and
-// its Events channel closes at Start.
+// its defaults (10ms polls, 100-event buffer) and its documents (for the table health_events,
+// fullDocument is the row's "document" object; see [Config.DocumentField]); an unknown mode
+// falls back to polling. Invalid arguments do not panic: the watcher reports them through
+// [Watcher.Err] and MarkProcessed, and its Events channel closes at Start.
 func NewPostgreSQLChangeStreamWatcher(db *sql.DB, clientName, tableName, connString string, mode Mode) *Watcher {
 	switch mode {
 	case ModePolling, ModeNotify, ModeHybrid:
@@ -129,7 +130,8 @@ func NewPostgreSQLChangeStreamWatcher(db *sql.DB, clientName, tableName, connStr
 		slog.Warn("pgchangestream: unknown mode, using polling", "mode", mode, "client", clientName)
 		mode = ModePolling
 	}
-	w, err := New(Config{DB: db, ClientName: clientName, TableName: tableName, ConnString: connString, Mode: mode})
+	w, err := New(Config{DB: db, ClientName: clientName, TableName: tableName, ConnString: connString, Mode: mode,
+		DocumentField: legacyDocumentField(tableName)})
 	if err != nil {
 		w = newWatcher(Config{ClientName: clientName, TableName: tableName, Mode: mode}.withDefaults())
 		w.cfgErr = err
@@ -288,6 +290,7 @@ func (w *Watcher) run(ctx context.Context) {
 		}
 		return
 	}
+	w.checkTableName(ctx)
 	select { // LISTEN before the first read, so nothing committed in between goes unnoticed
 	case <-w.ready:
 	case <-ctx.Done():
@@ -495,7 +498,7 @@ func (w *Watcher) deliver(ctx context.Context, row *changelogRow, pos Position, 
 // pending is false for a filtered row; behindSaved reports a late row that sits behind the
 // token already saved.
 func (w *Watcher) register(row *changelogRow, pos Position, late bool) (ev Event, pending, behindSaved bool) {
-	ev, err := buildEvent(row, w.cfg.TableName, w.cfg.DocumentField)
+	ev, err := w.event(row)
 	if err != nil { // the event still has its id, operation, time and key: deliver it, don't stall
 		w.log.Error("cannot decode changelog row; delivering it without documents", "id", row.ID, "error", err)
 	}

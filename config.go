@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -26,6 +27,27 @@ const (
 	DefaultIdleCheckpointInterval = time.Second
 )
 
+// Limits of [Config]: larger sizes, shorter intervals and longer names are invalid. The sizes
+// bound what [New] allocates: a ring of MaxPending entries, two batches of BatchSize rows and a
+// channel of BufferSize events.
+const (
+	// MaxBatchSize is the largest BatchSize.
+	MaxBatchSize = 100_000
+	// MaxBufferSize is the largest BufferSize.
+	MaxBufferSize = 100_000
+	// MaxMaxPending is the largest MaxPending.
+	MaxMaxPending = 1 << 20
+	// MinInterval is the shortest PollInterval, FallbackPollInterval, IdleCheckpointInterval and
+	// positive CheckpointInterval.
+	MinInterval = time.Millisecond
+	// MaxClientNameLen is the length, in characters, of the token table's client_name column
+	// (VARCHAR(255)).
+	MaxClientNameLen = 255
+	// MaxTableNameLen is the length, in characters, of the changelog's table_name column
+	// (VARCHAR(100)).
+	MaxTableNameLen = 100
+)
+
 // ErrInvalidConfig is wrapped by every error [New] returns for a bad [Config].
 var ErrInvalidConfig = errors.New("pgchangestream: invalid config")
 
@@ -37,9 +59,13 @@ type Config struct {
 	// ConnString is the connection string of the dedicated LISTEN connection. Empty: hybrid
 	// mode degrades to polling (with a warning) and notify mode is a config error.
 	ConnString string
-	// ClientName keys the saved resume token. Required.
+	// ClientName keys the saved resume token. Required; at most [MaxClientNameLen] characters
+	// of valid UTF-8 without NUL.
 	ClientName string
-	// TableName selects the changelog rows to stream (their table_name column). Required.
+	// TableName selects the changelog rows to stream (their table_name column, which holds the
+	// bare table name, without a schema). Required; at most [MaxTableNameLen] characters of
+	// valid UTF-8 without NUL. [Watcher.Start] warns when no changelog row and no table with a
+	// trigger has this name.
 	TableName string
 	// Mode is polling, notify or hybrid. Default ModeHybrid.
 	Mode Mode
@@ -51,26 +77,27 @@ type Config struct {
 	// NotifyChannel is the channel the trigger notifies. Default "nvsentinel_changes".
 	NotifyChannel string
 
-	// PollInterval is the wait after a short read in polling mode. Default 10ms.
+	// PollInterval is the wait after a short read in polling mode. Default 10ms; at least
+	// [MinInterval].
 	PollInterval time.Duration
 	// FallbackPollInterval is the wait after a short read in hybrid mode when no NOTIFY
-	// arrives; each wait is jittered by up to a fifth. Default 1s.
+	// arrives; each wait is jittered by up to a fifth. Default 1s; at least [MinInterval].
 	FallbackPollInterval time.Duration
-	// BatchSize is the number of rows per read. Default 100.
+	// BatchSize is the number of rows per read. Default 100; at most [MaxBatchSize].
 	BatchSize int
-	// BufferSize is the capacity of the Events channel. Default 100.
+	// BufferSize is the capacity of the Events channel. Default 100; at most [MaxBufferSize].
 	BufferSize int
 	// MaxPending bounds the deliveries tracked until acknowledged; beyond it the oldest is
-	// folded into a floor the saved token cannot pass. Default 4096.
+	// folded into a floor the saved token cannot pass. Default 4096; at most [MaxMaxPending].
 	MaxPending int
 	// IdleCheckpointInterval is how often, at most, the watcher saves a checkpoint that moved
-	// with nothing pending (rows skipped by Filter). Default 1s.
+	// with nothing pending (rows skipped by Filter). Default 1s; at least [MinInterval].
 	IdleCheckpointInterval time.Duration
 	// CheckpointInterval batches checkpoint writes. 0 (default): every MarkProcessed saves
-	// before it returns. Positive: MarkProcessed acknowledges in memory and returns, and a
-	// background saver writes the checkpoint at most once per interval when it changed; Flush
-	// and Close save at once. After a crash, acknowledged events since the last save are
-	// delivered again.
+	// before it returns. Positive (at least [MinInterval]): MarkProcessed acknowledges in
+	// memory and returns, and a background saver writes the checkpoint at most once per
+	// interval when it changed; Flush and Close save at once. After a crash, acknowledged events
+	// since the last save are delivered again.
 	CheckpointInterval time.Duration
 
 	// StartFromBeginning makes a client with no saved token start at the oldest row of its
@@ -79,7 +106,10 @@ type Config struct {
 	// DisableProcessedFlag skips the legacy "processed = TRUE" update on save.
 	DisableProcessedFlag bool
 	// DocumentField, if set, makes fullDocument (and fullDocumentBeforeChange) the JSON
-	// object in this field of the row, with "id" set to the record id.
+	// object in this field of the row, with "id" set to the record id and, when the row has a
+	// created_at column and the object no "createdAt" key, "createdAt" set to it. A row without
+	// an object in this field is published whole, with a warning.
+	// [NewPostgreSQLChangeStreamWatcher] sets "document" for the table health_events.
 	DocumentField string
 	// Filter, if set, is called for every event read; events for which it returns false are
 	// not delivered, and the saved position moves past them.
@@ -139,6 +169,17 @@ func (cfg Config) validate() error {
 	case strings.TrimSpace(cfg.TableName) == "":
 		return invalid("Config.TableName is required")
 	}
+	for _, f := range []struct {
+		name, value string
+		max         int
+	}{
+		{"Config.ClientName", cfg.ClientName, MaxClientNameLen},
+		{"Config.TableName", cfg.TableName, MaxTableNameLen},
+	} {
+		if err := checkText(f.value, f.max); err != nil {
+			return invalid("%s: %v", f.name, err)
+		}
+	}
 	switch cfg.Mode {
 	case ModePolling, ModeHybrid:
 	case ModeNotify:
@@ -169,24 +210,39 @@ func (cfg Config) validate() error {
 		{"Config.FallbackPollInterval", cfg.FallbackPollInterval},
 		{"Config.IdleCheckpointInterval", cfg.IdleCheckpointInterval},
 	} {
-		if f.value < 0 {
-			return invalid("%s must be positive, got %v", f.name, f.value)
+		if f.value < MinInterval {
+			return invalid("%s must be at least %v, got %v", f.name, MinInterval, f.value)
 		}
 	}
-	if cfg.CheckpointInterval < 0 {
-		return invalid("Config.CheckpointInterval must not be negative, got %v", cfg.CheckpointInterval)
+	if cfg.CheckpointInterval != 0 && cfg.CheckpointInterval < MinInterval {
+		return invalid("Config.CheckpointInterval must be 0 or at least %v, got %v", MinInterval, cfg.CheckpointInterval)
 	}
 	for _, f := range []struct {
-		name  string
-		value int
+		name       string
+		value, max int
 	}{
-		{"Config.BatchSize", cfg.BatchSize},
-		{"Config.BufferSize", cfg.BufferSize},
-		{"Config.MaxPending", cfg.MaxPending},
+		{"Config.BatchSize", cfg.BatchSize, MaxBatchSize},
+		{"Config.BufferSize", cfg.BufferSize, MaxBufferSize},
+		{"Config.MaxPending", cfg.MaxPending, MaxMaxPending},
 	} {
-		if f.value < 0 {
-			return invalid("%s must be positive, got %d", f.name, f.value)
+		if f.value < 1 || f.value > f.max {
+			return invalid("%s must be between 1 and %d, got %d", f.name, f.max, f.value)
 		}
+	}
+	return nil
+}
+
+// checkText reports whether s can be stored in a VARCHAR(max) column: valid UTF-8, no NUL
+// byte (PostgreSQL text cannot hold one), at most max characters.
+func checkText(s string, max int) error {
+	switch {
+	case !utf8.ValidString(s):
+		return errors.New("not valid UTF-8")
+	case strings.IndexByte(s, 0) >= 0:
+		return errors.New("contains a NUL byte")
+	}
+	if n := utf8.RuneCountInString(s); n > max {
+		return fmt.Errorf("%d characters, longer than the column's %d", n, max)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package pgchangestream
 
 import (
 	"database/sql"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,6 +59,18 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{"negative batch", func(c *Config) { c.BatchSize = -1 }, "Config.BatchSize"},
 		{"negative pending", func(c *Config) { c.MaxPending = -1 }, "Config.MaxPending"},
 		{"negative checkpoint interval", func(c *Config) { c.CheckpointInterval = -1 }, "Config.CheckpointInterval"},
+		{"negative buffer", func(c *Config) { c.BufferSize = -5 }, "Config.BufferSize must be between 1 and 100000, got -5"},
+		{"batch above the cap", func(c *Config) { c.BatchSize = MaxBatchSize + 1 }, "Config.BatchSize must be between 1 and 100000"},
+		{"buffer above the cap", func(c *Config) { c.BufferSize = 1 << 40 }, "Config.BufferSize must be between 1 and 100000"},
+		{"pending above the cap", func(c *Config) { c.MaxPending = MaxMaxPending + 1 }, "Config.MaxPending must be between 1 and 1048576"},
+		{"poll below 1ms", func(c *Config) { c.PollInterval = time.Microsecond }, "Config.PollInterval must be at least 1ms, got 1µs"},
+		{"fallback poll below 1ms", func(c *Config) { c.FallbackPollInterval = 1 }, "Config.FallbackPollInterval must be at least 1ms"},
+		{"idle checkpoint below 1ms", func(c *Config) { c.IdleCheckpointInterval = 999 * time.Microsecond }, "Config.IdleCheckpointInterval"},
+		{"checkpoint interval below 1ms", func(c *Config) { c.CheckpointInterval = time.Nanosecond }, "Config.CheckpointInterval must be 0 or at least 1ms"},
+		{"long client name", func(c *Config) { c.ClientName = strings.Repeat("é", MaxClientNameLen+1) }, "Config.ClientName: 256 characters, longer than the column's 255"},
+		{"client name with NUL", func(c *Config) { c.ClientName = "a\x00b" }, "Config.ClientName: contains a NUL byte"},
+		{"client name not UTF-8", func(c *Config) { c.ClientName = "a\xffb" }, "Config.ClientName: not valid UTF-8"},
+		{"long table name", func(c *Config) { c.TableName = strings.Repeat("t", MaxTableNameLen+1) }, "Config.TableName: 101 characters"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := base
@@ -112,4 +125,51 @@ func TestCloseBeforeStart(t *testing.T) {
 	w.Start(t.Context()) // ignored
 	require.NoError(t, w.Close(t.Context()))
 	require.NoError(t, w.Err())
+}
+
+func TestNewAcceptsTheLimits(t *testing.T) {
+	db, _ := mockDB(t)
+	w, err := New(Config{DB: db, ClientName: strings.Repeat("é", MaxClientNameLen), TableName: strings.Repeat("t", MaxTableNameLen),
+		Mode: ModePolling, BatchSize: MaxBatchSize, BufferSize: MaxBufferSize, MaxPending: MaxMaxPending,
+		PollInterval: MinInterval, FallbackPollInterval: MinInterval, IdleCheckpointInterval: MinInterval,
+		CheckpointInterval: MinInterval, Logger: quietLogger})
+	require.NoError(t, err)
+	require.Equal(t, MaxMaxPending, len(w.ring.buf))
+	require.Equal(t, MaxBufferSize, cap(w.events))
+	require.Equal(t, MaxBatchSize, cap(w.batch))
+}
+
+// FuzzNew checks that no configuration makes New panic, and that an accepted one stays within
+// the limits it allocates by.
+func FuzzNew(f *testing.F) {
+	db, _, err := sqlmock.New()
+	require.NoError(f, err)
+	f.Cleanup(func() { db.Close() })
+	f.Add("c", "t", "", "", "", "", "", "", 0, 0, 0, int64(0), int64(0), int64(0), int64(0), false)
+	f.Add("c", "health_events", "hybrid", "postgres://u@localhost:5432/db", "audit.log", "tok", "ch", "document",
+		100, 100, 4096, int64(time.Millisecond), int64(time.Second), int64(time.Second), int64(time.Second), true)
+	f.Add("c", "t", "notify", "host=/tmp port=x", "a.b.c", "", "a.b", "", -1, 1<<40, 1<<21, int64(-1), int64(1), int64(0), int64(-5), false)
+	f.Fuzz(func(t *testing.T, client, table, mode, conn, changelog, tokens, channel, field string,
+		batch, buffer, pending int, poll, fallback, idle, checkpoint int64, withDB bool) {
+		cfg := Config{ClientName: client, TableName: table, Mode: Mode(mode), ConnString: conn,
+			ChangelogTable: changelog, TokenTable: tokens, NotifyChannel: channel, DocumentField: field,
+			BatchSize: batch, BufferSize: buffer, MaxPending: pending,
+			PollInterval: time.Duration(poll), FallbackPollInterval: time.Duration(fallback),
+			IdleCheckpointInterval: time.Duration(idle), CheckpointInterval: time.Duration(checkpoint),
+			Logger: quietLogger}
+		if withDB {
+			cfg.DB = db
+		}
+		w, err := New(cfg)
+		if err != nil {
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			require.Nil(t, w)
+			return
+		}
+		require.LessOrEqual(t, len(w.ring.buf), MaxMaxPending)
+		require.LessOrEqual(t, cap(w.events), MaxBufferSize)
+		require.LessOrEqual(t, cap(w.batch)+cap(w.spare), 2*MaxBatchSize)
+		require.GreaterOrEqual(t, w.cfg.PollInterval, MinInterval)
+		require.NoError(t, w.Close(t.Context()))
+	})
 }

@@ -25,55 +25,62 @@ type changelogRow struct {
 
 // buildEvent turns a changelog row into its change event document (see [Event]). table is the
 // watched table, reported as ns.coll. If documentField is not empty and a decoded old or new
-// value holds an object under that field, the inner object is the document and its "id" is set
-// to the row's record id; otherwise the whole value is the document.
+// value holds an object under that field, the inner object is the document (see
+// [unwrapDocument]); otherwise the whole value is the document and unwrapMissed reports it.
 //
 // Only the columns the operation needs are decoded: new_values for INSERT, both for UPDATE,
 // old_values for DELETE, none for an unknown operation. A column that is not NULL must hold a
 // JSON object. If one does not, the error names the changelog id and the column, and the
 // returned event is still complete except for its document fields (fullDocument is nil), so
 // the caller can deliver it instead of stalling on the row.
-func buildEvent(row *changelogRow, table, documentField string) (Event, error) {
-	ev := make(Event, 8)
+func buildEvent(row *changelogRow, table, documentField string) (ev Event, unwrapMissed bool, err error) {
+	ev = make(Event, 8)
 	ev["_id"] = map[string]any{"_data": strconv.FormatInt(row.ID, 10)}
 	ev["clusterTime"] = row.ChangedAt
 	ev["fullDocument"] = nil
 	ev["documentKey"] = map[string]any{"_id": row.RecordID}
 	ev["ns"] = map[string]any{"coll": table}
 
-	var err error
+	d := documentDecoder{row: row, field: documentField}
 	switch row.Operation {
 	case "INSERT":
 		ev["operationType"] = "insert"
 		var doc map[string]any
-		if doc, err = decodeDocument(row, "new_values", row.NewValues, documentField); doc != nil {
+		if doc, err = d.document("new_values", row.NewValues); doc != nil {
 			ev["fullDocument"] = doc
 		}
 	case "UPDATE":
 		ev["operationType"] = "update"
-		err = addUpdate(ev, row, documentField)
+		err = d.addUpdate(ev)
 	case "DELETE":
 		ev["operationType"] = "delete"
 		var doc map[string]any
-		if doc, err = decodeDocument(row, "old_values", row.OldValues, documentField); doc != nil {
+		if doc, err = d.document("old_values", row.OldValues); doc != nil {
 			ev["fullDocumentBeforeChange"] = doc
 		}
 	default:
 		ev["operationType"] = "unknown"
 	}
-	return ev, err
+	return ev, d.missed, err
+}
+
+// documentDecoder decodes the JSON columns of one row into documents, unwrapping field.
+type documentDecoder struct {
+	row    *changelogRow
+	field  string // Config.DocumentField; empty: the whole value is the document
+	missed bool   // a decoded value had no object under field
 }
 
 // addUpdate sets fullDocument and, when a field changed, updateDescription for an UPDATE row.
 // The diff is taken before the record id is injected into the new document, so an injected
 // "id" never shows up as changed. Without old values there is nothing to diff against and no
 // updateDescription is set.
-func addUpdate(ev Event, row *changelogRow, documentField string) error {
-	newDoc, newUnwrapped, err := decodeColumn(row.ID, "new_values", row.NewValues, documentField)
+func (d *documentDecoder) addUpdate(ev Event) error {
+	newDoc, newOuter, err := d.decode("new_values", d.row.NewValues)
 	if err != nil || newDoc == nil {
 		return err
 	}
-	oldDoc, _, err := decodeColumn(row.ID, "old_values", row.OldValues, documentField)
+	oldDoc, _, err := d.decode("old_values", d.row.OldValues)
 	if err != nil {
 		return err
 	}
@@ -84,67 +91,77 @@ func addUpdate(ev Event, row *changelogRow, documentField string) error {
 			ev["updateDescription"] = map[string]any{"updatedFields": updated}
 		}
 	}
-	if newUnwrapped {
-		newDoc["id"] = row.RecordID
-	}
-	ev["fullDocument"] = newDoc
+	ev["fullDocument"] = unwrapDocument(newDoc, newOuter, d.row.RecordID)
 	return nil
 }
 
-// decodeDocument decodes one column into the document to publish, with the record id injected
-// when the document was unwrapped from documentField. It returns nil for a NULL column or an
-// error.
-func decodeDocument(row *changelogRow, column string, data []byte, documentField string) (map[string]any, error) {
-	doc, unwrapped, err := decodeColumn(row.ID, column, data, documentField)
-	if err != nil {
+// document decodes one column into the document to publish. It returns nil for a NULL column
+// or an error.
+func (d *documentDecoder) document(column string, data []byte) (map[string]any, error) {
+	doc, outer, err := d.decode(column, data)
+	if err != nil || doc == nil {
 		return nil, err
 	}
-	if unwrapped {
-		doc["id"] = row.RecordID
-	}
-	return doc, nil
+	return unwrapDocument(doc, outer, d.row.RecordID), nil
 }
 
-// decodeColumn decodes the JSONB text of one column and unwraps documentField. unwrapped
-// reports whether the inner object was taken. A NULL column (nil data) gives a nil document.
-func decodeColumn(
-	id int64, column string, data []byte, documentField string,
-) (doc map[string]any, unwrapped bool, err error) {
+// decode decodes the JSON text of one column and takes the object under d.field. outer is the
+// whole value when the inner object was taken, nil otherwise. A NULL column (nil data) gives a
+// nil document.
+func (d *documentDecoder) decode(column string, data []byte) (doc, outer map[string]any, err error) {
 	if data == nil {
-		return nil, false, nil
+		return nil, nil, nil
 	}
+	id := d.row.ID
 	if err := json.Unmarshal(data, &doc); err != nil {
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) {
-			return nil, false, fmt.Errorf("changelog row %d: %s: not a JSON object: got %s", id, column, typeErr.Value)
+			return nil, nil, fmt.Errorf("changelog row %d: %s: not a JSON object: got %s", id, column, typeErr.Value)
 		}
-		return nil, false, fmt.Errorf("changelog row %d: %s: invalid JSON: %w", id, column, err)
+		return nil, nil, fmt.Errorf("changelog row %d: %s: invalid JSON: %w", id, column, err)
 	}
 	if doc == nil {
-		return nil, false, fmt.Errorf("changelog row %d: %s: not a JSON object: got null", id, column)
+		return nil, nil, fmt.Errorf("changelog row %d: %s: not a JSON object: got null", id, column)
 	}
-	if documentField != "" {
-		if inner, ok := doc[documentField].(map[string]any); ok {
-			return inner, true, nil
+	if d.field == "" {
+		return doc, nil, nil
+	}
+	if inner, ok := doc[d.field].(map[string]any); ok {
+		return inner, doc, nil
+	}
+	d.missed = true
+	return doc, nil, nil
+}
+
+// unwrapDocument finishes a document taken from the field of the row's value outer: its "id"
+// becomes the record id and, when outer has a created_at column and the document no
+// "createdAt", "createdAt" is set to it, as the replaced watcher does for health_events. A
+// document not unwrapped (outer nil) is returned as it is.
+func unwrapDocument(doc, outer map[string]any, recordID string) map[string]any {
+	if outer == nil {
+		return doc
+	}
+	doc["id"] = recordID
+	if createdAt, ok := outer["created_at"]; ok {
+		if _, has := doc["createdAt"]; !has {
+			doc["createdAt"] = createdAt
 		}
 	}
-	return doc, false, nil
+	return doc
 }
 
 // diffInto adds to out every leaf of newDoc that is new or differs from oldDoc, keyed by its
 // dotted path under prefix. A leaf is any value other than a non-empty object, so arrays are
-// compared whole and an object emptied out is reported as the empty object. Keys present only
-// in oldDoc are not reported. oldDoc may be nil.
+// compared whole and an object emptied out is reported as the empty object. A key present only
+// in oldDoc is reported with a nil value, as the replaced watcher reports removed keys (a key
+// set to JSON null looks the same). oldDoc may be nil.
 func diffInto(out map[string]any, prefix string, oldDoc, newDoc map[string]any) {
 	for key, newValue := range newDoc {
 		oldValue, existed := oldDoc[key]
 		if existed && jsonEqual(oldValue, newValue) {
 			continue
 		}
-		path := key
-		if prefix != "" {
-			path = prefix + "." + key
-		}
+		path := joinPath(prefix, key)
 		if newObj, ok := newValue.(map[string]any); ok && len(newObj) > 0 {
 			oldObj, _ := oldValue.(map[string]any)
 			diffInto(out, path, oldObj, newObj)
@@ -152,6 +169,19 @@ func diffInto(out map[string]any, prefix string, oldDoc, newDoc map[string]any) 
 		}
 		out[path] = newValue
 	}
+	for key := range oldDoc {
+		if _, kept := newDoc[key]; !kept {
+			out[joinPath(prefix, key)] = nil
+		}
+	}
+}
+
+// joinPath returns key under the dotted path prefix.
+func joinPath(prefix, key string) string {
+	if prefix == "" {
+		return key
+	}
+	return prefix + "." + key
 }
 
 // jsonEqual reports whether two values decoded by encoding/json are deeply equal.
@@ -192,4 +222,25 @@ func jsonEqual(a, b any) bool {
 func formatToken(id int64) []byte {
 	// 20 bytes hold any int64, including "-9223372036854775808".
 	return strconv.AppendInt(make([]byte, 0, 20), id, 10)
+}
+
+// event builds the event document of a row read by the watcher, and warns about a row whose
+// value has no object under [Config.DocumentField].
+func (w *Watcher) event(row *changelogRow) (Event, error) {
+	ev, unwrapMissed, err := buildEvent(row, w.cfg.TableName, w.cfg.DocumentField)
+	if unwrapMissed {
+		w.log.Warn("changelog row has no object under Config.DocumentField; its whole value is the document",
+			"id", row.ID, "document_field", w.cfg.DocumentField)
+	}
+	return ev, err
+}
+
+// legacyDocumentField is the [Config.DocumentField] of [NewPostgreSQLChangeStreamWatcher]: the
+// replaced watcher published the "document" object of health_events rows, and whole rows of
+// every other table.
+func legacyDocumentField(table string) string {
+	if table == "health_events" {
+		return "document"
+	}
+	return ""
 }

@@ -2,6 +2,7 @@ package pgchangestream
 
 import (
 	"encoding/json"
+	"log/slog"
 	"math"
 	"strconv"
 	"strings"
@@ -85,10 +86,24 @@ func TestBuildEvent(t *testing.T) {
 			evWant("update", evObj{"fullDocument": evObj{"a": 1.0, "id": "rec-1"}})},
 		{"documentField on delete", evRow("DELETE", `{"document":{"a":1}}`, ""), field,
 			evWant("delete", evObj{"fullDocumentBeforeChange": evObj{"a": 1.0, "id": "rec-1"}})},
+		{"documentField copies created_at into createdAt",
+			evRow("INSERT", "", `{"id":"x","created_at":"2025-03-14T15:09:26.535897+00:00","document":{"a":1}}`), field,
+			evWant("insert", evObj{"fullDocument": evObj{"a": 1.0, "id": "rec-1", "createdAt": "2025-03-14T15:09:26.535897+00:00"}})},
+		{"documentField keeps the document's own createdAt",
+			evRow("DELETE", `{"created_at":"t1","document":{"createdAt":"t0"}}`, ""), field,
+			evWant("delete", evObj{"fullDocumentBeforeChange": evObj{"createdAt": "t0", "id": "rec-1"}})},
+		{"created_at is left alone without documentField", evRow("INSERT", "", `{"created_at":"t1","a":1}`), "",
+			evWant("insert", evObj{"fullDocument": evObj{"created_at": "t1", "a": 1.0}})},
+		{"documentField on update keeps createdAt out of the diff",
+			evRow("UPDATE", `{"created_at":"t1","document":{"s":1}}`, `{"created_at":"t1","document":{"s":2}}`), field,
+			evWant("update", evObj{
+				"fullDocument":      evObj{"s": 2.0, "id": "rec-1", "createdAt": "t1"},
+				"updateDescription": evObj{"updatedFields": evObj{"s": 2.0}},
+			})},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := buildEvent(tt.row, "health_events", tt.documentField)
+			got, _, err := buildEvent(tt.row, "health_events", tt.documentField)
 			require.NoError(t, err)
 			require.Equal(t, tt.want, got)
 			fullDocument, ok := got["fullDocument"]
@@ -127,13 +142,17 @@ func TestBuildEventUpdatedFields(t *testing.T) {
 		{"scalar to object", `{"s":5}`, `{"s":{"k":{"m":1}}}`, evObj{"s.k.m": 1.0}},
 		{"object to scalar", `{"o":{"k":1}}`, `{"o":7}`, evObj{"o": 7.0}},
 		{"object to array", `{"o":{"k":1}}`, `{"o":[1]}`, evObj{"o": []any{1.0}}},
-		{"removed key not reported", `{"a":1,"b":2}`, `{"a":1}`, nil},
-		{"removed nested key not reported", `{"o":{"a":1,"b":2}}`, `{"o":{"a":1}}`, nil},
+		{"removed key listed as nil", `{"a":1,"b":2}`, `{"a":1}`, evObj{"b": nil}},
+		{"removed nested key listed as nil", `{"o":{"a":1,"b":2}}`, `{"o":{"a":1}}`, evObj{"o.b": nil}},
+		{"removed object listed as nil, not its leaves", `{"a":1,"o":{"p":{"q":1}}}`, `{"a":1}`, evObj{"o": nil}},
+		{"removed key beside a changed one", `{"o":{"a":1,"b":2}}`, `{"o":{"a":3}}`, evObj{"o.a": 3.0, "o.b": nil}},
+		{"removed key under a new object", `{"o":{"a":1}}`, `{"o":{"b":{"c":1}}}`, evObj{"o.a": nil, "o.b.c": 1.0}},
+		{"every key removed", `{"a":1,"b":2}`, `{}`, evObj{"a": nil, "b": nil}},
 		{"empty to empty", `{"o":{}}`, `{"o":{}}`, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := buildEvent(evRow("UPDATE", tt.old, tt.new), "health_events", "")
+			got, _, err := buildEvent(evRow("UPDATE", tt.old, tt.new), "health_events", "")
 			require.NoError(t, err)
 			if tt.want == nil {
 				require.NotContains(t, got, "updateDescription")
@@ -162,7 +181,7 @@ func TestBuildEventErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ev, err := buildEvent(tt.row, "t", "")
+			ev, _, err := buildEvent(tt.row, "t", "")
 			require.Error(t, err)
 			require.True(t, strings.HasPrefix(err.Error(), tt.wantErr), "error %q, want prefix %q", err, tt.wantErr)
 			// The event is still deliverable, without its document.
@@ -174,13 +193,13 @@ func TestBuildEventErrors(t *testing.T) {
 		})
 	}
 
-	_, err := buildEvent(evRow("INSERT", "", `{"a":`), "t", "")
+	_, _, err := buildEvent(evRow("INSERT", "", `{"a":`), "t", "")
 	var syntaxErr *json.SyntaxError
 	require.ErrorAs(t, err, &syntaxErr, "the decoder error is wrapped")
 }
 
 func TestBuildEventNestedValuesArePlainMaps(t *testing.T) {
-	ev, err := buildEvent(evRow("UPDATE", evBenchOld, evBenchNew), "health_events", "document")
+	ev, _, err := buildEvent(evRow("UPDATE", evBenchOld, evBenchNew), "health_events", "document")
 	require.NoError(t, err)
 
 	for _, key := range []string{"_id", "fullDocument", "updateDescription", "documentKey", "ns"} {
@@ -205,7 +224,7 @@ func TestBuildEventNestedValuesArePlainMaps(t *testing.T) {
 func TestBuildEventClusterTime(t *testing.T) {
 	changedAt := time.Date(2024, 12, 31, 23, 59, 59, 999999999, time.FixedZone("X", 3600))
 	row := &changelogRow{ID: 1, RecordID: "r", Operation: "INSERT", NewValues: []byte(`{}`), ChangedAt: changedAt}
-	ev, err := buildEvent(row, "t", "")
+	ev, _, err := buildEvent(row, "t", "")
 	require.NoError(t, err)
 	got, ok := ev["clusterTime"].(time.Time)
 	require.True(t, ok)
@@ -250,7 +269,7 @@ func FuzzBuildEvent(f *testing.F) {
 		if unwrap {
 			documentField = "document"
 		}
-		ev, err := buildEvent(row, "t", documentField)
+		ev, _, err := buildEvent(row, "t", documentField)
 		require.Equal(t, evObj{"_data": strconv.FormatInt(id, 10)}, ev["_id"])
 		require.Equal(t, string(formatToken(id)), strconv.FormatInt(id, 10))
 		if err != nil {
@@ -294,7 +313,7 @@ func BenchmarkBuildEvent(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(row.OldValues) + len(row.NewValues)))
 			for b.Loop() {
-				ev, err := buildEvent(row, "health_events", "document")
+				ev, _, err := buildEvent(row, "health_events", "document")
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -311,4 +330,51 @@ func BenchmarkFormatToken(b *testing.B) {
 	for b.Loop() {
 		evSinkToken = formatToken(123456789)
 	}
+}
+
+func TestBuildEventReportsAMissingDocumentField(t *testing.T) {
+	for _, tc := range []struct {
+		name, field string
+		row         *changelogRow
+		missed      bool
+	}{
+		{"unwrapped", "document", evRow("UPDATE", `{"document":{"a":1}}`, `{"document":{"a":2}}`), false},
+		{"no field configured", "", evRow("INSERT", "", `{"a":1}`), false},
+		{"missing in new_values", "document", evRow("INSERT", "", `{"a":1}`), true},
+		{"not an object in old_values", "document", evRow("UPDATE", `{"document":1}`, `{"document":{"a":2}}`), true},
+		{"NULL column", "document", evRow("DELETE", "", ""), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, missed, err := buildEvent(tc.row, "t", tc.field)
+			require.NoError(t, err)
+			require.Equal(t, tc.missed, missed)
+		})
+	}
+}
+
+func TestWatcherWarnsAboutAMissingDocumentField(t *testing.T) {
+	var logs strings.Builder
+	db, _ := mockDB(t)
+	w, err := New(Config{DB: db, ClientName: "c", TableName: "health_events", Mode: ModePolling, DocumentField: "document",
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+
+	ev, err := w.event(evRow("INSERT", "", `{"id":"x","document":{"a":1}}`))
+	require.NoError(t, err)
+	require.Equal(t, evObj{"a": 1.0, "id": "rec-1"}, ev["fullDocument"])
+	require.Empty(t, logs.String())
+
+	ev, err = w.event(evRow("INSERT", "", `{"id":"x","doc":{"a":1}}`))
+	require.NoError(t, err)
+	require.Equal(t, evObj{"id": "x", "doc": evObj{"a": 1.0}}, ev["fullDocument"], "the whole row is published")
+	require.Contains(t, logs.String(), "level=WARN")
+	require.Contains(t, logs.String(), "id=452")
+}
+
+func TestLegacyConstructorUnwrapsHealthEvents(t *testing.T) {
+	db, _ := mockDB(t)
+	require.Equal(t, "document", NewPostgreSQLChangeStreamWatcher(db, "c", "health_events", "", ModePolling).cfg.DocumentField)
+	require.Empty(t, NewPostgreSQLChangeStreamWatcher(db, "c", "orders", "", ModePolling).cfg.DocumentField)
+	require.Empty(t, NewPostgreSQLChangeStreamWatcher(db, "c", "public.health_events", "", ModePolling).cfg.DocumentField,
+		"the replaced watcher compared the bare name")
 }

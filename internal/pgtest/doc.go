@@ -14,13 +14,19 @@
 //     When the process runs as root, initdb and postgres run as the OS user "postgres", which must
 //     exist. The postmaster is a child of the Go process; on Linux it is asked to shut down
 //     (SIGQUIT) if the Go process dies.
-//  3. A container from github.com/testcontainers/testcontainers-go/modules/postgres when a
-//     Docker engine answers. This source is compiled only with the build tag testcontainers
-//     (go test -tags testcontainers ./...), so that ordinary builds do not pull in the Docker
-//     client.
-//  4. None: [Start] returns an error wrapping [ErrNoServer] whose text says how to provide a
+//  3. None: [Start] returns an error wrapping [ErrNoServer] whose text says how to provide a
 //     server, and [Shared], [NewServer] and [NewDatabase] skip the test with that text, unless
 //     PGCHANGESTREAM_REQUIRE_POSTGRES=1, where they fail it. CI sets that variable.
+//
+// # Containers
+//
+// With a Docker engine but no server binaries, run the tests through the command in
+// internal/pgtest/containers (make test-container): it starts PostgreSQL in a container with
+// github.com/testcontainers/testcontainers-go, runs the given command with
+// PGCHANGESTREAM_TEST_DSN set to it (source 1), and removes the container. The command is a
+// module of its own, so that neither this module nor any module that imports the library
+// requires container tooling; make lint vets it. Fault tests need a local cluster and fail
+// against a container.
 //
 // # Tests
 //

@@ -259,7 +259,7 @@ func TestNoServer(t *testing.T) {
 
 	_, err := Start(testContext(t), Options{})
 	require.ErrorIs(t, err, ErrNoServer)
-	for _, want := range []string{EnvDSN, "install the PostgreSQL server binaries", "initdb", "testcontainers"} {
+	for _, want := range []string{EnvDSN, "install the PostgreSQL server binaries", "initdb", "make test-container"} {
 		require.ErrorContains(t, err, want)
 	}
 

@@ -26,7 +26,7 @@ const (
 var ErrNoServer = errors.New("pgtest: no PostgreSQL server available")
 
 // ErrNotLocal is wrapped by the errors of [Server.Restart] and [Server.Kill] for a server this
-// package did not start (PGCHANGESTREAM_TEST_DSN or a container).
+// package did not start (PGCHANGESTREAM_TEST_DSN).
 var ErrNotLocal = errors.New("pgtest: restarting or killing the server needs a local cluster " +
 	"started by pgtest (unset " + EnvDSN + " and install the PostgreSQL server binaries)")
 
@@ -36,7 +36,8 @@ const howTo = "set " + EnvDSN + " to the URL of a server whose user may create d
 	"or install the PostgreSQL server binaries so that initdb and postgres are on PATH " +
 	"or under /usr/lib/postgresql/*/bin (Debian/Ubuntu: apt-get install postgresql; " +
 	"Fedora/RHEL: dnf install postgresql-server; macOS: brew install postgresql), " +
-	"or run a Docker engine and test with -tags testcontainers"
+	"or, with a Docker engine, run the tests through the container command " +
+	"(make test-container, or go run . -dir ../../.. -- go test ./... in internal/pgtest/containers)"
 
 // binaryDirs are the places searched for initdb and postgres after PATH, by glob; the highest
 // version wins.
@@ -141,22 +142,15 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	if dsn := os.Getenv(EnvDSN); dsn != "" {
 		return startExternal(ctx, dsn, logf)
 	}
-	var reasons []string
-	for _, source := range []func(context.Context, Options, func(string, ...any)) (*Server, error){
-		startLocal, startContainer,
-	} {
-		s, err := source(ctx, opts, logf)
-		var u unavailable
-		if errors.As(err, &u) {
-			reasons = append(reasons, string(u))
-			continue
-		}
-		if err == nil {
-			running.add(s)
-		}
-		return s, err
+	s, err := startLocal(ctx, opts, logf)
+	var u unavailable
+	if errors.As(err, &u) {
+		return nil, fmt.Errorf("%w (%s): %s", ErrNoServer, u, howTo)
 	}
-	return nil, fmt.Errorf("%w (%s): %s", ErrNoServer, strings.Join(reasons, "; "), howTo)
+	if err == nil {
+		running.add(s)
+	}
+	return s, err
 }
 
 func newServer(dsn string, logf func(string, ...any)) *Server {

@@ -1,0 +1,120 @@
+package pgchangestream
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// The methods below give an [EventWithToken] the methods of the store-client library's
+// client.Event interface, with the semantics its PostgreSQL watcher had, so a delivery can be
+// handed to code written against that interface as it is.
+
+// GetDocumentID returns the changelog id of the event (its _id._data) as a string, the same
+// value as the resume token. It fails when the event has no _id.
+func (e EventWithToken) GetDocumentID() (string, error) {
+	id, ok := e.Event["_id"]
+	if !ok {
+		return "", errors.New("pgchangestream: event has no _id")
+	}
+	if m, ok := id.(map[string]any); ok {
+		if data, ok := m["_data"]; ok {
+			return fmt.Sprint(data), nil
+		}
+	}
+	return fmt.Sprint(id), nil
+}
+
+// GetRecordUUID returns the id of the changed record as published in the document:
+// fullDocument.id, else fullDocument._id. It fails when fullDocument is not an object (as for
+// deletes) or holds neither key.
+func (e EventWithToken) GetRecordUUID() (string, error) {
+	doc, _ := e.Event["fullDocument"].(map[string]any)
+	for _, key := range []string{"id", "_id"} {
+		if id, ok := doc[key]; ok {
+			return fmt.Sprint(id), nil
+		}
+	}
+	return "", errors.New("pgchangestream: no id or _id in fullDocument")
+}
+
+// GetNodeName returns fullDocument.healthevent.nodename, else
+// fullDocument.healthevent.nodeName. It fails when neither is a string.
+func (e EventWithToken) GetNodeName() (string, error) {
+	doc, _ := e.Event["fullDocument"].(map[string]any)
+	healthEvent, _ := doc["healthevent"].(map[string]any)
+	for _, key := range []string{"nodename", "nodeName"} {
+		if name, ok := healthEvent[key].(string); ok {
+			return name, nil
+		}
+	}
+	return "", errors.New("pgchangestream: no node name in fullDocument.healthevent")
+}
+
+// GetResumeToken returns the event's resume token, for [Watcher.MarkProcessed].
+func (e EventWithToken) GetResumeToken() []byte { return e.ResumeToken }
+
+// UnmarshalDocument decodes fullDocument into v through a JSON round trip. When fullDocument
+// holds an object under "document" (a row published whole), that object is decoded instead,
+// with the outer "id" as its "_id". Keys "createdat", at any depth of objects, are decoded as
+// "createdAt"; beside a "createdAt" they are ignored. The event itself is not modified.
+func (e EventWithToken) UnmarshalDocument(v any) error {
+	full, ok := e.Event["fullDocument"]
+	if !ok {
+		return errors.New("pgchangestream: event has no fullDocument")
+	}
+	doc, ok := full.(map[string]any)
+	if !ok {
+		return fmt.Errorf("pgchangestream: fullDocument is %T, not an object", full)
+	}
+	doc = renameCreatedAt(doc) // a deep copy of the objects, so the event stays as it is
+	if inner, ok := doc["document"].(map[string]any); ok {
+		if id, ok := doc["id"]; ok {
+			inner["_id"] = id
+		}
+		doc = inner
+	}
+	data, err := json.Marshal(doc)
+	if err != nil {
+		return fmt.Errorf("pgchangestream: encode fullDocument: %w", err)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("pgchangestream: decode fullDocument: %w", err)
+	}
+	return nil
+}
+
+// renameCreatedAt returns a copy of doc, and of the objects nested in it, with the key
+// "createdat" renamed "createdAt", or dropped where "createdAt" is present.
+func renameCreatedAt(doc map[string]any) map[string]any {
+	out := make(map[string]any, len(doc))
+	for key, value := range doc {
+		if m, ok := value.(map[string]any); ok {
+			value = renameCreatedAt(m)
+		}
+		if key == "createdat" {
+			if _, taken := doc["createdAt"]; taken {
+				continue // encoding/json would match either key to a createdAt field
+			}
+			key = "createdAt"
+		}
+		out[key] = value
+	}
+	return out
+}
+
+// UpdatedFields returns updateDescription.updatedFields of an update: the changed fields by
+// dotted path, removed ones with a nil value. It returns nil for other events.
+func (e EventWithToken) UpdatedFields() map[string]any {
+	desc, _ := e.Event["updateDescription"].(map[string]any)
+	fields, _ := desc["updatedFields"].(map[string]any)
+	return fields
+}
+
+// EventUpdatesOnly reports whether ev is an update that changed exactly one field, the one at
+// the dotted path field.
+func EventUpdatesOnly(ev EventWithToken, field string) bool {
+	fields := ev.UpdatedFields()
+	_, ok := fields[field]
+	return ok && len(fields) == 1
+}
