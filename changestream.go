@@ -78,7 +78,11 @@ type Watcher struct {
 	ckMu     sync.Mutex
 	saved    Position
 	hasSaved bool
-	bgErr    error // batched mode: the last background save failure, returned once
+
+	// The last background save failure, returned once, guarded by errMu: not ckMu, so that an
+	// acknowledgement in batched mode never waits for a save it did not ask for.
+	errMu sync.Mutex
+	bgErr error
 
 	// Hints from NOTIFY payloads, guarded by hintMu (listener appends, reader takes).
 	hintMu    sync.Mutex

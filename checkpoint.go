@@ -295,8 +295,8 @@ func (w *Watcher) Flush(ctx context.Context) error {
 
 // takeBackgroundError returns and clears the last background save failure.
 func (w *Watcher) takeBackgroundError() error {
-	w.ckMu.Lock()
-	defer w.ckMu.Unlock()
+	w.errMu.Lock()
+	defer w.errMu.Unlock()
 	err := w.bgErr
 	w.bgErr = nil
 	return err
@@ -329,9 +329,9 @@ func (w *Watcher) saveLoop(ctx context.Context) {
 		}
 		w.log.Error("background checkpoint save failed", "error", err)
 		if batched {
-			w.ckMu.Lock()
+			w.errMu.Lock()
 			w.bgErr = err
-			w.ckMu.Unlock()
+			w.errMu.Unlock()
 		}
 	}
 }

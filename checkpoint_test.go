@@ -39,6 +39,34 @@ func TestBatchedCheckpointsSaveInTheBackground(t *testing.T) {
 	})
 }
 
+// An acknowledgement in batched mode returns at once, even while a slow background save holds
+// the checkpoint lock.
+func TestBatchedAckDoesNotWaitForBackgroundSave(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeDB(testConfig(Config{}))
+		f.insert("t", t0, 5)
+		w := startOn(t, t.Context(), f, Config{StartFromBeginning: true, CheckpointInterval: 100 * time.Millisecond})
+		receive(t, w, 5)
+		require.NoError(t, w.MarkProcessed(t.Context(), tok(1)))
+		f.mu.Lock()
+		f.saveDelay = time.Second
+		f.mu.Unlock()
+		time.Sleep(100 * time.Millisecond) // the background save starts and takes a second
+		synctest.Wait()
+		start := time.Now()
+		for id := int64(2); id <= 4; id++ {
+			require.NoError(t, w.MarkProcessed(t.Context(), tok(id)))
+		}
+		require.Zero(t, time.Since(start), "the acknowledgements waited for the background save")
+		require.Equal(t, 1, w.Stats().Pending)
+		f.mu.Lock()
+		f.saveDelay = 0
+		f.mu.Unlock()
+		time.Sleep(time.Second)
+		closeWatcher(t, w)
+	})
+}
+
 func TestBatchedSaveFailureIsReportedOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeDB(testConfig(Config{}))
