@@ -259,8 +259,8 @@ func TestLiveListenTerminated(t *testing.T) {
 	require.Equal(t, e.position(after[0]), e.savedToken("c"))
 }
 
-// TestLivePollingLateRowBelowCursor states the known limit of polling (contract rule 11 and its
-// "Known limits"): transaction A inserts row a and stays open (a.changed_at is A's start time),
+// TestLivePollingLateRowBelowCursor states the known limit of polling on the legacy schema
+// (contract rule 11 and its "Known limits"): transaction A inserts row a and stays open (a.changed_at is A's start time),
 // B inserts row b and commits; the polling watcher delivers b and its cursor moves to b's
 // position, above a. When A commits, a is below the cursor: polling never reads it (asserted
 // over 30 poll intervals). Hybrid mode recovers it through the NOTIFY that names a (tested with
@@ -275,7 +275,7 @@ func TestLiveListenTerminated(t *testing.T) {
 //     (b.changed_at, b.id-1), still above a. The restart delivers b again, but not a.
 func TestLivePollingLateRowBelowCursor(t *testing.T) {
 	ctx := context.Background()
-	e := newLive(t)
+	e := newLegacy(t)
 	cfg := e.config(ModePolling)
 	cfg.PollInterval = 10 * time.Millisecond
 	seed := e.insert(1)[0]
