@@ -272,20 +272,3 @@ func TestLiveLegacySchemaWarnsAtStart(t *testing.T) {
 		})
 	}
 }
-
-// idsAtOrBefore returns the ids of the items changelog rows at or before a legacy saved token
-// (its timestamp and eventID), in the order of the ids.
-func (e *liveEnv) idsAtOrBefore(token string) []int64 {
-	e.t.Helper()
-	return e.queryIDs(e.db, `SELECT id FROM datastore_changelog WHERE table_name = 'items'
-		AND (changed_at, id) <= (($1::jsonb->>'timestamp')::timestamptz, ($1::jsonb->>'eventID')::bigint)
-		ORDER BY id`, token)
-}
-
-// rawToken returns the client's saved token as the JSON text stored.
-func (e *liveEnv) rawToken(client string) string {
-	e.t.Helper()
-	var raw string
-	require.NoError(e.t, e.db.QueryRow(`SELECT resume_token::text FROM resume_tokens WHERE client_name = $1`, client).Scan(&raw))
-	return raw
-}
