@@ -180,6 +180,6 @@ func (d *deliveries) requireAll(t *testing.T, ids []int64, within time.Duration,
 		time.Sleep(10 * time.Millisecond)
 	}
 	if lost := d.missing(ids); len(lost) > 0 {
-		t.Fatalf("%s: %d of %d committed rows were never delivered: %v", what, len(lost), len(ids), lost)
+		t.Fatalf("%s: %d of %d committed rows were never delivered, among them %v", what, len(lost), len(ids), lost[:min(len(lost), 20)])
 	}
 }
