@@ -265,7 +265,8 @@ func (r *crashRun) consume(c *crashable, k int, crashed <-chan struct{}, first c
 }
 
 // waitFinal waits, with the writers stopped, until the last watcher has delivered every row
-// (legacy: the newest row in position order; late rows may be missing).
+// (legacy: the newest row in position order; late rows may be missing) and the consumer has
+// acknowledged every delivery.
 func (r *crashRun) waitFinal(ctx context.Context, c *crashable) {
 	rows, err := faultChangelog(ctx, r.e.db)
 	require.NoError(r.t, err)
@@ -279,7 +280,7 @@ func (r *crashRun) waitFinal(ctx context.Context, c *crashable) {
 				missing++
 			}
 		}
-		reached := r.delivered[newest] > 0 && (r.legacy || missing == 0)
+		reached := r.delivered[newest] > 0 && (r.legacy || missing == 0) && c.Stats().Pending == 0
 		r.mu.Unlock()
 		if reached {
 			return

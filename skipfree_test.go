@@ -40,7 +40,7 @@ func TestLiveOutOfOrderCommits(t *testing.T) {
 		require.NoError(t, txA.Commit())
 		got.requireAll(t, []int64{a1, a2}, liveWait, "A, committed last")
 
-		requireNothingWithin(t, w, liveQuiet)
+		got.requireQuiet(t, liveQuiet)
 		require.NoError(t, w.Close(context.Background()))
 		wait()
 		require.Zero(t, got.count(r), "the rolled-back row")
@@ -153,7 +153,7 @@ func TestLiveBigTransactionOvertaken(t *testing.T) {
 	all := e.idsInOrder()
 	require.Len(t, all, n+1)
 	got.requireAll(t, all, 60*time.Second, "the big transaction")
-	requireNothingWithin(t, w, liveQuiet)
+	got.requireQuiet(t, liveQuiet)
 	require.NoError(t, w.Close(context.Background()))
 	wait()
 	require.Empty(t, got.repeated(), "delivered twice while the watcher ran")

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // liveWriters inserts rows into the items table from several goroutines, each transaction held
@@ -170,6 +172,14 @@ func (d *deliveries) total() int {
 		n += c
 	}
 	return n
+}
+
+// requireQuiet fails if anything is delivered within d.
+func (d *deliveries) requireQuiet(t *testing.T, within time.Duration) {
+	t.Helper()
+	n := d.total()
+	time.Sleep(within)
+	require.Equal(t, n, d.total(), "unexpected deliveries")
 }
 
 // requireAll waits up to within until every id of ids was delivered, failing with the ids lost.
