@@ -72,7 +72,7 @@ if missing and resets the saved position of client "`+demoClient+`".`, stdout, s
 	c.fs.Uint64Var(&f.seed, "seed", 0, "seed of the random choices (default: random, printed)")
 	c.fs.DurationVar(&f.progress, "progress", time.Second, "interval of the progress report")
 	c.fs.DurationVar(&f.drainTimeout, "drain-timeout", 30*time.Second,
-		"how long to wait for delivery of every row written so far, before each crash and after writing")
+		"how long to wait, after writing, for delivery of every row written")
 	return c.exit(func() error {
 		if err := c.parseNoArgs(args); err != nil {
 			return err
