@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,23 +22,37 @@ var (
 // crashWriters is the number of concurrent writer goroutines in the crash trials.
 const crashWriters = 4
 
-// TestLiveCrashTrials: contract rules 1, 2, 3, 6 and 14, and the at-least-once promise, under
-// watcher crashes at random points. Writers insert continuously from several goroutines (each
-// holding its transaction open for a random moment, so commit order and position order differ
-// at times); a consumer acks every event, or a contiguous watermark every k events; the watcher
-// is crashed by cancelling Start's context without Close or Flush (its pool closed, so nothing
-// is saved after the crash), then a new watcher starts for the same client. Each trial checks:
+// crashHold bounds how long a crash trial writer holds its transaction open.
+const crashHold = 1500 * time.Microsecond
+
+// TestLiveCrashTrials: contract rules 1, 2, 3, 6, 11 and 14, and the at-least-once promise, under
+// watcher crashes at random points, on the upgraded schema. Writers insert continuously from
+// several goroutines, each holding its transaction open for a random moment, so commit order and
+// insert order differ, and they keep committing through every crash and restart; a consumer
+// acks every event, or a contiguous watermark every k events; the watcher is crashed by
+// cancelling Start's context without Close or Flush (its pool closed, so nothing is saved after
+// the crash), then a new watcher starts for the same client. At the end, with the writers stopped
+// and a last watcher run until every row is delivered, every committed row was delivered at least
+// once: a row never delivered fails the test, in every mode. After the final acks a restart
+// delivers nothing. Run with -long for more trials; -crash.seed replays a seed's crash points
+// (scheduling still varies).
+func TestLiveCrashTrials(t *testing.T) {
+	t.Parallel()
+	runCrashModes(t, allModes, false)
+}
+
+// TestLiveCrashTrialsLegacy: the crash trials on the legacy schema, where reads follow
+// (changed_at, id) order. Writers pause around each crash and restart (no commit is in flight
+// then), so each trial also checks:
 //
 //   - the saved token right after the crash is the position the last successful MarkProcessed
 //     saved (read from Stats().Checkpoint after each one);
 //   - the restarted watcher's first delivery is the first changelog row after the saved token
-//     in position order (writers are paused during the restart, so no row commits meanwhile);
+//     in position order;
 //
-// and at the end, with the writers stopped and a last watcher run to the newest row, every row
-// written was delivered at least once, and after a final ack the saved token is the newest
-// row's position.
+// and at the end, after a final ack, the saved token is the newest row's position.
 //
-// One exception is the known limit of contract rule 11, rows committed behind the cursor. A
+// One exception is the legacy limit of contract rule 11, rows committed behind the cursor. A
 // read can pass row r without returning it only if its snapshot held a row with a later
 // position but not r: that row became visible first. So r may be missed only if some row with
 // a later position had its commit sent before r's commit returned; the test calls such rows
@@ -47,9 +60,14 @@ const crashWriters = 4
 // row committed behind the cursor; hybrid mode recovers it through its NOTIFY, unless the
 // watcher crashes before handling that NOTIFY and the saved token already passed the row. Late
 // rows that were not delivered are counted and logged, not failed; every other row must be
-// delivered. Run with -long for more trials; -crash.seed replays a seed's crash points
-// (scheduling still varies).
-func TestLiveCrashTrials(t *testing.T) {
+// delivered.
+func TestLiveCrashTrialsLegacy(t *testing.T) {
+	t.Parallel()
+	runCrashModes(t, liveModes, true)
+}
+
+// runCrashModes runs the crash trials in each mode, with both ways of acknowledging.
+func runCrashModes(t *testing.T, modes []Mode, legacy bool) {
 	trials := 20
 	if *long {
 		trials = 150
@@ -60,12 +78,12 @@ func TestLiveCrashTrials(t *testing.T) {
 	}
 	t.Logf("seed %d (replay with -crash.seed=%d)", seed, seed)
 	i := uint64(0)
-	for _, mode := range []Mode{ModePolling, ModeHybrid} {
+	for _, mode := range modes {
 		for _, ack := range []string{"per-event", "watermark"} {
 			i++
 			rng := rand.New(rand.NewPCG(seed, i))
 			t.Run(string(mode)+"/"+ack, func(t *testing.T) {
-				runCrashTrials(t, mode, ack == "watermark", trials, rng)
+				runCrashTrials(t, mode, ack == "watermark", legacy, trials, rng)
 			})
 		}
 	}
@@ -77,112 +95,118 @@ type crashRun struct {
 	e         *liveEnv
 	cfg       Config
 	watermark bool
+	legacy    bool       // legacy schema: writers pause around crashes, positions are checked
 	rng       *rand.Rand // test goroutine only
-
-	pause   sync.RWMutex // writers hold it (read) across each transaction; the test locks it to pause them
-	stopped atomic.Bool  // writers exit
+	writers   *liveWriters
 
 	mu        sync.Mutex
-	written   map[int64]faultRow // every row committed
-	delivered map[int64]int      // id → deliveries handed to a consumer
-	lastSaved Position           // checkpoint after the last successful MarkProcessed, or the loaded one
+	delivered map[int64]int // id → deliveries handed to a consumer
+	lastSaved Position      // legacy: checkpoint after the last successful MarkProcessed, or the loaded one
 }
 
-func runCrashTrials(t *testing.T, mode Mode, watermark bool, trials int, rng *rand.Rand) {
+func runCrashTrials(t *testing.T, mode Mode, watermark, legacy bool, trials int, rng *rand.Rand) {
 	e := newLive(t)
+	if legacy {
+		e = newLegacy(t)
+	}
 	cfg := e.config(mode)
 	cfg.PollInterval = 5 * time.Millisecond
 	cfg.StartFromBeginning = true
-	r := &crashRun{t: t, e: e, cfg: cfg, watermark: watermark, rng: rng,
-		written: map[int64]faultRow{}, delivered: map[int64]int{}}
+	r := &crashRun{t: t, e: e, cfg: cfg, watermark: watermark, legacy: legacy, rng: rng,
+		delivered: map[int64]int{}}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	var writers sync.WaitGroup
-	r.pause.Lock() // writers start paused
-	paused := true
+	ctx := context.Background()
+	r.writers = e.startWriters(crashWriters, crashHold)
+	paused := false
+	if legacy { // writers start paused
+		r.writers.pause()
+		paused = true
+	}
 	var stopGen func() // stops the current generation's consumer; nil when none runs
 	defer func() {     // on failure too: nothing may be left waiting
 		if stopGen != nil {
 			stopGen()
 		}
-		r.stopped.Store(true)
 		if paused {
-			r.pause.Unlock()
+			r.writers.resume()
 		}
-		cancel()
-		writers.Wait()
+		r.writers.stop()
 	}()
-	for range crashWriters {
-		wrng := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64()))
-		writers.Go(func() { r.write(ctx, wrng) })
-	}
 
 	crashes := 0
 	for trial := 0; ; trial++ {
 		final := trial == trials
-		if final { // stop the writers: the last watcher runs to the newest row
-			r.stopped.Store(true)
-			r.pause.Unlock()
-			writers.Wait()
-			r.pause.Lock()
+		if final { // stop the writers: the last watcher runs until every row is delivered
+			if paused {
+				r.writers.resume()
+				paused = false
+			}
+			r.writers.stop()
+			require.Zero(t, r.writers.errs, "writer errors: %v", r.writers.lastErr)
 		}
-		saved, ok := r.savedToken(ctx)
-		r.mu.Lock()
-		if trial > 0 { // the old watcher's Close saved nothing either
-			require.True(t, ok)
-			require.Equal(t, r.lastSaved, saved, "trial %d: saved token after releasing the crashed watcher", trial)
+		var want Position
+		if legacy {
+			saved, ok := r.savedToken(ctx)
+			r.mu.Lock()
+			if trial > 0 { // the old watcher's Close saved nothing either
+				require.True(t, ok)
+				require.Equal(t, r.lastSaved, saved, "trial %d: saved token after releasing the crashed watcher", trial)
+			}
+			r.lastSaved = saved // what the watcher loads (a new client saves the zero position)
+			r.mu.Unlock()
+			want = r.firstAfter(ctx, saved)
 		}
-		r.lastSaved = saved // what the watcher loads (a new client saves the zero position)
-		r.mu.Unlock()
-		want := r.firstAfter(ctx, saved)
 		c := e.startCrashable(cfg)
 		k := 2 + r.rng.IntN(9)
-		crashed, first, done := make(chan struct{}), make(chan int64, 1), make(chan struct{})
-		stopAt := int64(-1)
-		if final {
-			rows, err := faultChangelog(ctx, e.db)
-			require.NoError(t, err)
-			stopAt = rows[len(rows)-1].ID
+		if final { // the last consumer acks every event
+			k = 1
 		}
+		crashed, first, done := make(chan struct{}), make(chan int64, 1), make(chan struct{})
 		go func() {
 			defer close(done)
-			r.consume(c, k, crashed, first, stopAt)
+			r.consume(c, k, crashed, first)
 		}()
 		stopGen = func() {
 			close(crashed)
 			<-done
 		}
-		select {
-		case id := <-first:
-			require.Equal(t, want.ID, id, "trial %d: first delivery after restarting from %v", trial, saved)
-		case <-time.After(20 * time.Second):
-			t.Fatalf("trial %d: no delivery after restarting from %v; stats %+v", trial, saved, c.Stats())
+		if legacy {
+			select {
+			case id := <-first:
+				require.Equal(t, want.ID, id, "trial %d: first delivery after restarting from %v", trial, r.lastSaved)
+			case <-time.After(20 * time.Second):
+				t.Fatalf("trial %d: no delivery after restarting from %v; stats %+v", trial, r.lastSaved, c.Stats())
+			}
 		}
 		if final {
-			select {
-			case <-done:
-			case <-time.After(60 * time.Second):
-				t.Fatalf("the last watcher did not reach the newest row %d; stats %+v", stopAt, c.Stats())
-			}
+			r.waitFinal(ctx, c)
+			stopGen()
 			stopGen = nil
-			r.checkFinal(ctx, c, stopAt, crashes)
+			r.checkFinal(ctx, c, crashes)
 			return
 		}
-		r.pause.Unlock()
-		paused = false
+		if paused {
+			r.writers.resume()
+			paused = false
+		}
 		time.Sleep(time.Duration(r.rng.IntN(200_000)) * time.Microsecond) // the crash point
 		// The watcher and the consumer die together; an acknowledgement in flight completes.
 		c.cancel()
 		stopGen()
 		stopGen = nil
 		c.stop()
-		r.pause.Lock() // in-flight transactions commit first
-		paused = true
+		if legacy {
+			r.writers.pause() // in-flight transactions commit first
+			paused = true
+		}
 		crashes++
 		// Release the old watcher: its pool is closed first, so nothing is written after the
 		// crash; a background save already in flight completes (sql.DB.Close waits for it).
 		c.crash()
-		saved, _ = r.savedToken(ctx)
+		if !legacy {
+			continue
+		}
+		saved, _ := r.savedToken(ctx)
 		r.mu.Lock()
 		lastSaved := r.lastSaved
 		r.lastSaved = saved
@@ -195,35 +219,10 @@ func runCrashTrials(t *testing.T, mode Mode, watermark bool, trials int, rng *ra
 	}
 }
 
-// write inserts rows until the run stops, recording each commit.
-func (r *crashRun) write(ctx context.Context, rng *rand.Rand) {
-	for {
-		r.pause.RLock()
-		if r.stopped.Load() {
-			r.pause.RUnlock()
-			return
-		}
-		row, err := faultInsert(ctx, r.e.db, time.Duration(rng.IntN(1500))*time.Microsecond)
-		if err == nil {
-			r.mu.Lock()
-			r.written[row.pos.ID] = row
-			r.mu.Unlock()
-		}
-		r.pause.RUnlock()
-		if err != nil {
-			if ctx.Err() == nil {
-				r.t.Errorf("writer: %v", err)
-			}
-			return
-		}
-		time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond) // pace
-	}
-}
-
-// consume handles deliveries until crashed is closed (a crashed consumer handles nothing more)
-// or the delivery of stopAt: it records each, sends the first id on first, and acks each
-// (per-event) or every k-th (watermark), recording the checkpoint after each successful ack.
-func (r *crashRun) consume(c *crashable, k int, crashed <-chan struct{}, first chan<- int64, stopAt int64) {
+// consume handles deliveries until crashed is closed (a crashed consumer handles nothing more):
+// it records each, sends the first id on first, and acks each (per-event) or every k-th
+// (watermark), recording the checkpoint after each successful ack.
+func (r *crashRun) consume(c *crashable, k int, crashed <-chan struct{}, first chan<- int64) {
 	for n := 1; ; n++ {
 		select {
 		case <-crashed:
@@ -251,18 +250,46 @@ func (r *crashRun) consume(c *crashable, k int, crashed <-chan struct{}, first c
 		if n == 1 {
 			first <- id
 		}
-		if !r.watermark || n%k == 0 || id == stopAt {
+		if !r.watermark || n%k == 0 {
 			if err := c.MarkProcessed(context.Background(), ev.ResumeToken); err != nil {
 				r.t.Errorf("MarkProcessed(%d): %v", id, err)
 				return
 			}
-			r.mu.Lock()
-			r.lastSaved = legacyView(c.Stats().Checkpoint)
-			r.mu.Unlock()
+			if r.legacy {
+				r.mu.Lock()
+				r.lastSaved = c.Stats().Checkpoint
+				r.mu.Unlock()
+			}
 		}
-		if id == stopAt {
+	}
+}
+
+// waitFinal waits, with the writers stopped, until the last watcher has delivered every row
+// (legacy: the newest row in position order; late rows may be missing) and the consumer has
+// acknowledged every delivery.
+func (r *crashRun) waitFinal(ctx context.Context, c *crashable) {
+	rows, err := faultChangelog(ctx, r.e.db)
+	require.NoError(r.t, err)
+	newest := rows[len(rows)-1].ID
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		r.mu.Lock()
+		missing := 0
+		for _, p := range rows {
+			if r.delivered[p.ID] == 0 {
+				missing++
+			}
+		}
+		reached := r.delivered[newest] > 0 && (r.legacy || missing == 0) && c.Stats().Pending == 0
+		r.mu.Unlock()
+		if reached {
 			return
 		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("the last watcher did not deliver every row: %d of %d never delivered (newest %d); stats %+v",
+				missing, len(rows), newest, c.Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -291,33 +318,35 @@ func (r *crashRun) firstAfter(ctx context.Context, saved Position) Position {
 	}
 	row, err := faultInsert(ctx, r.e.db, 0)
 	require.NoError(r.t, err)
-	r.mu.Lock()
-	r.written[row.pos.ID] = row
-	r.mu.Unlock()
+	r.writers.mu.Lock()
+	r.writers.rows[row.pos.ID] = row
+	r.writers.mu.Unlock()
 	return row.pos
 }
 
-// checkFinal checks, once the last watcher delivered the newest row, that every row that was
-// not late was delivered, and that the final ack saves the newest row's position.
-func (r *crashRun) checkFinal(ctx context.Context, c *crashable, newest int64, crashes int) {
+// checkFinal checks, once the last watcher delivered every row and acknowledged it, that every
+// committed row was delivered (legacy: every row that was not late), that the final ack saves the
+// newest row's position (legacy), and that a restart delivers nothing.
+func (r *crashRun) checkFinal(ctx context.Context, c *crashable, crashes int) {
 	t := r.t
 	rows, err := faultChangelog(ctx, r.e.db)
 	require.NoError(t, err)
+	written := r.writers.rows // the writers are stopped
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	require.Len(t, r.written, len(rows), "rows in the changelog vs rows written")
+	require.Len(t, written, len(rows), "rows in the changelog vs rows written")
 	// firstSentAfter[i]: the earliest commit sent among the rows after rows[i] in position order.
 	firstSentAfter := make([]time.Time, len(rows))
 	for i := len(rows) - 1; i > 0; i-- {
-		sent := r.written[rows[i].ID].commitSent
+		sent := written[rows[i].ID].commitSent
 		firstSentAfter[i-1] = sent
 		if i < len(rows)-1 && firstSentAfter[i].Before(sent) {
 			firstSentAfter[i-1] = firstSentAfter[i]
 		}
 	}
-	var late, lateMissed, redelivered int
+	var late, redelivered int
+	var lost []int64
 	for i, p := range rows {
-		w, ok := r.written[p.ID]
+		w, ok := written[p.ID]
 		require.True(t, ok, "row %d in the changelog was not written by the test", p.ID)
 		require.Equal(t, w.pos, p)
 		isLate := i < len(rows)-1 && firstSentAfter[i].Before(w.commitDone)
@@ -328,20 +357,26 @@ func (r *crashRun) checkFinal(ctx context.Context, c *crashable, newest int64, c
 			redelivered += n - 1
 			continue
 		}
-		require.True(t, isLate, "row %d at %v was never delivered, and no row after it was committed before it", p.ID, p)
-		lateMissed++
+		if r.legacy {
+			require.True(t, isLate, "row %d at %v was never delivered, and no row after it was committed before it", p.ID, p)
+		}
+		lost = append(lost, p.ID)
 	}
-	require.Equal(t, newest, rows[len(rows)-1].ID)
-	require.NoError(t, c.MarkProcessed(ctx, tok(newest)))
-	want := rows[len(rows)-1]
-	got, _ := r.savedToken(ctx)
-	require.Equal(t, want, got, "saved token after the final ack")
-	require.Equal(t, want, legacyView(c.Stats().Checkpoint))
-	t.Logf("%d rows, %d crashes, %d redeliveries; %d rows late, %d of them never delivered",
-		len(rows), crashes, redelivered, late, lateMissed)
-	if r.cfg.Mode == ModeHybrid && lateMissed > 0 {
-		t.Logf("hybrid: %d late rows were lost to a crash before their NOTIFY was handled", lateMissed)
+	r.mu.Unlock()
+	t.Logf("%d rows, %d crashes, %d redeliveries; %d rows late, %d rows never delivered",
+		len(rows), crashes, redelivered, late, len(lost))
+	if !r.legacy {
+		require.Empty(t, lost, "%d of %d committed rows were never delivered", len(lost), len(rows))
 	}
+	require.NoError(t, c.MarkProcessed(ctx, nil))
+	if r.legacy {
+		want := rows[len(rows)-1]
+		got, _ := r.savedToken(ctx)
+		require.Equal(t, want, got, "saved token after the final ack")
+		require.Equal(t, want, c.Stats().Checkpoint)
+	}
+	c.crash()
+	r.e.requireRestartDelivers(r.cfg.Mode, nil, "everything was acknowledged")
 }
 
 // crashable is a watcher with a connection pool of its own, so that it can die like a process:

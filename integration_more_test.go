@@ -229,16 +229,17 @@ func TestLiveFilteredRowsAdvanceTheToken(t *testing.T) {
 	})
 }
 
-// TestLiveNewClientStartPosition proves rule 14 for a client without a saved token: it starts
+// TestLiveNewClientStartPosition proves rule 14 on the legacy schema for a client without a saved
+// token: it starts
 // after the newest row of its table as the database sees it (here the database's clock is an hour
 // behind the application's, and another table has a later row), saves that position at once, and
 // delivers only rows written after it; with StartFromBeginning it delivers every row.
 func TestLiveNewClientStartPosition(t *testing.T) {
-	eachMode(t, func(t *testing.T, e *liveEnv, mode Mode) {
+	runModes(t, liveModes, newLegacy, func(t *testing.T, e *liveEnv, mode Mode) {
 		_, err := e.db.Exec(`ALTER TABLE datastore_changelog ALTER COLUMN changed_at SET DEFAULT now() - interval '1 hour'`)
 		require.NoError(t, err)
 		_, err = e.db.Exec(`INSERT INTO datastore_changelog (table_name, record_id, operation, new_values, changed_at)
-			VALUES ('other', 'x', 'INSERT', '{}', now() + interval '1 hour')`)
+			VALUES ('other', gen_random_uuid(), 'INSERT', '{}', now() + interval '1 hour')`)
 		require.NoError(t, err)
 		before := e.insert(3)
 

@@ -21,14 +21,24 @@ const (
 // liveModes are the reading modes every scenario runs in.
 var liveModes = []Mode{ModePolling, ModeHybrid}
 
+// allModes are every reading mode: the scenarios about skip-free reads run in each.
+var allModes = []Mode{ModePolling, ModeNotify, ModeHybrid}
+
 // eachMode runs f in parallel subtests named after the modes, each with a database of its own.
 func eachMode(t *testing.T, f func(t *testing.T, e *liveEnv, mode Mode)) {
 	t.Helper()
+	runModes(t, liveModes, newLive, f)
+}
+
+// runModes runs f in parallel subtests named after modes, each with a database of its own made
+// by newEnv (newLive or newLegacy).
+func runModes(t *testing.T, modes []Mode, newEnv func(*testing.T) *liveEnv, f func(t *testing.T, e *liveEnv, mode Mode)) {
+	t.Helper()
 	t.Parallel()
-	for _, mode := range liveModes {
+	for _, mode := range modes {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()
-			f(t, newLive(t), mode)
+			f(t, newEnv(t), mode)
 		})
 	}
 }
@@ -216,14 +226,14 @@ func TestLiveTokensThatCertifyNothing(t *testing.T) {
 	})
 }
 
-// TestLiveLateRowRecoveredInHybridMode proves rule 11 with rules 1 and 3: transaction A inserts
-// first and commits after B, so A's row (the earlier changed_at: the transaction start) commits
+// TestLiveLateRowRecoveredInHybridMode proves rule 11 on the legacy schema, with rules 1 and 3:
+// transaction A inserts first and commits after B, so A's row (the earlier changed_at: the transaction start) commits
 // below the cursor. Its NOTIFY names it, it is fetched by id and delivered; the cursor stays at
 // B, the saved token holds behind A until A is acknowledged, and a restart before that replays A.
 func TestLiveLateRowRecoveredInHybridMode(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := newLive(t)
+	e := newLegacy(t)
 	w := e.start(e.fromBeginning(ModeHybrid))
 	waitStartSaved(t, w)
 
@@ -249,15 +259,15 @@ func TestLiveLateRowRecoveredInHybridMode(t *testing.T) {
 	requireNothingWithin(t, w2, liveQuiet)
 }
 
-// TestLiveLateTransactionRowsRecoveredInOrder proves rule 11 with rules 1 and 3 for a late
-// transaction with two rows, one inserted before and one after the row of B that the watcher
+// TestLiveLateTransactionRowsRecoveredInOrder proves rule 11 on the legacy schema, with rules 1
+// and 3, for a late transaction with two rows, one inserted before and one after the row of B that the watcher
 // delivered first: both are recovered, in order; acknowledging B holds the token behind the first
 // late row, acknowledging that one holds it behind the second, and a restart then replays the
 // second late row and B (everything after the saved position).
 func TestLiveLateTransactionRowsRecoveredInOrder(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := newLive(t)
+	e := newLegacy(t)
 	w := e.start(e.fromBeginning(ModeHybrid))
 	waitStartSaved(t, w)
 
@@ -282,12 +292,12 @@ func TestLiveLateTransactionRowsRecoveredInOrder(t *testing.T) {
 	requireNothingWithin(t, w2, liveQuiet)
 }
 
-// TestLiveLowerIDWithLaterChangedAt proves that positions, not ids, order delivery and tokens
-// (the position definition, rules 1 and 3): B starts its transaction after A but inserts and
+// TestLiveLowerIDWithLaterChangedAt proves that on the legacy schema positions, not ids, order
+// delivery and tokens (the position definition, rules 1 and 3): B starts its transaction after A but inserts and
 // commits first, so B has the lower id and the later changed_at. A is delivered first, and an ack
 // of A saves B's predecessor, from which a restart reads B alone.
 func TestLiveLowerIDWithLaterChangedAt(t *testing.T) {
-	eachMode(t, func(t *testing.T, e *liveEnv, mode Mode) {
+	runModes(t, liveModes, newLegacy, func(t *testing.T, e *liveEnv, mode Mode) {
 		ctx := context.Background()
 		txA := e.openTx()
 		var startA time.Time

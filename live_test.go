@@ -28,8 +28,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// liveTemplate is a database with the schema installed and the table "items" captured; every
-// live test starts from a copy of it.
+// liveTemplate is a database with the schema installed (InstallSchema: the upgraded schema,
+// read in snapshot deltas) and the table "items" captured; live tests start from a copy of it,
+// or of legacyTemplate.
 const liveTemplate = "pgchangestream_live"
 
 // liveTable is the captured table of every live test.
@@ -65,8 +66,15 @@ func newLive(t *testing.T) *liveEnv {
 // newLiveOn gives the test a fresh database on srv (a server of its own for fault tests).
 func newLiveOn(t *testing.T, srv *pgtest.Server) *liveEnv {
 	t.Helper()
-	require.NoError(t, srv.CreateTemplate(context.Background(), liveTemplate, setupLiveTemplate))
-	db, dsn := srv.NewDatabase(t, liveTemplate)
+	return newEnvFrom(t, srv, liveTemplate, setupLiveTemplate)
+}
+
+// newEnvFrom gives the test a fresh copy of a template database on srv, creating the template
+// with setup on first use.
+func newEnvFrom(t *testing.T, srv *pgtest.Server, template string, setup func(context.Context, *sql.DB) error) *liveEnv {
+	t.Helper()
+	require.NoError(t, srv.CreateTemplate(context.Background(), template, setup))
+	db, dsn := srv.NewDatabase(t, template)
 	return &liveEnv{t: t, srv: srv, db: db, dsn: dsn}
 }
 

@@ -41,7 +41,8 @@ type queries struct {
 	loadToken, saveToken string
 	// saveLegacy, saveDelta: a save that also marks the legacy processed flag in the same
 	// statement (one round trip, one commit): the rows newly certified since the previous
-	// save, found through index ranges, so a save costs what it certifies. saveLegacy marks
+	// save, found through index ranges, so a save costs what it certifies (the ids are
+	// collected first, so the update itself is a primary-key lookup whatever the statistics). saveLegacy marks
 	// the legacy positions in ($4, $5) .. ($6, $7); savePhase, in the legacy part of a
 	// switch-over, only those that snapshot $8 sees or that have no txid. saveDelta marks the rows in the (txid, id) index
 	// ranges $4..$7 that the saved position certifies: those snapshot $8 sees, and those
@@ -64,12 +65,12 @@ func buildQueries(cfg Config) queries {
 	seesOrOld := `(txid IS NULL OR pg_visible_in_snapshot(txid, $8::pg_snapshot))`
 	legacyMark := `UPDATE ` + cl + ` SET processed = TRUE WHERE table_name = $3 AND (changed_at, id) > ($4, $5) AND (changed_at, id) <= ($6, $7)
 	AND processed = FALSE`
-	deltaMark := `UPDATE ` + cl + ` SET processed = TRUE WHERE id IN (
+	deltaMark := `UPDATE ` + cl + ` SET processed = TRUE WHERE id = ANY(ARRAY(
 		SELECT c.id FROM unnest($4::xid8[], $5::int8[], $6::xid8[], $7::int8[]) AS r(lo, lo_id, hi, hi_id)
 		CROSS JOIN LATERAL (SELECT id FROM ` + cl + ` WHERE table_name = $3
 			AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id) AND processed = FALSE
 			AND (pg_visible_in_snapshot(txid, $8::pg_snapshot)
-				OR (pg_visible_in_snapshot(txid, $9::pg_snapshot) AND (txid, id) <= ($10::xid8, $11)))) c)
+				OR (pg_visible_in_snapshot(txid, $9::pg_snapshot) AND (txid, id) <= ($10::xid8, $11)))) c))
 	AND processed = FALSE`
 	q := queries{
 		read: `SELECT ` + changelogColumns + ` FROM ` + cl + `

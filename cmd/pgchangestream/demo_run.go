@@ -12,8 +12,8 @@ import (
 	"github.com/pgchangestream/pgchangestream"
 )
 
-// maxDowntime bounds the random pause between a crash and the restart. The writers stay paused
-// through it; afterwards they catch up on their schedule, a backlog for the restarted consumer.
+// maxDowntime bounds the random pause between a crash and the restart. The writers go on
+// committing through it, a backlog for the restarted consumer.
 const maxDowntime = 250 * time.Millisecond
 
 // restartTimeout bounds the wait for a restarted consumer's first read.
@@ -31,7 +31,6 @@ type demoRun struct {
 	start    time.Time
 
 	crashed       int
-	crashSaved    []pgchangestream.Position // the saved position left by each crash
 	lastDelivered uint64
 	lastReport    time.Time
 }
@@ -82,29 +81,19 @@ func (r *demoRun) write(ctx context.Context, rng *rand.Rand) error {
 	}
 }
 
-// crashAndRestart crashes the consumer and starts a new one after a short random pause, with
-// no commit in flight around the crash: it pauses the writers, waits until every row committed
-// so far was delivered to the consumer, crashes it (deliveries not yet acknowledged stay
-// pending), reports the saved position it left, restarts it, and resumes the writers once the
-// new watcher reads. A row committing behind the cursor while no watcher handles its NOTIFY
-// would be lost: a documented limit of the library, which the pause keeps out of the demo.
+// crashAndRestart crashes the consumer while the writers go on committing (deliveries not yet
+// acknowledged stay pending), reports the saved position it left, and starts a new one after a
+// short random pause, waiting until the new watcher has read the changelog once.
 func (r *demoRun) crashAndRestart(ctx context.Context, rng *rand.Rand) error {
 	r.crashed++
-	r.writers.pause()
-	defer r.writers.resume()
-	committed, err := r.waitDelivered(ctx)
-	if err != nil {
-		return fmt.Errorf("crash %d: %w", r.crashed, err)
-	}
 	crash, err := r.consumer.crash(ctx)
 	if err != nil {
 		return fmt.Errorf("crash %d: %w", r.crashed, err)
 	}
-	r.crashSaved = append(r.crashSaved, crash.saved)
 	downtime := time.Duration(rng.Int64N(int64(maxDowntime)))
-	r.out.println(fmt.Sprintf("demo: %5.1fs crash %d/%d: writers paused, all %d rows delivered; "+
-		"consumer killed with %d unacknowledged%s; saved position id=%d; restarting in %v",
-		time.Since(r.start).Seconds(), r.crashed, r.f.crashes, committed, crash.unacked, behindNote(crash.behind),
+	r.out.println(fmt.Sprintf("demo: %5.1fs crash %d/%d: %d rows written; consumer killed with %d unacknowledged; "+
+		"saved position id=%d; restarting in %v",
+		time.Since(r.start).Seconds(), r.crashed, r.f.crashes, r.writers.written(), crash.unacked,
 		crash.saved.ID, downtime.Round(time.Millisecond)))
 	t := time.NewTimer(downtime)
 	defer t.Stop()
@@ -123,65 +112,30 @@ func (r *demoRun) crashAndRestart(ctx context.Context, rng *rand.Rand) error {
 	return nil
 }
 
-// behindNote describes the unacknowledged deliveries at or before the saved position, if any.
-func behindNote(n int) string {
-	switch n {
-	case 0:
-		return ""
-	case 1:
-		return " (1 of them a late row behind the saved position: delivered once, not replayed)"
-	}
-	return fmt.Sprintf(" (%d of them late rows behind the saved position: delivered once, not replayed)", n)
-}
-
-// waitDelivered waits, with the writers paused, until every row of the demo table committed so
-// far has been delivered to the consumer at least once (received from Events, acknowledged or
-// not), and returns how many rows that is. It fails after the drain timeout.
-func (r *demoRun) waitDelivered(ctx context.Context) (int, error) {
-	ids, _, err := writtenRows(ctx, r.db, r.baseline)
-	if err != nil {
-		return 0, err
-	}
-	deadline := time.NewTimer(r.f.drainTimeout)
-	defer deadline.Stop()
-	check := time.NewTicker(5 * time.Millisecond)
-	defer check.Stop()
-	for !r.consumer.covers(ids) {
-		select {
-		case <-ctx.Done():
-			return 0, interrupted(ctx)
-		case <-deadline.C:
-			missing := lostIDs(ids, r.consumer.deliveries())
-			return 0, fmt.Errorf("with the writers paused, %d of the %d rows committed so far were not delivered "+
-				"within %v (--drain-timeout): ids %v", len(missing), len(ids), r.f.drainTimeout, firstIDs(missing))
-		case <-check.C:
-		}
-	}
-	return len(ids), nil
-}
-
-// drainSettle is how long the consumer must stay at the newest row, with nothing pending,
-// before the rows still missing are given up: longer than a hybrid fallback poll.
+// drainSettle is how long nothing may be delivered, with nothing pending, before the rows still
+// missing are given up: longer than a hybrid fallback poll.
 const drainSettle = 2 * time.Second
 
 // Outcomes of drain.
 const (
 	drainedAll   = iota // every written row was delivered
-	drainedStuck        // the consumer reached the newest row, some rows behind it are missing
+	drainedStuck        // nothing was delivered for drainSettle, some rows are missing
 	drainTimeout        // the drain timeout passed
 )
 
-// drain waits until every id in ids was delivered. It gives up after the drain timeout, or
-// once the consumer has stayed at newest (the newest written position) for drainSettle with
-// nothing pending: a row missing then lies behind its position and will not be read.
-func (r *demoRun) drain(ctx context.Context, ids []int64, newest pgchangestream.Position) (int, error) {
+// drain waits until every id in ids was delivered. It gives up after the drain timeout, or once
+// nothing has been delivered for drainSettle with nothing pending.
+func (r *demoRun) drain(ctx context.Context, ids []int64) (int, error) {
 	deadline := time.NewTimer(r.f.drainTimeout)
 	defer deadline.Stop()
 	check := time.NewTicker(20 * time.Millisecond)
 	defer check.Stop()
 	progress := time.NewTicker(r.f.progress)
 	defer progress.Stop()
-	var atEnd time.Time // since when the consumer is at the newest row
+	var (
+		idleSince time.Time // since when nothing was delivered, with nothing pending
+		delivered uint64
+	)
 	for !r.consumer.covers(ids) {
 		select {
 		case <-ctx.Done():
@@ -191,13 +145,13 @@ func (r *demoRun) drain(ctx context.Context, ids []int64, newest pgchangestream.
 		case <-progress.C:
 			r.report()
 		case <-check.C:
-			st := r.consumer.stats()
+			n := r.consumer.delivered.Load()
 			switch {
-			case st.Pending > 0 || st.Cursor.Before(newest):
-				atEnd = time.Time{}
-			case atEnd.IsZero():
-				atEnd = time.Now()
-			case time.Since(atEnd) > drainSettle:
+			case r.consumer.stats().Pending > 0 || n != delivered:
+				idleSince, delivered = time.Time{}, n
+			case idleSince.IsZero():
+				idleSince = time.Now()
+			case time.Since(idleSince) > drainSettle:
 				return drainedStuck, nil
 			}
 		}

@@ -38,10 +38,6 @@ type demoWriters struct {
 	interval time.Duration // between two statements of one writer
 	seed     uint64
 
-	// gate is held shared by each statement and exclusively by pause: while paused, no
-	// transaction of a writer is open.
-	gate sync.RWMutex
-
 	inserts, updates, deletes atomic.Uint64
 }
 
@@ -55,13 +51,6 @@ func newDemoWriters(db *sql.DB, n int, rate float64, seed uint64) *demoWriters {
 func (d *demoWriters) written() uint64 {
 	return d.inserts.Load() + d.updates.Load() + d.deletes.Load()
 }
-
-// pause returns once every writer has finished its current statement (its transaction
-// committed or failed); the writers then wait until resume. Every pause needs one resume.
-func (d *demoWriters) pause() { d.gate.Lock() }
-
-// resume lets paused writers go on. A writer that fell behind its schedule catches up.
-func (d *demoWriters) resume() { d.gate.Unlock() }
 
 // run writes for duration, then returns after every writer's last statement finished. It stops
 // early, without an error, when ctx ends.
@@ -117,11 +106,8 @@ type writer struct {
 	live []string // ids of the writer's orders that still exist
 }
 
-// statement inserts an order, or updates or deletes one of w's own, as one transaction. While
-// the writers are paused it first waits for resume.
+// statement inserts an order, or updates or deletes one of w's own, as one transaction.
 func (d *demoWriters) statement(ctx context.Context, w *writer) error {
-	d.gate.RLock()
-	defer d.gate.RUnlock()
 	rng := w.rng
 	var err error
 	switch r := rng.Float64(); {
