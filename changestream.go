@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgchangestream/pgchangestream/internal/pending"
 )
 
 // Retry timing, and how many read ids are remembered to tell late rows from rows already read.
@@ -66,7 +68,7 @@ type Watcher struct {
 	loaded         bool // cursor holds the loaded position; checkpoints may be computed
 	cursor         Position
 	seq            uint64
-	ring           *pendingRing
+	ring           *pending.Ring[Position]
 	filtered       uint64
 	acked          uint64
 	evicted        uint64
@@ -147,7 +149,7 @@ func newWatcher(cfg Config) *Watcher {
 		events: make(chan EventWithToken, cfg.BufferSize),
 		wake:   make(chan struct{}, 1),
 		ready:  make(chan struct{}),
-		ring:   newPendingRing(cfg.MaxPending),
+		ring:   pending.New(cfg.MaxPending, Position.predecessor),
 		recent: newRecentIDs(recentCapacity),
 		batch:  make([]changelogRow, 0, cfg.BatchSize),
 		spare:  make([]changelogRow, 0, cfg.BatchSize),
@@ -254,8 +256,8 @@ func (w *Watcher) Stats() Stats {
 		Filtered:         w.filtered,
 		Acked:            w.acked,
 		Evicted:          w.evicted,
-		Pending:          w.ring.len(),
-		FloorActive:      w.ring.hasFloor,
+		Pending:          w.ring.Len(),
+		FloorActive:      w.ring.HasFloor(),
 		CheckpointWrites: w.ckWrites.Load(),
 		CheckpointErrors: w.ckErrors.Load(),
 		Checkpoint:       w.savedMirror,
@@ -514,7 +516,7 @@ func (w *Watcher) register(row *changelogRow, pos Position, late bool) (ev Event
 	}
 	w.mu.Lock()
 	w.seq++
-	evicted := w.ring.push(w.seq, row.ID, pos)
+	evicted := w.ring.Push(w.seq, row.ID, pos)
 	if evicted {
 		w.evicted++
 	}
