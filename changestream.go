@@ -49,6 +49,7 @@ type Watcher struct {
 	events chan EventWithToken // sent on and closed by the reader goroutine only (or by Close before Start)
 	wake   chan struct{}       // capacity 1; listener → reader: read now
 	ready  chan struct{}       // closed by the listener after its first connect attempt
+	primed signal              // fired after the first read, or when stopping before (see Ready)
 	wg     sync.WaitGroup      // reader, listener, saver and prefetch goroutines
 
 	// Lifecycle, guarded by lifeMu.
@@ -181,6 +182,7 @@ func (w *Watcher) start(ctx context.Context) bool {
 	if w.cfgErr != nil {
 		w.stopErr = w.cfgErr
 		close(w.events)
+		w.primed.fire()
 		return true
 	}
 	ctx, w.cancel = context.WithCancel(ctx)
@@ -211,6 +213,7 @@ func (w *Watcher) Close(ctx context.Context) error {
 	w.lifeMu.Unlock()
 	if !started {
 		close(w.events)
+		w.primed.fire()
 		return nil
 	}
 	if cancel == nil { // configuration error: nothing runs
@@ -277,6 +280,7 @@ func (w *Watcher) LagState() (lastEmptyBatch, lastEventRead time.Time) {
 func (w *Watcher) run(ctx context.Context) {
 	defer w.wg.Done()
 	defer close(w.events)
+	defer w.primed.fire() // stopped before the first read
 	defer func() {
 		w.lifeMu.Lock()
 		if w.stopErr == nil {
@@ -303,6 +307,9 @@ func (w *Watcher) run(ctx context.Context) {
 		full, err := w.readOnce(ctx)
 		if ctx.Err() != nil {
 			return
+		}
+		if err == nil {
+			w.primed.fire()
 		}
 		var wait time.Duration
 		switch {
