@@ -78,7 +78,7 @@ type Mock struct {
 	// Timeout bounds StartWatcher's wait for the first read. NewMock sets [StartTimeout].
 	Timeout time.Duration
 
-	t   testing.TB
+	t   TB
 	cfg pgchangestream.Config // defaults filled, with DB and Logger set
 	st  testhooks.Statements
 	log *lockedBuffer
@@ -92,9 +92,18 @@ type Mock struct {
 	saved    int                       // index in read of the last position a save certified
 }
 
+// TB is what the Mock needs of a test; *testing.T and *testing.B have it.
+type TB interface {
+	Helper()
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+}
+
+var _ TB = testing.TB(nil)
+
 // NewMock returns a mock database for a watcher configured as cfg, closed when the test ends.
 // Use [Mock.Config] to create the watcher.
-func NewMock(t testing.TB, cfg pgchangestream.Config) *Mock {
+func NewMock(t TB, cfg pgchangestream.Config) *Mock {
 	t.Helper()
 	db, mock, err := sqlmock.New(sqlmock.QueryMatcherOption(sqlmock.QueryMatcherEqual))
 	if err != nil {
