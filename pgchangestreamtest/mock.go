@@ -102,7 +102,8 @@ type TB interface {
 var _ TB = testing.TB(nil)
 
 // NewMock returns a mock database for a watcher configured as cfg, closed when the test ends.
-// Use [Mock.Config] to create the watcher.
+// Use [Mock.Config] to create the watcher. The watcher must not need a LISTEN connection:
+// use polling mode, or leave ConnString empty.
 func NewMock(t TB, cfg pgchangestream.Config) *Mock {
 	t.Helper()
 	db, mock, err := sqlmock.New(sqlmock.QueryMatcherOption(sqlmock.QueryMatcherEqual))
