@@ -42,6 +42,6 @@ demo: ## crash a consumer five times on a throwaway PostgreSQL and check nothing
 
 fuzz: ## fuzz the token parser, the pending ring, the config and the pipeline filter for a minute each
 	$(GO) test -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime 1m .
-	$(GO) test -run '^$$' -fuzz '^FuzzPending$$' -fuzztime 1m .
+	$(GO) test -run '^$$' -fuzz '^FuzzPending$$' -fuzztime 1m ./internal/pending
 	$(GO) test -run '^$$' -fuzz '^FuzzNew$$' -fuzztime 1m .
 	$(GO) test -run '^$$' -fuzz '^FuzzMatchFilterJSON$$' -fuzztime 1m .

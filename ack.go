@@ -24,7 +24,7 @@ func (w *Watcher) MarkProcessed(ctx context.Context, token []byte) error {
 	id, ok, tokenErr := parseToken(token)
 	if ok {
 		w.mu.Lock()
-		w.acked += uint64(w.ring.ack(id))
+		w.acked += uint64(w.ring.Ack(id))
 		w.mu.Unlock()
 	}
 	if w.cfg.CheckpointInterval > 0 && !w.isClosed() {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/pending"
 )
 
 // benchRow returns changelog row i of a typical captured table: an INSERT with a ~200-byte
@@ -95,13 +97,44 @@ func BenchmarkMarkProcessedBatched(b *testing.B) {
 		id := int64(i % len(tokens))
 		w.mu.Lock()
 		w.seq++
-		w.ring.push(w.seq, id, Position{ChangedAt: p.ChangedAt, ID: id})
+		w.ring.Push(w.seq, id, Position{ChangedAt: p.ChangedAt, ID: id})
 		w.mu.Unlock()
 		if err := w.MarkProcessed(ctx, tokens[id]); err != nil {
 			b.Fatal(err)
 		}
 	}
-	if n := w.ring.len(); n != 0 {
+	if n := w.ring.Len(); n != 0 {
 		b.Fatalf("%d pending after the loop", n)
+	}
+}
+
+func BenchmarkPendingPushAck(b *testing.B) {
+	r := pending.New(DefaultMaxPending, Position.predecessor)
+	p := pos(0, 0)
+	b.ReportAllocs()
+	for i := range b.N {
+		id := int64(i)
+		r.Push(uint64(i), id, Position{ChangedAt: p.ChangedAt, ID: id})
+		if r.Ack(id) != 1 {
+			b.Fatal("ack missed")
+		}
+	}
+}
+
+func BenchmarkCheckpointPosition(b *testing.B) {
+	w := newWatcher(Config{ClientName: "bench", TableName: "t"}.withDefaults())
+	w.loaded = true
+	for i := range DefaultMaxPending / 2 {
+		w.ring.Push(uint64(i), int64(i), pos(i, int64(i)))
+	}
+	w.cursor = pos(DefaultMaxPending, DefaultMaxPending)
+	b.ReportAllocs()
+	for range b.N {
+		w.mu.Lock()
+		_, ok := w.checkpointLocked()
+		w.mu.Unlock()
+		if !ok {
+			b.Fatal("no checkpoint")
+		}
 	}
 }

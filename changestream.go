@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgchangestream/pgchangestream/internal/pending"
 )
 
 // Retry timing, and how many read ids are remembered to tell late rows from rows already read.
@@ -47,6 +49,7 @@ type Watcher struct {
 	events chan EventWithToken // sent on and closed by the reader goroutine only (or by Close before Start)
 	wake   chan struct{}       // capacity 1; listener → reader: read now
 	ready  chan struct{}       // closed by the listener after its first connect attempt
+	primed signal              // fired after the first read, or when stopping before (see Ready)
 	wg     sync.WaitGroup      // reader, listener, saver and prefetch goroutines
 
 	// Lifecycle, guarded by lifeMu.
@@ -66,7 +69,7 @@ type Watcher struct {
 	loaded         bool // cursor holds the loaded position; checkpoints may be computed
 	cursor         Position
 	seq            uint64
-	ring           *pendingRing
+	ring           *pending.Ring[Position]
 	filtered       uint64
 	acked          uint64
 	evicted        uint64
@@ -151,7 +154,7 @@ func newWatcher(cfg Config) *Watcher {
 		events: make(chan EventWithToken, cfg.BufferSize),
 		wake:   make(chan struct{}, 1),
 		ready:  make(chan struct{}),
-		ring:   newPendingRing(cfg.MaxPending),
+		ring:   pending.New(cfg.MaxPending, Position.predecessor),
 		recent: newRecentIDs(recentCapacity),
 		batch:  make([]changelogRow, 0, cfg.BatchSize),
 		spare:  make([]changelogRow, 0, cfg.BatchSize),
@@ -183,6 +186,7 @@ func (w *Watcher) start(ctx context.Context) bool {
 	if w.cfgErr != nil {
 		w.stopErr = w.cfgErr
 		close(w.events)
+		w.primed.fire()
 		return true
 	}
 	ctx, w.cancel = context.WithCancel(ctx)
@@ -213,6 +217,7 @@ func (w *Watcher) Close(ctx context.Context) error {
 	w.lifeMu.Unlock()
 	if !started {
 		close(w.events)
+		w.primed.fire()
 		return nil
 	}
 	if cancel == nil { // configuration error: nothing runs
@@ -258,8 +263,8 @@ func (w *Watcher) Stats() Stats {
 		Filtered:         w.filtered,
 		Acked:            w.acked,
 		Evicted:          w.evicted,
-		Pending:          w.ring.len(),
-		FloorActive:      w.ring.hasFloor,
+		Pending:          w.ring.Len(),
+		FloorActive:      w.ring.HasFloor(),
 		CheckpointWrites: w.ckWrites.Load(),
 		CheckpointErrors: w.ckErrors.Load(),
 		Checkpoint:       w.savedMirror,
@@ -279,6 +284,7 @@ func (w *Watcher) LagState() (lastEmptyBatch, lastEventRead time.Time) {
 func (w *Watcher) run(ctx context.Context) {
 	defer w.wg.Done()
 	defer close(w.events)
+	defer w.primed.fire() // stopped before the first read
 	defer func() {
 		w.lifeMu.Lock()
 		if w.stopErr == nil {
@@ -305,6 +311,9 @@ func (w *Watcher) run(ctx context.Context) {
 		full, err := w.readOnce(ctx)
 		if ctx.Err() != nil {
 			return
+		}
+		if err == nil {
+			w.primed.fire()
 		}
 		var wait time.Duration
 		switch {
@@ -518,7 +527,7 @@ func (w *Watcher) register(row *changelogRow, pos Position, late bool) (ev Event
 	}
 	w.mu.Lock()
 	w.seq++
-	evicted := w.ring.push(w.seq, row.ID, pos)
+	evicted := w.ring.Push(w.seq, row.ID, pos)
 	if evicted {
 		w.evicted++
 	}

@@ -206,7 +206,7 @@ func (w *Watcher) checkpointLocked() (p Position, ok bool) {
 		return Position{}, false
 	}
 	p = w.cursor
-	if m, ok := w.ring.minPredecessor(); ok {
+	if m, ok := w.ring.MinPredecessor(); ok {
 		p = minPosition(p, m)
 	}
 	return p, true
@@ -220,7 +220,7 @@ func (w *Watcher) saveCheckpoint(ctx context.Context, idleOnly bool) error {
 	defer w.ckMu.Unlock()
 	w.mu.Lock()
 	p, ok := w.checkpointLocked()
-	busy := w.ring.len() > 0 || w.ring.hasFloor
+	busy := w.ring.Len() > 0 || w.ring.HasFloor()
 	w.mu.Unlock()
 	if !ok || (idleOnly && busy) || (w.hasSaved && unchanged(p, w.saved)) {
 		return nil

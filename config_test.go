@@ -31,7 +31,7 @@ func TestNewFillsDefaults(t *testing.T) {
 	require.Equal(t, time.Second, c.FallbackPollInterval)
 	require.Equal(t, 100, c.BatchSize)
 	require.Equal(t, 100, cap(w.events))
-	require.Equal(t, 4096, len(w.ring.buf))
+	require.Equal(t, 4096, w.ring.Cap())
 	require.Equal(t, time.Second, c.IdleCheckpointInterval)
 	require.Nil(t, w.listen, "hybrid without a connection string polls")
 	require.Equal(t, c.PollInterval, w.pollWait())
@@ -134,7 +134,7 @@ func TestNewAcceptsTheLimits(t *testing.T) {
 		PollInterval: MinInterval, FallbackPollInterval: MinInterval, IdleCheckpointInterval: MinInterval,
 		CheckpointInterval: MinInterval, Logger: quietLogger})
 	require.NoError(t, err)
-	require.Equal(t, MaxMaxPending, len(w.ring.buf))
+	require.Equal(t, MaxMaxPending, w.ring.Cap())
 	require.Equal(t, MaxBufferSize, cap(w.events))
 	require.Equal(t, MaxBatchSize, cap(w.batch))
 }
@@ -166,7 +166,7 @@ func FuzzNew(f *testing.F) {
 			require.Nil(t, w)
 			return
 		}
-		require.LessOrEqual(t, len(w.ring.buf), MaxMaxPending)
+		require.LessOrEqual(t, w.ring.Cap(), MaxMaxPending)
 		require.LessOrEqual(t, cap(w.events), MaxBufferSize)
 		require.LessOrEqual(t, cap(w.batch)+cap(w.spare), 2*MaxBatchSize)
 		require.GreaterOrEqual(t, w.cfg.PollInterval, MinInterval)

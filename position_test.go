@@ -9,6 +9,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// pos returns a position sec seconds after t0.
+func pos(sec int, id int64) Position {
+	return makePosition(t0.Add(time.Duration(sec)*time.Second), id)
+}
+
 func TestPositionOrder(t *testing.T) {
 	a := pos(1, 9)
 	require.True(t, a.Before(pos(1, 10)))

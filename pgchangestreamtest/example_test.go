@@ -1,0 +1,106 @@
+package pgchangestreamtest_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+
+	"github.com/pgchangestream/pgchangestream"
+	"github.com/pgchangestream/pgchangestream/pgchangestreamtest"
+)
+
+// billing is the consumer under test: it counts orders that became paid, and acknowledges each
+// event once it is handled.
+type billing struct{ paid int }
+
+// handle handles one event and acknowledges it.
+func (b *billing) handle(ctx context.Context, w pgchangestream.ChangeStreamWatcher, ev pgchangestream.EventWithToken) error {
+	if doc, ok := ev.Event["fullDocument"].(map[string]any); ok && ev.Event["operationType"] == "update" && doc["status"] == "paid" {
+		b.paid++
+	}
+	return w.MarkProcessed(ctx, ev.ResumeToken)
+}
+
+// run handles events until the watcher stops.
+func (b *billing) run(ctx context.Context, w pgchangestream.ChangeStreamWatcher) error {
+	for ev := range w.Events() {
+		if err := b.handle(ctx, w, ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// A consumer tested with the fake watcher: push changes, run the consumer until the fake has
+// delivered them, then check what was acknowledged and saved.
+func ExampleFakeWatcher() {
+	ctx := context.Background()
+	w := pgchangestreamtest.NewFakeWatcher(pgchangestream.Config{TableName: "orders"})
+	w.Push(
+		pgchangestreamtest.Insert("o1", map[string]any{"status": "new"}),
+		pgchangestreamtest.Update("o1", map[string]any{"status": "new"}, map[string]any{"status": "paid"}),
+		pgchangestreamtest.Delete("o1", map[string]any{"status": "paid"}),
+	)
+	w.Start(ctx)
+	w.CloseWhenDelivered() // Events closes after the three changes, so run returns
+
+	var b billing
+	if err := b.run(ctx, w); err != nil {
+		log.Fatal(err)
+	}
+	saved, _ := w.Saved()
+	fmt.Println("paid:", b.paid)
+	fmt.Println("acknowledged:", w.Acked())
+	fmt.Println("saved after change:", saved.ID)
+	// Output:
+	// paid: 1
+	// acknowledged: [1 2 3]
+	// saved after change: 3
+}
+
+// exampleT stands in for the *testing.T a test passes to NewMock.
+type exampleT struct{ cleanups []func() }
+
+func (*exampleT) Helper()                           {}
+func (*exampleT) Fatalf(format string, args ...any) { log.Fatalf(format, args...) }
+func (t *exampleT) Cleanup(f func())                { t.cleanups = append(t.cleanups, f) }
+
+// done runs the cleanups, as the end of a test does.
+func (t *exampleT) done() {
+	for i := len(t.cleanups) - 1; i >= 0; i-- {
+		t.cleanups[i]()
+	}
+}
+
+// The same consumer, run by a real watcher on a sqlmock database: the expectations are built
+// from the watcher's own statements.
+func ExampleMock() {
+	t := &exampleT{} // in a test: the *testing.T
+	defer t.done()
+	ctx := context.Background()
+
+	m := pgchangestreamtest.NewMock(t, pgchangestream.Config{ClientName: "billing", TableName: "orders",
+		Mode: pgchangestream.ModePolling})
+	m.ExpectStart(pgchangestreamtest.Start{Newest: pgchangestream.Position{ID: 41}}) // a new client
+	m.ExpectRead(pgchangestreamtest.Update("o1", map[string]any{"status": "new"}, map[string]any{"status": "paid"}))
+	m.ExpectSave(42) // after the consumer acknowledges change 42
+
+	w, err := pgchangestream.New(m.Config())
+	if err != nil {
+		log.Fatal(err)
+	}
+	m.StartWatcher(ctx, w)
+
+	var b billing
+	if err := b.handle(ctx, w, <-w.Events()); err != nil {
+		log.Fatal(err)
+	}
+	if err := w.Close(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("paid:", b.paid)
+	fmt.Println("expectations met:", m.ExpectationsWereMet() == nil)
+	// Output:
+	// paid: 1
+	// expectations met: true
+}
