@@ -95,15 +95,18 @@ func (c *demoConsumer) consume(ctx context.Context, inc *incarnation) {
 		unacked []int64 // the ids received since the last acknowledgement that was saved
 	)
 	defer func() { inc.unacked = unacked }()
+	// An acknowledgement runs to its end even when a crash comes during it, so that what the
+	// crash left unacknowledged is known exactly: a save cancelled mid-statement may still have
+	// committed.
 	ack := func() {
-		switch err := inc.w.MarkProcessed(ctx, last); {
-		case err == nil:
-			c.acked.Add(uint64(len(unacked)))
-			unacked = unacked[:0]
-		case ctx.Err() == nil: // kept in memory; the next acknowledgement saves it
+		if err := inc.w.MarkProcessed(context.WithoutCancel(ctx), last); err != nil {
+			// Kept in memory; the next acknowledgement saves it.
 			c.ackErrors.Add(1)
 			c.logger.Warn("acknowledgement not saved", "token", string(last), "error", err)
+			return
 		}
+		c.acked.Add(uint64(len(unacked)))
+		unacked = unacked[:0]
 	}
 	for {
 		var ev pgchangestream.EventWithToken
