@@ -132,7 +132,7 @@ func ResetPosition(ctx context.Context, db *sql.DB, target ResetTarget, opts Adm
 
 // ErrClientActive is returned by [ResetToken] and [DeleteToken] while a watcher of the client
 // holds its lock: an exclusive watcher, or one with a LISTEN connection (see [Config.Exclusive]).
-var ErrClientActive = errors.New("pgchangestream: a watcher of this client is running")
+var ErrClientActive = errors.New("pgchangestream: a watcher of the client is running")
 
 // ResetToken saves pos as the client's token, in the form every schema state accepts:
 // {"timestamp", "eventID"}. It refuses (ErrClientActive) while a watcher of the client runs.
@@ -187,7 +187,7 @@ func withClientLock(ctx context.Context, db *sql.DB, client string, opts AdminOp
 		return fmt.Errorf("try the lock of client %s: %w", client, err)
 	}
 	if !got {
-		return fmt.Errorf("%w: %s (stop it first)", ErrClientActive, client)
+		return fmt.Errorf("%w: %s", ErrClientActive, client)
 	}
 	return f(conn)
 }

@@ -42,6 +42,10 @@ func (w *Watcher) load(ctx context.Context) error {
 		if pos, err = w.startPosition(ctx); err != nil {
 			return err
 		}
+		if w.cfg.Ephemeral {
+			w.log.Info("no saved token: starting without saving", "position", pos, "from_beginning", w.cfg.StartFromBeginning)
+			break
+		}
 		// Save it now, so a restart before the first acknowledgement resumes here too.
 		if _, err := w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, string(encodeToken(pos))); err != nil {
 			return fmt.Errorf("save start position to token table %s: %w", w.cfg.TokenTable, err)
@@ -127,7 +131,7 @@ func (w *Watcher) saveCheckpoint(ctx context.Context, idleOnly bool) error {
 	p, ok := w.checkpointLocked()
 	busy := w.ring.len() > 0 || w.ring.hasFloor
 	w.mu.Unlock()
-	if !ok || (idleOnly && busy) || (w.hasSaved && p.Compare(w.saved) == 0) {
+	if !ok || (idleOnly && busy) || (w.hasSaved && p.Compare(w.saved) == 0) || w.cfg.Ephemeral {
 		return nil
 	}
 	if err := w.excl.lostErr(); err != nil { // a standby may hold the lock now

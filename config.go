@@ -82,6 +82,12 @@ type Config struct {
 	// ConnString hold the lock in shared mode, so an exclusive watcher waits for them too.
 	Exclusive bool
 
+	// Ephemeral makes the watcher never write the token table (nor the processed flag): it
+	// resumes after the client's saved token if there is one, else starts as a new client
+	// without saving that start, and acknowledgements only free pending deliveries. For
+	// inspection tools, such as the command's tail without --client.
+	Ephemeral bool
+
 	// StartFromBeginning makes a client with no saved token start at the oldest row of its
 	// table instead of the newest.
 	StartFromBeginning bool
