@@ -41,6 +41,7 @@ type health struct {
 	lastErrAt  time.Time
 	listenUp   bool
 	working    time.Time // when the watcher began (or took over) reading; zero before
+	loadDone   bool      // the start position was loaded since working
 	readDone   bool      // a read completed since working
 	caughtUp   bool      // the last read found no more rows
 }
@@ -70,8 +71,13 @@ func (h *health) fail(op string, err error) {
 func (h *health) ok(op string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if op == opListen {
+	switch op {
+	case opListen:
 		h.listenUp = true
+	case opLoad:
+		h.loadDone = true
+	case opRead:
+		h.readDone = true
 	}
 	if i := h.index(op); i >= 0 {
 		h.failing = slices.Delete(h.failing, i, i+1)
@@ -88,7 +94,7 @@ func (h *health) index(op string) int {
 func (h *health) startWork() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.working, h.readDone = time.Now(), false
+	h.working, h.loadDone, h.readDone = time.Now(), false, false
 }
 
 // readOK records a completed read; full reports that more rows may follow.
@@ -96,7 +102,7 @@ func (h *health) readOK(full bool) {
 	h.ok(opRead)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.readDone, h.caughtUp = true, !full
+	h.caughtUp = !full
 }
 
 // isCaughtUp reports whether the last read found no more rows.
@@ -117,9 +123,13 @@ func (h *health) err(now time.Time) error {
 		}
 		msgs = append(msgs, fmt.Sprintf("%v (failing for %s)", f.err, roundAge(now.Sub(f.since))))
 	}
-	if !h.working.IsZero() && !h.readDone && now.Sub(h.working) >= firstReadTimeout {
-		msgs = append(msgs, fmt.Sprintf("%s: no read completed %s after start (a query is waiting, for a lock or the server)",
-			opRead, roundAge(now.Sub(h.working))))
+	if len(msgs) == 0 && !h.working.IsZero() && !h.readDone && now.Sub(h.working) >= firstReadTimeout {
+		op := opRead
+		if !h.loadDone {
+			op = opLoad
+		}
+		msgs = append(msgs, fmt.Sprintf("%s: not done %s after start, without an error (a query waits for a lock or "+
+			"the server, or the LISTEN connection for the server)", op, roundAge(now.Sub(h.working))))
 	}
 	if len(msgs) == 0 {
 		return nil
@@ -147,8 +157,8 @@ func roundAge(d time.Duration) time.Duration {
 // Health returns nil while the watcher does its work. Otherwise it describes each current
 // failure and how long it has lasted, for example "read changelog: permission denied for table
 // datastore_changelog (failing for 12s)". A failure clears when the operation next succeeds.
-// It also reports a watcher that has not completed a read within 30s of starting (or of taking
-// over as the exclusive watcher). In hybrid and polling modes a lost LISTEN connection is not a
+// When nothing failed, it also reports a watcher that has not completed a read within 30s of
+// starting (or of taking over as the exclusive watcher), naming the step it is stuck in. In hybrid and polling modes a lost LISTEN connection is not a
 // failure (reads go on; [Stats].ListenUp shows it); in notify mode it is. A standby waiting for
 // the exclusive lock is healthy. Health returns the configuration error of a watcher made by
 // [NewPostgreSQLChangeStreamWatcher] with invalid arguments, and nil after Close.

@@ -35,20 +35,41 @@ func TestHealthReportsAReadFailureAndItsDuration(t *testing.T) {
 	})
 }
 
-func TestHealthReportsALoadFailureAndNoFirstRead(t *testing.T) {
+func TestHealthReportsALoadFailure(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeDB(testConfig(Config{}))
 		f.failLoads = 1 << 30
 		w := startOn(t, t.Context(), f, Config{})
-		time.Sleep(time.Second)
-		require.ErrorContains(t, w.Health(), "read token table resume_tokens: fake: connection refused (failing for")
-		require.NotContains(t, w.Health().Error(), "no read completed", "not yet")
-		time.Sleep(firstReadTimeout)
-		require.ErrorContains(t, w.Health(), "read changelog: no read completed 31s after start")
+		time.Sleep(firstReadTimeout + time.Second)
+		require.EqualError(t, w.Health(), "read token table resume_tokens: fake: connection refused (failing for 31s)",
+			"the failure says why no read completed")
 		require.Positive(t, w.Stats().LoadErrors)
 		closeWatcher(t, w)
 		require.NoError(t, w.Health(), "a closed watcher is not failing")
 	})
+}
+
+func TestHealthNamesTheStepOfAStuckStart(t *testing.T) {
+	var h health
+	require.NoError(t, h.err(t0), "not started")
+	h.startWork()
+	start := h.working
+	require.NoError(t, h.err(start.Add(firstReadTimeout-time.Second)), "not yet")
+	require.EqualError(t, h.err(start.Add(firstReadTimeout+time.Second)), "load start position: not done 31s after "+
+		"start, without an error (a query waits for a lock or the server, or the LISTEN connection for the server)")
+	h.ok(opLoad)
+	require.ErrorContains(t, h.err(start.Add(firstReadTimeout)), "read changelog: not done 30s after start")
+	h.fail(opListen, errors.New("LISTEN connection: refused"))
+	require.ErrorContains(t, h.err(start.Add(firstReadTimeout)), "read changelog: not done",
+		"a LISTEN failure outside notify mode is not the reason")
+	h.fail(opRead, errors.New("read changelog: timeout"))
+	require.EqualError(t, h.err(h.lastErrAt.Add(2*time.Second)), "read changelog: timeout (failing for 2s)",
+		"a failure is the reason")
+	h.readOK(false)
+	require.NoError(t, h.err(start.Add(time.Hour)))
+	h.listenCritical = true
+	require.EqualError(t, h.err(h.lastErrAt.Add(time.Minute)), "LISTEN connection: refused (failing for 1m0s)",
+		"in notify mode it is")
 }
 
 func TestLagIsTheAgeOfTheOldestUnacknowledgedRow(t *testing.T) {
