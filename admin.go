@@ -16,27 +16,24 @@ type AdminOptions struct {
 	TokenTable     string // default "resume_tokens"
 }
 
-// withDefaults fills the zero values.
-func (o AdminOptions) withDefaults() AdminOptions {
-	if o.ChangelogTable == "" {
-		o.ChangelogTable = DefaultChangelogTable
-	}
-	if o.TokenTable == "" {
-		o.TokenTable = DefaultTokenTable
-	}
-	return o
+// adminTables are the validated tables of an administration function.
+type adminTables struct {
+	changelog, tokens string  // names, defaults filled, for messages
+	cl, tok           string  // quoted
+	q                 queries // the watcher's queries on these tables
 }
 
-// tables validates the names and returns them quoted: changelog, token table.
-func (o AdminOptions) tables() (changelog, tokens string, err error) {
-	o = o.withDefaults()
-	if err := checkIdentifier(o.ChangelogTable); err != nil {
-		return "", "", fmt.Errorf("%w: AdminOptions.ChangelogTable: %v", ErrInvalidConfig, err)
+// resolve validates the names and fills the defaults.
+func (o AdminOptions) resolve() (adminTables, error) {
+	cfg := Config{ChangelogTable: o.ChangelogTable, TokenTable: o.TokenTable}.withDefaults()
+	if err := checkIdentifier(cfg.ChangelogTable); err != nil {
+		return adminTables{}, fmt.Errorf("%w: AdminOptions.ChangelogTable: %v", ErrInvalidConfig, err)
 	}
-	if err := checkIdentifier(o.TokenTable); err != nil {
-		return "", "", fmt.Errorf("%w: AdminOptions.TokenTable: %v", ErrInvalidConfig, err)
+	if err := checkIdentifier(cfg.TokenTable); err != nil {
+		return adminTables{}, fmt.Errorf("%w: AdminOptions.TokenTable: %v", ErrInvalidConfig, err)
 	}
-	return quoteIdentifier(o.ChangelogTable), quoteIdentifier(o.TokenTable), nil
+	return adminTables{changelog: cfg.ChangelogTable, tokens: cfg.TokenTable,
+		cl: quoteIdentifier(cfg.ChangelogTable), tok: quoteIdentifier(cfg.TokenTable), q: buildQueries(cfg)}, nil
 }
 
 // SavedToken is one client's row of the token table.
@@ -48,29 +45,29 @@ type SavedToken struct {
 
 // ListTokens returns every client's saved token, ordered by client name.
 func ListTokens(ctx context.Context, db *sql.DB, opts AdminOptions) ([]SavedToken, error) {
-	_, tok, err := opts.tables()
+	t, err := opts.resolve()
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.QueryContext(ctx, `SELECT client_name, resume_token::text, last_updated FROM `+tok+` ORDER BY client_name`)
+	rows, err := db.QueryContext(ctx, `SELECT client_name, resume_token::text, last_updated FROM `+t.tok+` ORDER BY client_name`)
 	if err != nil {
-		return nil, fmt.Errorf("read token table %s: %w", opts.withDefaults().TokenTable, err)
+		return nil, fmt.Errorf("read token table %s: %w", t.tokens, err)
 	}
 	defer rows.Close()
 	var out []SavedToken
 	for rows.Next() {
 		var (
-			t       SavedToken
+			st      SavedToken
 			updated sql.NullTime
 		)
-		if err := rows.Scan(&t.Client, &t.Token, &updated); err != nil {
-			return nil, fmt.Errorf("read token table %s: %w", opts.withDefaults().TokenTable, err)
+		if err := rows.Scan(&st.Client, &st.Token, &updated); err != nil {
+			return nil, fmt.Errorf("read token table %s: %w", t.tokens, err)
 		}
-		t.UpdatedAt = updated.Time
-		out = append(out, t)
+		st.UpdatedAt = updated.Time
+		out = append(out, st)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read token table %s: %w", opts.withDefaults().TokenTable, err)
+		return nil, fmt.Errorf("read token table %s: %w", t.tokens, err)
 	}
 	return out, nil
 }
@@ -86,7 +83,7 @@ type ResetTarget struct {
 
 // ResetPosition returns the position a client placed at target resumes after.
 func ResetPosition(ctx context.Context, db *sql.DB, target ResetTarget, opts AdminOptions) (Position, error) {
-	cl, _, err := opts.tables()
+	t, err := opts.resolve()
 	if err != nil {
 		return Position{}, err
 	}
@@ -106,26 +103,26 @@ func ResetPosition(ctx context.Context, db *sql.DB, target ResetTarget, opts Adm
 		// Every row with changed_at before Time, whatever its id, is passed.
 		return makePosition(target.Time.Add(-time.Microsecond), math.MaxInt64), nil
 	}
-	q, args := `SELECT changed_at, id FROM `+cl+` WHERE id = $1`, []any{target.AfterID}
-	if target.Newest {
-		q, args = `SELECT changed_at, id FROM `+cl+` ORDER BY changed_at DESC, id DESC LIMIT 1`, nil
-		if target.Table != "" {
-			q, args = `SELECT changed_at, id FROM `+cl+` WHERE table_name = $1 ORDER BY changed_at DESC, id DESC LIMIT 1`,
-				[]any{target.Table}
-		}
-	}
 	var (
 		ts time.Time
-		id int64
+		id = target.AfterID
 	)
-	err = db.QueryRowContext(ctx, q, args...).Scan(&ts, &id)
+	switch {
+	case target.Newest && target.Table != "":
+		err = db.QueryRowContext(ctx, t.q.newest, target.Table).Scan(&ts, &id)
+	case target.Newest:
+		err = db.QueryRowContext(ctx, `SELECT changed_at, id FROM `+t.cl+` ORDER BY changed_at DESC, id DESC LIMIT 1`).
+			Scan(&ts, &id)
+	default:
+		err = db.QueryRowContext(ctx, t.q.rowTime, id).Scan(&ts)
+	}
 	switch {
 	case errors.Is(err, sql.ErrNoRows) && target.Newest:
 		return Position{}, nil // an empty changelog: nothing to pass
 	case errors.Is(err, sql.ErrNoRows):
 		return Position{}, fmt.Errorf("pgchangestream: changelog row %d does not exist", target.AfterID)
 	case err != nil:
-		return Position{}, fmt.Errorf("read changelog %s: %w", opts.withDefaults().ChangelogTable, err)
+		return Position{}, fmt.Errorf("read changelog %s: %w", t.changelog, err)
 	}
 	return makePosition(ts, id), nil
 }
@@ -137,17 +134,13 @@ var ErrClientActive = errors.New("pgchangestream: a watcher of the client is run
 // ResetToken saves pos as the client's token, in the form every schema state accepts:
 // {"timestamp", "eventID"}. It refuses (ErrClientActive) while a watcher of the client runs.
 func ResetToken(ctx context.Context, db *sql.DB, client string, pos Position, opts AdminOptions) error {
-	_, tok, err := opts.tables()
+	t, err := opts.resolve()
 	if err != nil {
 		return err
 	}
-	return withClientLock(ctx, db, client, opts, func(conn *sql.Conn) error {
-		_, err := conn.ExecContext(ctx, `INSERT INTO `+tok+` (client_name, resume_token, last_updated)
-	VALUES ($1, $2::jsonb, now())
-	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`,
-			client, string(encodeToken(pos)))
-		if err != nil {
-			return fmt.Errorf("write token table %s: %w", opts.withDefaults().TokenTable, err)
+	return withClientLock(ctx, db, client, t, func(conn *sql.Conn) error {
+		if _, err := conn.ExecContext(ctx, t.q.saveToken, client, string(encodeToken(pos))); err != nil {
+			return fmt.Errorf("write token table %s: %w", t.tokens, err)
 		}
 		return nil
 	})
@@ -157,15 +150,15 @@ func ResetToken(ctx context.Context, db *sql.DB, client string, pos Position, op
 // reports whether there was one, and refuses (ErrClientActive) while a watcher of the client
 // runs.
 func DeleteToken(ctx context.Context, db *sql.DB, client string, opts AdminOptions) (bool, error) {
-	_, tok, err := opts.tables()
+	t, err := opts.resolve()
 	if err != nil {
 		return false, err
 	}
 	var n int64
-	err = withClientLock(ctx, db, client, opts, func(conn *sql.Conn) error {
-		res, err := conn.ExecContext(ctx, `DELETE FROM `+tok+` WHERE client_name = $1`, client)
+	err = withClientLock(ctx, db, client, t, func(conn *sql.Conn) error {
+		res, err := conn.ExecContext(ctx, `DELETE FROM `+t.tok+` WHERE client_name = $1`, client)
 		if err != nil {
-			return fmt.Errorf("delete from token table %s: %w", opts.withDefaults().TokenTable, err)
+			return fmt.Errorf("delete from token table %s: %w", t.tokens, err)
 		}
 		n, err = res.RowsAffected()
 		return err
@@ -175,14 +168,14 @@ func DeleteToken(ctx context.Context, db *sql.DB, client string, opts AdminOptio
 
 // withClientLock runs f on a connection holding the client's lock, which no watcher of the
 // client holds meanwhile; ErrClientActive if one does.
-func withClientLock(ctx context.Context, db *sql.DB, client string, opts AdminOptions, f func(*sql.Conn) error) error {
+func withClientLock(ctx context.Context, db *sql.DB, client string, t adminTables, f func(*sql.Conn) error) error {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return err
 	}
 	s := &sqlLockSession{conn: conn}
 	defer s.close()
-	got, err := s.tryLock(ctx, lockKey(opts.withDefaults().TokenTable, client))
+	got, err := s.tryLock(ctx, lockKey(t.tokens, client))
 	if err != nil {
 		return fmt.Errorf("try the lock of client %s: %w", client, err)
 	}

@@ -57,10 +57,11 @@ type PruneResult struct {
 // position is certified by that token too, but its watcher may not have fetched it yet:
 // OlderThan keeps a margin against that.
 func Prune(ctx context.Context, db *sql.DB, opts PruneOptions) (PruneResult, error) {
-	cl, _, err := opts.tables()
+	tables, err := opts.resolve()
 	if err != nil {
 		return PruneResult{}, err
 	}
+	cl := tables.cl
 	if opts.BatchSize <= 0 {
 		opts.BatchSize = DefaultPruneBatch
 	}
@@ -84,7 +85,7 @@ func Prune(ctx context.Context, db *sql.DB, opts PruneOptions) (PruneResult, err
 		}
 		form, err := parseStoredToken([]byte(t.Token))
 		if errors.Is(err, errTokenNeedsLookup) {
-			err = form.lookUp(ctx, db, cl)
+			err = form.lookUp(ctx, db, tables.q.rowTime)
 			if errors.Is(err, sql.ErrNoRows) {
 				res.Unresolved = append(res.Unresolved, t.Client)
 				continue
@@ -103,7 +104,7 @@ func Prune(ctx context.Context, db *sql.DB, opts PruneOptions) (PruneResult, err
 	if opts.DryRun {
 		err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+cl+` c WHERE `+where, args...).Scan(&res.Deleted)
 		if err != nil {
-			return res, fmt.Errorf("count passed rows of changelog %s: %w", opts.withDefaults().ChangelogTable, err)
+			return res, fmt.Errorf("count passed rows of changelog %s: %w", tables.changelog, err)
 		}
 		return res, nil
 	}
@@ -113,7 +114,7 @@ func Prune(ctx context.Context, db *sql.DB, opts PruneOptions) (PruneResult, err
 	for {
 		r, err := db.ExecContext(ctx, del, args...)
 		if err != nil {
-			return res, fmt.Errorf("delete passed rows of changelog %s: %w", opts.withDefaults().ChangelogTable, err)
+			return res, fmt.Errorf("delete passed rows of changelog %s: %w", tables.changelog, err)
 		}
 		n, err := r.RowsAffected()
 		if err != nil {
@@ -184,10 +185,11 @@ func parseStoredToken(raw []byte) (storedToken, error) {
 	return t, nil
 }
 
-// lookUp sets the position of an id-only token from its row; sql.ErrNoRows if it is gone.
-func (t *storedToken) lookUp(ctx context.Context, db *sql.DB, changelog string) error {
+// lookUp sets the position of an id-only token from its row, read by the rowTime query;
+// sql.ErrNoRows if it is gone.
+func (t *storedToken) lookUp(ctx context.Context, db *sql.DB, rowTime string) error {
 	var ts time.Time
-	err := db.QueryRowContext(ctx, `SELECT changed_at FROM `+changelog+` WHERE id = $1`, t.pos.ID).Scan(&ts)
+	err := db.QueryRowContext(ctx, rowTime, t.pos.ID).Scan(&ts)
 	if err != nil {
 		return err
 	}
