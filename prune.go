@@ -55,7 +55,8 @@ type PruneResult struct {
 // a token cannot be parsed, and deletes nothing when there is no token or when a token's row
 // cannot be found. A row whose transaction was still open when a legacy token passed its
 // position is certified by that token too, but its watcher may not have fetched it yet:
-// OlderThan keeps a margin against that.
+// OlderThan keeps a margin against that. The tokens are read once, before the first batch: do
+// not move a token back ([ResetToken]) while Prune runs.
 func Prune(ctx context.Context, db *sql.DB, opts PruneOptions) (PruneResult, error) {
 	tables, err := opts.resolve()
 	if err != nil {
