@@ -37,11 +37,12 @@ func exclusivePair(t *testing.T, e *liveEnv, mode Mode, ctx context.Context, app
 }
 
 // requireTakeover requires the standby to become active and deliver exactly the unacknowledged
-// row, then rows inserted afterwards.
-func requireTakeover(t *testing.T, e *liveEnv, standby *Watcher, unacked int64) {
+// row, then rows inserted afterwards; it logs how long the takeover took since stopped.
+func requireTakeover(t *testing.T, e *liveEnv, standby *Watcher, unacked int64, stopped time.Time) {
 	t.Helper()
 	require.Equal(t, []int64{unacked}, receiveWithin(t, standby, 1, takeoverWait),
 		"the standby resumes after the acknowledged rows")
+	t.Logf("takeover: first delivery %v after the active watcher stopped", time.Since(stopped).Round(time.Millisecond))
 	require.True(t, standby.Stats().Active)
 	ids := e.insert(2)
 	require.Equal(t, ids, receiveWithin(t, standby, 2, liveWait))
@@ -55,7 +56,7 @@ func TestLiveExclusiveTakeoverAfterClose(t *testing.T) {
 			e := newLive(t)
 			active, standby, unacked := exclusivePair(t, e, mode, context.Background(), "")
 			require.NoError(t, active.Close(context.Background()))
-			requireTakeover(t, e, standby, unacked)
+			requireTakeover(t, e, standby, unacked, time.Now())
 		})
 	}
 }
@@ -66,8 +67,9 @@ func TestLiveExclusiveTakeoverAfterContextCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	active, standby, unacked := exclusivePair(t, e, ModeHybrid, ctx, "")
 	cancel() // a crash of the consumer: no Close, no final save
+	stopped := time.Now()
 	requireClosed(t, active)
-	requireTakeover(t, e, standby, unacked)
+	requireTakeover(t, e, standby, unacked, stopped)
 }
 
 func TestLiveExclusiveTakeoverAfterSessionsTerminated(t *testing.T) {
@@ -75,6 +77,7 @@ func TestLiveExclusiveTakeoverAfterSessionsTerminated(t *testing.T) {
 	e := newLive(t)
 	app := "pgcs-excl-" + t.Name()[len(t.Name())-10:]
 	active, standby, unacked := exclusivePair(t, e, ModeHybrid, context.Background(), app)
+	terminated := time.Now()
 	n, err := e.srv.TerminateBackends(context.Background(), app)
 	require.NoError(t, err)
 	require.Equal(t, 2, n, "the LISTEN and lock sessions")
@@ -90,6 +93,8 @@ func TestLiveExclusiveTakeoverAfterSessionsTerminated(t *testing.T) {
 	select {
 	case at := <-stopped:
 		require.True(t, at.Before(took), "the active watcher stops before the standby delivers")
+		t.Logf("sessions terminated: the active watcher stopped after %v, the standby delivered after %v",
+			at.Sub(terminated).Round(time.Millisecond), took.Sub(terminated).Round(time.Millisecond))
 	default:
 		t.Fatal("the standby delivers while the active watcher has not stopped")
 	}
