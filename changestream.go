@@ -35,6 +35,18 @@ type Stats struct {
 	Checkpoint Position
 	// Cursor is the newest position read.
 	Cursor Position
+	// LoadErrors and ReadErrors count failed loads of the start position and failed changelog
+	// reads; LastError is the last failure of any operation, at LastErrorAt.
+	LoadErrors, ReadErrors uint64
+	LastError              error
+	LastErrorAt            time.Time
+	// ListenUp is true while the LISTEN connection is connected.
+	ListenUp bool
+	// Lag is the age of the oldest row not yet acknowledged or not yet read, from its
+	// changed_at; 0 when caught up (see [Watcher.LagState]).
+	Lag time.Duration
+	// Active is false while an exclusive watcher waits as a standby (see [Config.Exclusive]).
+	Active bool
 }
 
 // Watcher streams the rows of one table's changelog as events. Create it with [New], then call
@@ -51,6 +63,8 @@ type Watcher struct {
 	ready  chan struct{}       // closed by the listener after its first connect attempt
 	primed signal              // fired after the first read, or when stopping before (see Ready)
 	wg     sync.WaitGroup      // reader, listener, saver and prefetch goroutines
+	health health              // failures and their counters; safe for concurrent use
+	excl   exclusive           // the exclusive lock; see exclusive.go
 
 	// Lifecycle, guarded by lifeMu.
 	lifeMu  sync.Mutex
@@ -158,6 +172,7 @@ func newWatcher(cfg Config) *Watcher {
 		recent: newRecentIDs(recentCapacity),
 		batch:  make([]changelogRow, 0, cfg.BatchSize),
 		spare:  make([]changelogRow, 0, cfg.BatchSize),
+		health: health{listenCritical: cfg.Mode == ModeNotify},
 	}
 }
 
@@ -215,6 +230,7 @@ func (w *Watcher) Close(ctx context.Context) error {
 	w.closed = true
 	started, cancel := w.started, w.cancel
 	w.lifeMu.Unlock()
+	defer w.excl.release() // Config.Exclusive: a standby takes over after the final save
 	if !started {
 		close(w.events)
 		w.primed.fire()
@@ -256,9 +272,10 @@ func (w *Watcher) Err() error {
 
 // Stats returns the watcher's counters.
 func (w *Watcher) Stats() Stats {
+	caughtUp := w.health.isCaughtUp()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return Stats{
+	s := Stats{
 		Delivered:        w.delivered.Load(),
 		Filtered:         w.filtered,
 		Acked:            w.acked,
@@ -269,11 +286,17 @@ func (w *Watcher) Stats() Stats {
 		CheckpointErrors: w.ckErrors.Load(),
 		Checkpoint:       w.savedMirror,
 		Cursor:           w.cursor,
+		Lag:              w.lagLocked(time.Now(), caughtUp),
+		Active:           w.excl.isActive(),
 	}
+	w.health.fill(&s)
+	return s
 }
 
 // LagState returns when a read last found nothing new, and the changed_at of the newest row
-// read. Zero times mean "not yet".
+// read. Zero times mean "not yet". [Stats].Lag is the lag itself: the age of the oldest row not
+// yet acknowledged or read, measured from its changed_at (the start of the transaction that
+// wrote it), 0 when caught up.
 func (w *Watcher) LagState() (lastEmptyBatch, lastEventRead time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -292,6 +315,9 @@ func (w *Watcher) run(ctx context.Context) {
 		}
 		w.lifeMu.Unlock()
 	}()
+	if !w.becomeActive(ctx) { // Config.Exclusive: wait as a standby for the lock
+		return
+	}
 	if err := w.loadWithRetry(ctx); err != nil {
 		if ctx.Err() == nil {
 			w.lifeMu.Lock()
@@ -318,12 +344,15 @@ func (w *Watcher) run(ctx context.Context) {
 		var wait time.Duration
 		switch {
 		case err != nil:
+			w.health.fail(opRead, err)
 			wait = retry.next()
 			w.log.Warn("changelog read failed; retrying from the same position", "error", err, "retry_in", wait)
 		case full:
+			w.health.readOK(true)
 			retry.reset()
 			continue
 		default:
+			w.health.readOK(false)
 			retry.reset()
 			wait = w.pollWait()
 		}

@@ -17,6 +17,7 @@ func (w *Watcher) loadWithRetry(ctx context.Context) error {
 	for {
 		err := w.load(ctx)
 		if err == nil {
+			w.health.ok(opLoad)
 			return nil
 		}
 		if errors.Is(err, ErrRestoredDatabase) { // retrying cannot help: an operator must act
@@ -26,8 +27,9 @@ func (w *Watcher) loadWithRetry(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		w.health.fail(opLoad, err)
 		wait := retry.next()
-		w.log.Error("cannot load the saved token; retrying", "error", err, "retry_in", wait)
+		w.log.Error("cannot load the start position; retrying", "error", err, "retry_in", wait)
 		if !sleepCtx(ctx, wait) {
 			return ctx.Err()
 		}
@@ -70,7 +72,7 @@ func (w *Watcher) load(ctx context.Context) error {
 		save = true // so a restart before the first acknowledgement resumes here too
 		w.log.Info("no saved token: starting", "position", pos, "from_beginning", w.cfg.StartFromBeginning)
 	case err != nil:
-		return fmt.Errorf("load saved token: %w", err)
+		return fmt.Errorf("read token table %s: %w", w.cfg.TokenTable, err)
 	default:
 		pos, err = decodeToken([]byte(raw))
 		if errors.Is(err, errTokenNeedsLookup) {
@@ -84,9 +86,9 @@ func (w *Watcher) load(ctx context.Context) error {
 		}
 		w.log.Info("resuming after the saved token", "position", pos)
 	}
-	if save {
+	if save && !w.cfg.Ephemeral {
 		if _, err := w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, string(encodeToken(pos))); err != nil {
-			return fmt.Errorf("save start position: %w", err)
+			return fmt.Errorf("save start position to token table %s: %w", w.cfg.TokenTable, err)
 		}
 		w.ckWrites.Add(1)
 	}
@@ -174,7 +176,7 @@ func (w *Watcher) startPosition(ctx context.Context, skipFree bool, now pgSnapsh
 	switch {
 	case errors.Is(err, sql.ErrNoRows): // nothing to skip
 	case err != nil:
-		return Position{}, fmt.Errorf("find newest position: %w", err)
+		return Position{}, fmt.Errorf("find newest position in changelog %s: %w", w.cfg.ChangelogTable, err)
 	default:
 		pos = makePosition(ts, id)
 	}
@@ -194,7 +196,7 @@ func (w *Watcher) tokenRowPosition(ctx context.Context, id int64) (Position, err
 		w.log.Warn("the saved token's changelog row no longer exists; replaying the table from the beginning", "id", id)
 		return Position{ID: id}, nil
 	case err != nil:
-		return Position{}, fmt.Errorf("look up changelog row %d of an id-only token: %w", id, err)
+		return Position{}, fmt.Errorf("look up changelog %s row %d of an id-only token: %w", w.cfg.ChangelogTable, id, err)
 	}
 	return makePosition(ts, id), nil
 }
@@ -222,8 +224,11 @@ func (w *Watcher) saveCheckpoint(ctx context.Context, idleOnly bool) error {
 	p, ok := w.checkpointLocked()
 	busy := w.ring.Len() > 0 || w.ring.HasFloor()
 	w.mu.Unlock()
-	if !ok || (idleOnly && busy) || (w.hasSaved && unchanged(p, w.saved)) {
+	if !ok || (idleOnly && busy) || (w.hasSaved && unchanged(p, w.saved)) || w.cfg.Ephemeral {
 		return nil
+	}
+	if err := w.excl.lostErr(); err != nil { // a standby may hold the lock now
+		return fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
 	}
 	err := w.write(ctx, p)
 	if err != nil {

@@ -100,6 +100,21 @@ type Config struct {
 	// since the last save are delivered again.
 	CheckpointInterval time.Duration
 
+	// Exclusive makes at most one watcher per ClientName deliver at a time. Each holds a
+	// session advisory lock (keyed by TokenTable and ClientName) on a connection of its own
+	// (ConnString when set, else one held out of DB); the others wait as standbys and take
+	// over, from the saved token, within a few seconds of the active watcher closing, its
+	// context ending, or its session ending. A watcher that loses its session stops (Err wraps
+	// [ErrExclusiveLost]) before a standby starts. Watchers without Exclusive and with a
+	// ConnString hold the lock in shared mode, so an exclusive watcher waits for them too.
+	Exclusive bool
+
+	// Ephemeral makes the watcher never write the token table (nor the processed flag): it
+	// resumes after the client's saved token if there is one, else starts as a new client
+	// without saving that start, and acknowledgements only free pending deliveries. For
+	// inspection tools, such as the command's tail without --client.
+	Ephemeral bool
+
 	// StartFromBeginning makes a client with no saved token start at the oldest row of its
 	// table instead of the newest.
 	StartFromBeginning bool

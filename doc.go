@@ -78,6 +78,16 @@
 // acknowledge its final watermark after closing. Cancelling Start's context stops the watcher
 // the same way, without the final save; [Watcher.Err] then says why Events closed.
 //
+// # Operations
+//
+// [Watcher.Health] is nil while the watcher works, else describes each failing operation, its
+// object and how long it has failed; [Watcher.Stats] carries the counters and the lag (the age
+// of the oldest row not yet acknowledged or read, from its changed_at). With
+// [Config.Exclusive], watchers sharing a client name hold a session advisory lock: one
+// delivers, the others wait as standbys and take over from the saved token. [ListTokens],
+// [ResetToken], [DeleteToken] and [Prune] administer saved tokens and changelog retention.
+// The Prometheus collector is the module github.com/pgchangestream/pgchangestream/prometheus.
+//
 // # Known limits
 //
 //   - A row that commits behind the cursor is only found through its NOTIFY. Polling mode never

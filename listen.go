@@ -58,6 +58,7 @@ func (w *Watcher) listenLoop(ctx context.Context) {
 			return
 		}
 		if err != nil {
+			w.health.fail(opListen, fmt.Errorf("%s: %w", opListen, err))
 			firstAttemptDone()
 			wait := retry.next()
 			w.log.Warn("LISTEN connection failed; retrying", "error", err, "retry_in", wait)
@@ -67,6 +68,7 @@ func (w *Watcher) listenLoop(ctx context.Context) {
 			continue
 		}
 		retry.reset()
+		w.health.ok(opListen)
 		firstAttemptDone()
 		w.wakeReader()
 		err = w.receive(ctx, conn)
@@ -76,6 +78,7 @@ func (w *Watcher) listenLoop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		w.health.fail(opListen, fmt.Errorf("%s lost: %w", opListen, err))
 		w.log.Warn("LISTEN connection lost; reconnecting", "error", err)
 	}
 }
@@ -91,6 +94,7 @@ func (w *Watcher) connectListener(ctx context.Context) (*pgconn.PgConn, error) {
 		return nil, fmt.Errorf("listen %q: %w", w.cfg.NotifyChannel, err)
 	}
 	w.log.Info("listening", "channel", w.cfg.NotifyChannel)
+	w.warnOtherWatchers(ctx, conn)
 	return conn, nil
 }
 

@@ -146,7 +146,9 @@ func (c *command) exit(err error) int {
 		fmt.Fprintf(c.stderr, "%s: %s: %s (see '%s %s --help')\n", prog, c.name, oneLine(ue.msg), prog, c.name)
 		return exitUsage
 	default:
-		fmt.Fprintf(c.stderr, "%s: %s: %s\n", prog, c.name, oneLine(err.Error()))
+		// The library's errors start with the program's name too: say it once.
+		msg := strings.ReplaceAll(err.Error(), prog+": ", "")
+		fmt.Fprintf(c.stderr, "%s: %s: %s\n", prog, c.name, oneLine(msg))
 		return exitFailure
 	}
 }

@@ -4,7 +4,9 @@
 //
 //	pgchangestream demo    [flags]            run writers and a crashing consumer, check no row is lost
 //	pgchangestream tail    --table T [flags]  stream a table's changes to stdout
-//	pgchangestream status  [flags]            list the saved positions of all clients
+//	pgchangestream status  [flags]            list the saved positions, lag and backlog of all clients
+//	pgchangestream token   list|reset|delete  list, move or delete saved tokens
+//	pgchangestream prune   [flags]            delete the changelog rows every client has passed
 //	pgchangestream schema  install|capture    create the changelog schema, capture a table
 //
 // Every subcommand takes --help. Exit codes: 0 success, 1 runtime failure, 2 usage error.
@@ -37,7 +39,11 @@ Commands:
   demo            start writers and a consumer that crashes and restarts; check that every
                   written row was delivered
   tail            stream the changes of one table to stdout, acknowledging them
-  status          list every client's saved position, its age and the rows after it
+  status          list every client's saved position, its lag and the rows after it
+  token list      list every client's saved token
+  token reset     move a client's saved position (beginning, newest, a time, an id)
+  token delete    delete a client's saved token
+  prune           delete the changelog rows every client has passed
   schema install  create the changelog table, the token table and the trigger function
   schema capture  attach the trigger function to a table
 
@@ -60,6 +66,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runStatus(ctx, rest, stdout, stderr)
 	case "schema":
 		return runSchema(ctx, rest, stdout, stderr)
+	case "token":
+		return runToken(ctx, rest, stdout, stderr)
+	case "prune":
+		return runPrune(ctx, rest, stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		if len(rest) > 0 && rest[0] != "help" {
 			return run(ctx, append(rest[:len(rest):len(rest)], "--help"), stdout, stderr)
@@ -67,7 +77,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, mainUsage)
 		return exitOK
 	default:
-		fmt.Fprintf(stderr, "%s: unknown command %q (commands: demo, tail, status, schema; see '%s --help')\n",
+		fmt.Fprintf(stderr, "%s: unknown command %q (commands: demo, tail, status, token, prune, schema; see '%s --help')\n",
 			prog, cmd, prog)
 		return exitUsage
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -10,6 +11,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -33,6 +35,7 @@ type clientStatus struct {
 	PositionTime *time.Time `json:"position_time"`
 	SavedAt      *time.Time `json:"saved_at"`
 	AgeSeconds   *float64   `json:"age_seconds"`
+	LagSeconds   *float64   `json:"lag_seconds"`
 	Backlog      *int64     `json:"backlog"`
 	BacklogTable *string    `json:"backlog_table"`
 	Error        string     `json:"error,omitempty"`
@@ -40,19 +43,24 @@ type clientStatus struct {
 
 // runStatus runs "status".
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c := newCommand("status", "status [--dsn DSN] [--format table|json] [--table TABLE] [flags]", `
+	c := newCommand("status", "status [--dsn DSN] [--format table|json] [--table TABLE] [--client-table C=T]... [flags]", `
 Lists every client in the token table: its saved position (changelog id and changed_at), when
 it was saved, the age of the position (the database's now() minus the position's changed_at),
-and the backlog: the changelog rows after the position. The token table does not record a
-client's table, so the backlog counts the rows of every table after the position; with --table
-it counts only that table's rows (the number a watcher of that table would replay).
+the lag and the backlog. The backlog is the number of changelog rows after the position; the
+lag is the age of the oldest of them, from its changed_at (the start of the transaction that
+wrote it), 0 when there is none: the same lag as the library's Stats.Lag, seen from the saved
+position. The token table does not record a client's table: --client-table CLIENT=TABLE names
+it (repeatable), --table names it for the other clients, and a client with neither counts the
+rows of every table (the backlog_table field is then null).
 
 Tokens that hold only an id are shown with the changed_at of their row, looked up in the
 changelog; if that row is gone, the watcher replays the table from its beginning, and the
 backlog counts every row.`, stdout, stderr)
 	dsn := c.dsnFlag()
 	format := c.fs.String("format", "table", "table or json")
-	table := c.fs.String("table", "", "count the backlog of this table only (default: rows of every table)")
+	table := c.fs.String("table", "", "the table of clients without --client-table (default: rows of every table)")
+	var clientTables stringList
+	c.fs.Var(&clientTables, "client-table", "CLIENT=TABLE: the table of CLIENT's watcher (repeatable)")
 	changelog := c.fs.String("changelog-table", pgchangestream.DefaultChangelogTable, "changelog table")
 	tokens := c.fs.String("token-table", pgchangestream.DefaultTokenTable, "table of saved positions")
 	return c.exit(func() error {
@@ -60,6 +68,10 @@ backlog counts every row.`, stdout, stderr)
 			return err
 		}
 		if err := checkChoice("format", *format, "table", "json"); err != nil {
+			return err
+		}
+		tables, err := parseClientTables(clientTables)
+		if err != nil {
 			return err
 		}
 		cl, err := quoteTable("changelog-table", *changelog)
@@ -80,19 +92,33 @@ backlog counts every row.`, stdout, stderr)
 				return err
 			}
 		}
-		rows, err := loadStatus(ctx, db, cl, tok, *table)
+		rows, err := loadStatus(ctx, db, cl, tok, func(client string) string { return cmp.Or(tables[client], *table) })
 		if err != nil {
 			return err
 		}
 		if *format == "json" {
-			return writeStatusJSON(stdout, rows)
+			return writeJSON(stdout, rows)
 		}
 		return writeStatusTable(stdout, rows)
 	}())
 }
 
-// loadStatus reads every client's token and computes its position, age and backlog.
-func loadStatus(ctx context.Context, db *sql.DB, changelog, tokens, table string) ([]clientStatus, error) {
+// parseClientTables parses the --client-table values.
+func parseClientTables(values []string) (map[string]string, error) {
+	m := make(map[string]string, len(values))
+	for _, v := range values {
+		client, table, ok := strings.Cut(v, "=")
+		if !ok || client == "" || table == "" {
+			return nil, usagef("--client-table %q: want CLIENT=TABLE", v)
+		}
+		m[client] = table
+	}
+	return m, nil
+}
+
+// loadStatus reads every client's token and computes its position, age, lag and backlog;
+// tableOf names a client's table ("" for every table).
+func loadStatus(ctx context.Context, db *sql.DB, changelog, tokens string, tableOf func(string) string) ([]clientStatus, error) {
 	rows, err := db.QueryContext(ctx, `SELECT client_name, resume_token::text, last_updated, now() FROM `+
 		tokens+` ORDER BY client_name`)
 	if err != nil {
@@ -119,12 +145,8 @@ func loadStatus(ctx context.Context, db *sql.DB, changelog, tokens, table string
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read saved positions: %w", err)
 	}
-	backlogSQL := `SELECT count(*) FROM ` + changelog + ` WHERE (changed_at, id) > ($1, $2)`
-	var backlogTable *string
-	if table != "" {
-		backlogSQL += ` AND table_name = $3`
-		backlogTable = &table
-	}
+	backlogSQL := `SELECT count(*), COALESCE(extract(epoch FROM now() - min(changed_at))::float8, 0) FROM ` + changelog +
+		` WHERE (changed_at, id) > ($1, $2)`
 	for i := range out {
 		s := &out[i]
 		pos, err := resolvePosition(ctx, db, changelog, s)
@@ -138,15 +160,20 @@ func loadStatus(ctx context.Context, db *sql.DB, changelog, tokens, table string
 			age := math.Round(now.Sub(*s.PositionTime).Seconds()*1000) / 1000
 			s.AgeSeconds = &age
 		}
-		args := []any{pos.ChangedAt, pos.ID}
-		if table != "" {
-			args = append(args, table)
+		q, args := backlogSQL, []any{pos.ChangedAt, pos.ID}
+		if table := tableOf(s.Client); table != "" {
+			q, args = q+` AND table_name = $3`, append(args, table)
+			s.BacklogTable = &table
 		}
-		var n int64
-		if err := db.QueryRowContext(ctx, backlogSQL, args...).Scan(&n); err != nil {
+		var (
+			n   int64
+			lag float64
+		)
+		if err := db.QueryRowContext(ctx, q, args...).Scan(&n, &lag); err != nil {
 			return nil, fmt.Errorf("count the backlog of client %s: %w", s.Client, err)
 		}
-		s.Backlog, s.BacklogTable = &n, backlogTable
+		lag = math.Round(max(lag, 0)*1000) / 1000
+		s.Backlog, s.LagSeconds = &n, &lag
 	}
 	return out, nil
 }
@@ -210,22 +237,12 @@ func parseEventID(n json.Number) (int64, error) {
 	return int64(f), nil
 }
 
-// writeStatusJSON writes the rows as one JSON array.
-func writeStatusJSON(w io.Writer, rows []clientStatus) error {
-	if rows == nil {
-		rows = []clientStatus{}
-	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(rows)
-}
-
 // writeStatusTable writes the rows as an aligned table.
 func writeStatusTable(w io.Writer, rows []clientStatus) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "CLIENT\tPOSITION\tPOSITION TIME\tTOKEN\tSAVED\tAGE\tBACKLOG")
+	fmt.Fprintln(tw, "CLIENT\tPOSITION\tPOSITION TIME\tTOKEN\tSAVED\tAGE\tLAG\tBACKLOG")
 	for _, s := range rows {
-		id, posTime, saved, age, backlog := "-", "-", "-", "-", "-"
+		id, posTime, saved, age, lag, backlog := "-", "-", "-", "-", "-", "-"
 		if s.PositionID != nil {
 			id = strconv.FormatInt(*s.PositionID, 10)
 		}
@@ -238,14 +255,20 @@ func writeStatusTable(w io.Writer, rows []clientStatus) error {
 		if s.AgeSeconds != nil {
 			age = formatAge(time.Duration(*s.AgeSeconds * float64(time.Second)))
 		}
+		if s.LagSeconds != nil {
+			lag = formatAge(time.Duration(*s.LagSeconds * float64(time.Second)))
+		}
 		if s.Backlog != nil {
 			backlog = strconv.FormatInt(*s.Backlog, 10)
+			if s.BacklogTable != nil {
+				backlog += " (" + *s.BacklogTable + ")"
+			}
 		}
 		format := s.TokenFormat
 		if s.Error != "" {
 			format += " (" + s.Error + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Client, id, posTime, format, saved, age, backlog)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Client, id, posTime, format, saved, age, lag, backlog)
 	}
 	return tw.Flush()
 }

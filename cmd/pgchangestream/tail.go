@@ -21,32 +21,49 @@ const maxTailBatch = 256
 
 // tailFlags are the flags of "tail".
 type tailFlags struct {
-	dsn, client, table, mode, format string
-	changelog, tokens, channel       string
-	fromBeginning, noAck, verbose    bool
+	dsn, client, table, mode, format, from string
+	changelog, tokens, channel             string
+	fromBeginning, noAck, verbose, atEnd   bool
+	count                                  int
 }
+
+// ephemeralClient is the client name of a tail without --client; it saves nothing.
+const ephemeralClient = "pgchangestream-tail"
+
+// endPoll is how often tail --exit-at-end checks whether the watcher has caught up.
+const endPoll = 50 * time.Millisecond
 
 // runTail runs "tail".
 func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newCommand("tail", "tail --table TABLE [--dsn DSN] [flags]", `
-Streams the changes of TABLE to stdout as they are committed, one line per event, and
-acknowledges events once their lines are written (each flushed batch by its newest event, as
-acknowledgements are cumulative), so the client's saved position follows the output. A client
-without a saved position starts after the newest existing change (at the oldest with
---from-beginning) and saves that start; a client with one resumes after it, replaying what was
-written but not acknowledged. On SIGINT or SIGTERM it stops, saves the position and exits 0.
+Streams the changes of TABLE to stdout as they are committed, one line per event.
+
+Without --client, tail saves nothing: it starts after the newest existing change (see --from)
+and leaves no trace in the token table. With --client NAME it acknowledges events once their
+lines are written (each flushed batch by its newest event, as acknowledgements are cumulative),
+so NAME's saved position follows the output: a client without a saved position starts as
+--from says and saves that start; a client with one resumes after it. --no-ack never saves.
+On SIGINT or SIGTERM it stops, saves the position (with --client) and exits 0.
+
+--from applies to a client without a saved position: beginning, newest (default) or an RFC 3339
+time (the table is read from its oldest row and older events are skipped). To move a saved
+position, use 'token reset'.
 
 Formats: json writes the event document with its "token" (the changelog id) as one JSON object
 per line; pretty writes "id operation table key time" and the fields set or changed.`, stdout, stderr)
 	var f tailFlags
 	c.fs.StringVar(&f.dsn, "dsn", "", "PostgreSQL connection string, URL or key=value, also used for LISTEN "+
 		"(default $"+envDSN+")")
-	c.fs.StringVar(&f.client, "client", "pgchangestream-tail", "client name: the key of the saved position")
+	c.fs.StringVar(&f.client, "client", "", "client name: acknowledge and save the position under this name "+
+		"(default: save nothing)")
 	c.fs.StringVar(&f.table, "table", "", "table whose changes to stream, as named in the changelog (without schema; required)")
 	c.fs.StringVar(&f.mode, "mode", string(pgchangestream.ModeHybrid), "polling, notify or hybrid")
-	c.fs.BoolVar(&f.fromBeginning, "from-beginning", false,
-		"a client without a saved position starts at the oldest change instead of the newest")
-	c.fs.BoolVar(&f.noAck, "no-ack", false, "never acknowledge: the saved position stays before the first event shown")
+	c.fs.StringVar(&f.from, "from", "newest", "without a saved position, start at: beginning, newest or an RFC 3339 time")
+	c.fs.BoolVar(&f.fromBeginning, "from-beginning", false, "same as --from beginning")
+	c.fs.BoolVar(&f.noAck, "no-ack", false, "never acknowledge nor save: the saved position stays where it was")
+	c.fs.IntVar(&f.count, "count", 0, "exit after writing this many events (0: no limit)")
+	c.fs.IntVar(&f.count, "n", 0, "same as --count")
+	c.fs.BoolVar(&f.atEnd, "exit-at-end", false, "exit once every committed change has been written")
 	c.fs.StringVar(&f.format, "format", "json", "json or pretty")
 	c.fs.StringVar(&f.changelog, "changelog-table", pgchangestream.DefaultChangelogTable, "changelog table")
 	c.fs.StringVar(&f.tokens, "token-table", pgchangestream.DefaultTokenTable, "table of saved positions")
@@ -58,6 +75,31 @@ per line; pretty writes "id operation table key time" and the fields set or chan
 		}
 		return tail(ctx, c, f)
 	}())
+}
+
+// startFrom applies --from (or --from-beginning) to cfg.
+func startFrom(cfg *pgchangestream.Config, f tailFlags) error {
+	from := f.from
+	if f.fromBeginning {
+		from = "beginning"
+	}
+	switch from {
+	case "newest":
+		return nil
+	case "beginning":
+		cfg.StartFromBeginning = true
+		return nil
+	}
+	at, err := time.Parse(time.RFC3339Nano, from)
+	if err != nil {
+		return usagef("--from %q is not beginning, newest or an RFC 3339 time", from)
+	}
+	cfg.StartFromBeginning = true
+	cfg.Filter = func(ev pgchangestream.Event) bool {
+		t, ok := ev["clusterTime"].(time.Time)
+		return !ok || !t.Before(at)
+	}
+	return nil
 }
 
 // tail validates the flags, connects, and streams until ctx ends or the watcher fails.
@@ -89,11 +131,20 @@ func tail(ctx context.Context, c *command, f tailFlags) error {
 	if f.verbose {
 		level = slog.LevelInfo
 	}
+	if f.count < 0 {
+		return usagef("--count must not be negative, got %d", f.count)
+	}
 	cfg := pgchangestream.Config{
 		ClientName: f.client, TableName: f.table, Mode: mode, ConnString: dsn,
 		ChangelogTable: f.changelog, TokenTable: f.tokens, NotifyChannel: f.channel,
-		StartFromBeginning: f.fromBeginning,
-		Logger:             slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level})),
+		Ephemeral: f.client == "" || f.noAck,
+		Logger:    slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level})),
+	}
+	if f.client == "" {
+		cfg.ClientName = ephemeralClient
+	}
+	if err := startFrom(&cfg, f); err != nil {
+		return err
 	}
 	if mode == pgchangestream.ModePolling {
 		cfg.ConnString = ""
@@ -115,7 +166,14 @@ func tail(ctx context.Context, c *command, f tailFlags) error {
 	if err := checkTailTable(ctx, c, db, changelog, f); err != nil {
 		return err
 	}
-	return stream(ctx, c, w, write, !f.noAck)
+	return stream(ctx, c, w, write, streamOptions{ack: f.client != "" && !f.noAck, count: f.count, atEnd: f.atEnd})
+}
+
+// streamOptions say when stream acknowledges and when it stops by itself.
+type streamOptions struct {
+	ack   bool // acknowledge each flushed batch
+	count int  // stop after this many events; 0: no limit
+	atEnd bool // stop once caught up
 }
 
 // checkTailTable fails when the changelog table is missing and warns when it has no row for the
@@ -136,11 +194,12 @@ func checkTailTable(ctx context.Context, c *command, db *sql.DB, changelog strin
 	return nil
 }
 
-// stream starts w, writes every delivery to stdout and, when ack is set, acknowledges each batch
-// of deliveries after it is flushed, until ctx ends (a clean stop: nil) or the watcher stops on
-// its own (an error). It closes w, which saves the final position.
+// stream starts w, writes every delivery to stdout and, with opts.ack, acknowledges each batch
+// of deliveries after it is flushed, until ctx ends, opts.count events are written or, with
+// opts.atEnd, the watcher has caught up (a clean stop: nil), or the watcher stops on its own (an
+// error). It closes w, which saves the final position.
 func stream(ctx context.Context, c *command, w *pgchangestream.Watcher,
-	write func(*bufio.Writer, pgchangestream.EventWithToken) error, ack bool) (err error) {
+	write func(*bufio.Writer, pgchangestream.EventWithToken) error, opts streamOptions) (err error) {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	w.Start(runCtx)
@@ -151,14 +210,27 @@ func stream(ctx context.Context, c *command, w *pgchangestream.Watcher,
 			err = fmt.Errorf("close: %w", cerr)
 		}
 	}()
+	var tick <-chan time.Time
+	if opts.atEnd {
+		t := time.NewTicker(endPoll)
+		defer t.Stop()
+		tick = t.C
+	}
 	out := bufio.NewWriter(c.stdout)
 	events := w.Events()
+	written := 0
+	lastReceived := time.Now()
 	for ctx.Err() == nil {
 		var first pgchangestream.EventWithToken
 		var ok bool
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-tick:
+			if caughtUp(w, events, lastReceived) {
+				return nil
+			}
+			continue
 		case first, ok = <-events:
 		}
 		if !ok {
@@ -169,25 +241,38 @@ func stream(ctx context.Context, c *command, w *pgchangestream.Watcher,
 		if err := write(out, first); err != nil {
 			return fmt.Errorf("write event: %w", err)
 		}
-		for n, more := 1, true; more && n < maxTailBatch && len(events) > 0; n++ {
+		written++
+		for n, more := 1, true; more && n < maxTailBatch && len(events) > 0 && (opts.count == 0 || written < opts.count); n++ {
 			var ev pgchangestream.EventWithToken
 			if ev, more = <-events; more {
 				if err := write(out, ev); err != nil {
 					return fmt.Errorf("write event: %w", err)
 				}
 				last = ev.ResumeToken
+				written++
 			}
 		}
+		lastReceived = time.Now()
 		if err := out.Flush(); err != nil {
 			return fmt.Errorf("write events: %w", err)
 		}
-		if !ack {
-			continue
+		if opts.ack {
+			if err := w.MarkProcessed(ctx, last); err != nil && !errors.Is(err, context.Canceled) {
+				// The acknowledgement is kept; the next one (or the final save) retries the save.
+				c.warn("save position after event %s: %v", last, err)
+			}
 		}
-		if err := w.MarkProcessed(ctx, last); err != nil && !errors.Is(err, context.Canceled) {
-			// The acknowledgement is kept; the next one (or the final save) retries the save.
-			c.warn("save position after event %s: %v", last, err)
+		if opts.count > 0 && written >= opts.count {
+			return nil
 		}
 	}
 	return nil
+}
+
+// caughtUp reports whether every change committed before the watcher's last empty read has
+// been written: that read came after the last event was received, and nothing waits in events
+// (a send completes before the reader reads again).
+func caughtUp(w *pgchangestream.Watcher, events <-chan pgchangestream.EventWithToken, lastReceived time.Time) bool {
+	lastEmpty, _ := w.LagState()
+	return lastEmpty.After(lastReceived) && len(events) == 0
 }

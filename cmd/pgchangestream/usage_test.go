@@ -17,15 +17,25 @@ func TestHelpExitsZero(t *testing.T) {
 		usage string
 		flags []string
 	}{
-		{[]string{"--help"}, "Usage: pgchangestream <command>", []string{"demo", "tail", "status", "schema install"}},
+		{[]string{"--help"}, "Usage: pgchangestream <command>",
+			[]string{"demo", "tail", "status", "token list", "token reset", "token delete", "prune", "schema install"}},
 		{[]string{"help", "tail"}, "Usage: pgchangestream tail", []string{"--table"}},
 		{[]string{"demo", "--help"}, "Usage: pgchangestream demo",
 			[]string{"--dsn", "--writers", "--rate", "--duration", "--crashes", "--seed", "--progress", "--drain-timeout"}},
 		{[]string{"tail", "-h"}, "Usage: pgchangestream tail",
-			[]string{"--dsn", "--client", "--table", "--mode", "--from-beginning", "--no-ack", "--format",
-				"--changelog-table", "--token-table", "--channel"}},
+			[]string{"--dsn", "--client", "--table", "--mode", "--from", "--from-beginning", "--no-ack", "--count", "-n",
+				"--exit-at-end", "--format", "--changelog-table", "--token-table", "--channel"}},
 		{[]string{"status", "--help"}, "Usage: pgchangestream status",
-			[]string{"--dsn", "--format", "--table", "--changelog-table", "--token-table"}},
+			[]string{"--dsn", "--format", "--table", "--client-table", "--changelog-table", "--token-table"}},
+		{[]string{"token", "--help"}, "Usage: pgchangestream token list", nil},
+		{[]string{"help", "token"}, "Usage: pgchangestream token list", nil},
+		{[]string{"token", "list", "--help"}, "Usage: pgchangestream token list",
+			[]string{"--dsn", "--format", "--changelog-table", "--token-table"}},
+		{[]string{"token", "reset", "-h"}, "Usage: pgchangestream token reset",
+			[]string{"--dsn", "--to", "--table", "--dry-run", "--yes"}},
+		{[]string{"token", "delete", "--help"}, "Usage: pgchangestream token delete", []string{"--dsn", "--dry-run", "--yes"}},
+		{[]string{"prune", "--help"}, "Usage: pgchangestream prune",
+			[]string{"--dsn", "--older-than", "--dry-run", "--ignore-client", "--table", "--batch", "--format"}},
 		{[]string{"schema", "--help"}, "Usage: pgchangestream schema install", nil},
 		{[]string{"schema", "install", "-h"}, "Usage: pgchangestream schema install",
 			[]string{"--dsn", "--print", "--changelog-table", "--token-table", "--channel", "--function"}},
@@ -69,6 +79,24 @@ func TestUsageErrors(t *testing.T) {
 		{"bad writers", []string{"demo", "--writers", "0"}, "pgchangestream: demo: --writers must be at least 1"},
 		{"bad duration", []string{"demo", "--duration", "0s"}, "pgchangestream: demo: --duration must be positive"},
 		{"extra argument", []string{"status", "--dsn", unreachableDSN, "extra"}, `pgchangestream: status: unexpected argument "extra"`},
+		{"bad client table", []string{"status", "--dsn", unreachableDSN, "--client-table", "a"},
+			`pgchangestream: status: --client-table "a": want CLIENT=TABLE`},
+		{"bad from", []string{"tail", "--dsn", unreachableDSN, "--table", "items", "--from", "yesterday"},
+			`pgchangestream: tail: --from "yesterday" is not beginning, newest or an RFC 3339 time`},
+		{"negative count", []string{"tail", "--dsn", unreachableDSN, "--table", "items", "-n", "-1"},
+			"pgchangestream: tail: --count must not be negative"},
+		{"token without subcommand", []string{"token"}, "pgchangestream: token: missing subcommand"},
+		{"unknown token subcommand", []string{"token", "show"}, `pgchangestream: token: unknown subcommand "show"`},
+		{"reset without client", []string{"token", "reset", "--to", "newest", "--yes"}, "pgchangestream: token reset: missing CLIENT"},
+		{"reset without to", []string{"token", "reset", "c", "--yes"}, "pgchangestream: token reset: --to is required"},
+		{"reset bad to", []string{"token", "reset", "c", "--to", "soon", "--yes"}, `pgchangestream: token reset: --to "soon" is not`},
+		{"reset without yes", []string{"token", "reset", "c", "--to", "newest", "--dsn", unreachableDSN},
+			"pgchangestream: token reset: this changes the saved token: add --yes"},
+		{"delete dry run and yes", []string{"token", "delete", "c", "--dry-run", "--yes"},
+			"pgchangestream: token delete: --dry-run and --yes exclude each other"},
+		{"bad token format", []string{"token", "list", "--format", "csv"}, `pgchangestream: token list: --format "csv" is not one of table, json`},
+		{"bad batch", []string{"prune", "--batch", "0"}, "pgchangestream: prune: --batch must be positive"},
+		{"bad older-than", []string{"prune", "--older-than", "-1h"}, "pgchangestream: prune: --older-than must not be negative"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stdout, stderr := runCmd(t, tc.args...)
@@ -86,6 +114,8 @@ func TestUnreachableDSN(t *testing.T) {
 	for _, args := range [][]string{
 		{"tail", "--dsn", unreachableDSN, "--table", "items"},
 		{"status", "--dsn", unreachableDSN},
+		{"token", "list", "--dsn", unreachableDSN},
+		{"prune", "--dsn", unreachableDSN},
 		{"schema", "install", "--dsn", unreachableDSN},
 	} {
 		t.Run(args[0], func(t *testing.T) {

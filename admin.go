@@ -1,0 +1,186 @@
+package pgchangestream
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// AdminOptions names the tables of the token and retention functions ([ListTokens],
+// [ResetToken], [DeleteToken], [Prune]). Zero values take the [Config] defaults.
+type AdminOptions struct {
+	ChangelogTable string // default "datastore_changelog"
+	TokenTable     string // default "resume_tokens"
+}
+
+// adminTables are the validated tables of an administration function.
+type adminTables struct {
+	changelog, tokens string  // names, defaults filled, for messages
+	cl, tok           string  // quoted
+	q                 queries // the watcher's queries on these tables
+}
+
+// resolve validates the names and fills the defaults.
+func (o AdminOptions) resolve() (adminTables, error) {
+	cfg := Config{ChangelogTable: o.ChangelogTable, TokenTable: o.TokenTable}.withDefaults()
+	if err := checkIdentifier(cfg.ChangelogTable); err != nil {
+		return adminTables{}, fmt.Errorf("%w: AdminOptions.ChangelogTable: %v", ErrInvalidConfig, err)
+	}
+	if err := checkIdentifier(cfg.TokenTable); err != nil {
+		return adminTables{}, fmt.Errorf("%w: AdminOptions.TokenTable: %v", ErrInvalidConfig, err)
+	}
+	return adminTables{changelog: cfg.ChangelogTable, tokens: cfg.TokenTable,
+		cl: quoteIdentifier(cfg.ChangelogTable), tok: quoteIdentifier(cfg.TokenTable), q: buildQueries(cfg)}, nil
+}
+
+// SavedToken is one client's row of the token table.
+type SavedToken struct {
+	Client    string    `json:"client"`
+	Token     string    `json:"token"` // the saved JSON, as stored
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// ListTokens returns every client's saved token, ordered by client name.
+func ListTokens(ctx context.Context, db *sql.DB, opts AdminOptions) ([]SavedToken, error) {
+	t, err := opts.resolve()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.QueryContext(ctx, `SELECT client_name, resume_token::text, last_updated FROM `+t.tok+` ORDER BY client_name`)
+	if err != nil {
+		return nil, fmt.Errorf("read token table %s: %w", t.tokens, err)
+	}
+	defer rows.Close()
+	var out []SavedToken
+	for rows.Next() {
+		var (
+			st      SavedToken
+			updated sql.NullTime
+		)
+		if err := rows.Scan(&st.Client, &st.Token, &updated); err != nil {
+			return nil, fmt.Errorf("read token table %s: %w", t.tokens, err)
+		}
+		st.UpdatedAt = updated.Time
+		out = append(out, st)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read token table %s: %w", t.tokens, err)
+	}
+	return out, nil
+}
+
+// ResetTarget is where [ResetPosition] places a client: exactly one of its fields is set.
+type ResetTarget struct {
+	Beginning bool      // before every row
+	Newest    bool      // after the newest row (of Table, when set)
+	Table     string    // with Newest: the table whose newest row counts; empty: any table
+	Time      time.Time // before the first row with changed_at at or after Time
+	AfterID   int64     // after the row with this id (which must exist)
+}
+
+// ResetPosition returns the position a client placed at target resumes after.
+func ResetPosition(ctx context.Context, db *sql.DB, target ResetTarget, opts AdminOptions) (Position, error) {
+	t, err := opts.resolve()
+	if err != nil {
+		return Position{}, err
+	}
+	set := 0
+	for _, b := range []bool{target.Beginning, target.Newest, !target.Time.IsZero(), target.AfterID != 0} {
+		if b {
+			set++
+		}
+	}
+	if set != 1 {
+		return Position{}, errors.New("pgchangestream: reset target: set exactly one of Beginning, Newest, Time, AfterID")
+	}
+	switch {
+	case target.Beginning:
+		return Position{}, nil
+	case !target.Time.IsZero():
+		// Every row with changed_at before Time, whatever its id, is passed.
+		return makePosition(target.Time.Add(-time.Microsecond), math.MaxInt64), nil
+	}
+	var (
+		ts time.Time
+		id = target.AfterID
+	)
+	switch {
+	case target.Newest && target.Table != "":
+		err = db.QueryRowContext(ctx, t.q.newest, target.Table).Scan(&ts, &id)
+	case target.Newest:
+		err = db.QueryRowContext(ctx, `SELECT changed_at, id FROM `+t.cl+` ORDER BY changed_at DESC, id DESC LIMIT 1`).
+			Scan(&ts, &id)
+	default:
+		err = db.QueryRowContext(ctx, t.q.rowTime, id).Scan(&ts)
+	}
+	switch {
+	case errors.Is(err, sql.ErrNoRows) && target.Newest:
+		return Position{}, nil // an empty changelog: nothing to pass
+	case errors.Is(err, sql.ErrNoRows):
+		return Position{}, fmt.Errorf("pgchangestream: changelog row %d does not exist", target.AfterID)
+	case err != nil:
+		return Position{}, fmt.Errorf("read changelog %s: %w", t.changelog, err)
+	}
+	return makePosition(ts, id), nil
+}
+
+// ErrClientActive is returned by [ResetToken] and [DeleteToken] while a watcher of the client
+// holds its lock: an exclusive watcher, or one with a LISTEN connection (see [Config.Exclusive]).
+var ErrClientActive = errors.New("pgchangestream: a watcher of the client is running")
+
+// ResetToken saves pos as the client's token, in the form every schema state accepts:
+// {"timestamp", "eventID"}. It refuses (ErrClientActive) while a watcher of the client runs.
+func ResetToken(ctx context.Context, db *sql.DB, client string, pos Position, opts AdminOptions) error {
+	t, err := opts.resolve()
+	if err != nil {
+		return err
+	}
+	return withClientLock(ctx, db, client, t, func(conn *sql.Conn) error {
+		if _, err := conn.ExecContext(ctx, t.q.saveToken, client, string(encodeToken(pos))); err != nil {
+			return fmt.Errorf("write token table %s: %w", t.tokens, err)
+		}
+		return nil
+	})
+}
+
+// DeleteToken deletes the client's saved token; its next watcher starts as a new client. It
+// reports whether there was one, and refuses (ErrClientActive) while a watcher of the client
+// runs.
+func DeleteToken(ctx context.Context, db *sql.DB, client string, opts AdminOptions) (bool, error) {
+	t, err := opts.resolve()
+	if err != nil {
+		return false, err
+	}
+	var n int64
+	err = withClientLock(ctx, db, client, t, func(conn *sql.Conn) error {
+		res, err := conn.ExecContext(ctx, `DELETE FROM `+t.tok+` WHERE client_name = $1`, client)
+		if err != nil {
+			return fmt.Errorf("delete from token table %s: %w", t.tokens, err)
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return n > 0, err
+}
+
+// withClientLock runs f on a connection holding the client's lock, which no watcher of the
+// client holds meanwhile; ErrClientActive if one does.
+func withClientLock(ctx context.Context, db *sql.DB, client string, t adminTables, f func(*sql.Conn) error) error {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	s := &sqlLockSession{conn: conn}
+	defer s.close()
+	got, err := s.tryLock(ctx, lockKey(t.tokens, client))
+	if err != nil {
+		return fmt.Errorf("try the lock of client %s: %w", client, err)
+	}
+	if !got {
+		return fmt.Errorf("%w: %s", ErrClientActive, client)
+	}
+	return f(conn)
+}

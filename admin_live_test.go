@@ -1,0 +1,119 @@
+package pgchangestream
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// consume starts a polling watcher of client from the beginning, receives the rows ids,
+// acknowledges the first acked of them and closes it.
+func (e *liveEnv) consume(client string, ids []int64, acked int) {
+	e.t.Helper()
+	cfg := e.fromBeginning(ModePolling)
+	cfg.ClientName = client
+	w, err := New(cfg)
+	require.NoError(e.t, err)
+	w.Start(context.Background())
+	require.Equal(e.t, ids, receiveWithin(e.t, w, len(ids), liveWait))
+	if acked > 0 {
+		require.NoError(e.t, w.MarkProcessed(context.Background(), tok(ids[acked-1])))
+	}
+	require.NoError(e.t, w.Close(context.Background()))
+}
+
+// requireResumes requires client's next watcher to deliver exactly want.
+func (e *liveEnv) requireResumes(client string, want []int64) {
+	e.t.Helper()
+	cfg := e.config(ModePolling)
+	cfg.ClientName = client
+	w := e.start(cfg)
+	require.Equal(e.t, want, receiveWithin(e.t, w, len(want), liveWait), "client %s", client)
+	requireNothingWithin(e.t, w, liveQuiet)
+	require.NoError(e.t, w.Close(context.Background()))
+}
+
+func TestLivePruneKeepsEveryRowAClientHasNotPassed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newLive(t)
+	ids := e.insert(8)
+	e.consume("ahead", ids, 6)
+	e.consume("behind", ids, 3)
+
+	res, err := Prune(ctx, e.db, PruneOptions{DryRun: true})
+	require.NoError(t, err)
+	require.Equal(t, PruneResult{Deleted: 3, Clients: []string{"ahead", "behind"}}, res)
+	require.Equal(t, ids, e.idsInOrder(), "a dry run deletes nothing")
+
+	res, err = Prune(ctx, e.db, PruneOptions{OlderThan: time.Hour})
+	require.NoError(t, err)
+	require.Zero(t, res.Deleted, "rows younger than OlderThan are kept")
+
+	var progress []int64
+	res, err = Prune(ctx, e.db, PruneOptions{BatchSize: 2, Progress: func(n int64) { progress = append(progress, n) }})
+	require.NoError(t, err)
+	require.Equal(t, int64(3), res.Deleted)
+	require.Equal(t, []int64{2, 3}, progress)
+	require.Equal(t, ids[3:], e.idsInOrder(), "only the rows both clients passed")
+	e.requireResumes("ahead", ids[6:])
+	e.requireResumes("behind", ids[3:])
+
+	res, err = Prune(ctx, e.db, PruneOptions{IgnoreClients: []string{"behind"}})
+	require.NoError(t, err)
+	require.Equal(t, int64(3), res.Deleted, "an ignored client holds nothing back")
+	e.requireResumes("ahead", ids[6:])
+
+	// A token whose row is gone replays everything: it holds every row back.
+	_, err = e.db.Exec(`INSERT INTO resume_tokens (client_name, resume_token) VALUES ('replaying', '{"eventID": 1}')`)
+	require.NoError(t, err)
+	res, err = Prune(ctx, e.db, PruneOptions{IgnoreClients: []string{"behind"}})
+	require.NoError(t, err)
+	require.Equal(t, PruneResult{Clients: []string{"ahead"}, Unresolved: []string{"replaying"}}, res)
+	require.Equal(t, ids[6:], e.idsInOrder())
+}
+
+func TestLiveTokenAdminRefusesWhileAWatcherRuns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newLive(t)
+	ids := e.insert(4)
+	cfg := e.fromBeginning(ModePolling)
+	cfg.Exclusive = true
+	w := e.start(cfg)
+	require.Equal(t, ids, receiveWithin(t, w, 4, takeoverWait))
+	require.NoError(t, w.MarkProcessed(ctx, tok(ids[3])))
+
+	pos, err := ResetPosition(ctx, e.db, ResetTarget{AfterID: ids[1]}, AdminOptions{})
+	require.NoError(t, err)
+	require.Equal(t, e.position(ids[1]), pos)
+	require.ErrorIs(t, ResetToken(ctx, e.db, "c", pos, AdminOptions{}), ErrClientActive)
+	_, err = DeleteToken(ctx, e.db, "c", AdminOptions{})
+	require.ErrorIs(t, err, ErrClientActive)
+	require.NoError(t, w.Close(ctx))
+
+	require.NoError(t, ResetToken(ctx, e.db, "c", pos, AdminOptions{}))
+	e.requireResumes("c", ids[2:])
+
+	at, err := ResetPosition(ctx, e.db, ResetTarget{Time: e.position(ids[3]).ChangedAt}, AdminOptions{})
+	require.NoError(t, err)
+	require.NoError(t, ResetToken(ctx, e.db, "c", at, AdminOptions{}))
+	e.requireResumes("c", ids[3:])
+
+	newest, err := ResetPosition(ctx, e.db, ResetTarget{Newest: true, Table: liveTable}, AdminOptions{})
+	require.NoError(t, err)
+	require.Equal(t, e.position(ids[3]), newest)
+	beginning, err := ResetPosition(ctx, e.db, ResetTarget{Beginning: true}, AdminOptions{})
+	require.NoError(t, err)
+	require.NoError(t, ResetToken(ctx, e.db, "c", beginning, AdminOptions{}))
+	e.requireResumes("c", ids)
+
+	existed, err := DeleteToken(ctx, e.db, "c", AdminOptions{})
+	require.NoError(t, err)
+	require.True(t, existed)
+	tokens, err := ListTokens(ctx, e.db, AdminOptions{})
+	require.NoError(t, err)
+	require.Empty(t, tokens)
+}

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"database/sql"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// savedTokens returns the number of rows of the token table.
+func savedTokens(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM resume_tokens`).Scan(&n))
+	return n
+}
+
+// tailLines runs tail to its end and returns its output lines.
+func tailLines(t *testing.T, args ...string) []string {
+	t.Helper()
+	code, stdout, stderr := runCmd(t, append([]string{"tail", "--mode", "polling", "--format", "pretty"}, args...)...)
+	require.Equal(t, exitOK, code, stderr)
+	if stdout == "" {
+		return nil
+	}
+	return strings.Split(strings.TrimSuffix(stdout, "\n"), "\n")
+}
+
+func TestTailEphemeralCountAndEnd(t *testing.T) {
+	t.Parallel()
+	db, dsn := newItemsDB(t)
+	execSQL(t, db, `INSERT INTO items (name) VALUES ('a')`, `INSERT INTO items (name) VALUES ('b')`,
+		`INSERT INTO items (name) VALUES ('c')`) // three transactions: three changed_at
+	base := []string{"--dsn", dsn, "--table", "items"}
+
+	assert.Len(t, tailLines(t, append(base, "--from", "beginning", "--exit-at-end")...), 3)
+	assert.Empty(t, tailLines(t, append(base, "--exit-at-end")...), "newest: nothing to show")
+	lines := tailLines(t, append(base, "--from-beginning", "-n", "2")...)
+	require.Len(t, lines, 2)
+	assert.True(t, strings.HasPrefix(lines[1], "2 insert"), lines[1])
+	var second string
+	require.NoError(t, db.QueryRow(`SELECT to_char(changed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+		FROM datastore_changelog WHERE id = 2`).Scan(&second))
+	lines = tailLines(t, append(base, "--from", second, "--exit-at-end")...)
+	require.Len(t, lines, 2, "from a time: the rows at or after it")
+	assert.True(t, strings.HasPrefix(lines[0], "2 insert"), lines[0])
+	assert.Zero(t, savedTokens(t, db), "tail without --client saves nothing")
+
+	lines = tailLines(t, append(base, "--client", "named", "--from", "beginning", "--count", "2")...)
+	require.Len(t, lines, 2)
+	lines = tailLines(t, append(base, "--client", "named", "--exit-at-end")...)
+	require.Len(t, lines, 1, "a named client resumes after what it acknowledged")
+	assert.True(t, strings.HasPrefix(lines[0], "3 insert"), lines[0])
+}
+
+func TestTokenCommands(t *testing.T) {
+	t.Parallel()
+	db, dsn := newItemsDB(t)
+	execSQL(t, db, `INSERT INTO items (name) VALUES ('a'), ('b'), ('c')`)
+	require.Len(t, tailLines(t, "--dsn", dsn, "--table", "items", "--client", "c1", "--from", "beginning", "-n", "3"), 3)
+
+	code, stdout, stderr := runCmd(t, "token", "list", "--dsn", dsn, "--format", "json")
+	require.Equal(t, exitOK, code, stderr)
+	var tokens []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(stdout), &tokens), stdout)
+	require.Len(t, tokens, 1)
+	assert.Equal(t, "c1", tokens[0]["client"])
+	assert.Contains(t, tokens[0]["token"], `"eventID": 3`)
+	code, stdout, _ = runCmd(t, "token", "list", "--dsn", dsn)
+	require.Equal(t, exitOK, code)
+	assert.Regexp(t, `(?m)^CLIENT +SAVED +TOKEN\nc1 +\S+ +\{"eventID": 3, "timestamp": `, stdout)
+
+	code, stdout, stderr = runCmd(t, "token", "reset", "c1", "--to", "1", "--dsn", dsn, "--dry-run")
+	require.Equal(t, exitOK, code, stderr)
+	assert.Contains(t, stdout, "would reset client c1 to (")
+	assert.Len(t, tailLines(t, "--dsn", dsn, "--table", "items", "--client", "c1", "--exit-at-end"), 0, "a dry run changes nothing")
+
+	code, stdout, stderr = runCmd(t, "token", "reset", "c1", "--to", "1", "--dsn", dsn, "--yes")
+	require.Equal(t, exitOK, code, stderr)
+	assert.Regexp(t, `^reset client c1 to \(\S+, 1\) \(token was \{.*\}\)\n$`, stdout)
+	assert.Len(t, tailLines(t, "--dsn", dsn, "--table", "items", "--client", "c1", "--exit-at-end", "--no-ack"), 2)
+
+	code, _, stderr = runCmd(t, "token", "reset", "c1", "--to", "99", "--dsn", dsn, "--yes")
+	assert.Equal(t, exitFailure, code)
+	assert.Equal(t, "pgchangestream: token reset: changelog row 99 does not exist\n", stderr, "one prefix")
+
+	code, stdout, stderr = runCmd(t, "token", "delete", "c1", "--dsn", dsn, "--yes")
+	require.Equal(t, exitOK, code, stderr)
+	assert.Contains(t, stdout, "deleted the token of client c1")
+	assert.Zero(t, savedTokens(t, db))
+	code, _, stderr = runCmd(t, "token", "delete", "c1", "--dsn", dsn, "--yes")
+	assert.Equal(t, exitFailure, code)
+	assert.Equal(t, "pgchangestream: token delete: client c1 has no saved token\n", stderr)
+}
+
+func TestPruneCommand(t *testing.T) {
+	t.Parallel()
+	db, dsn := newItemsDB(t)
+	execSQL(t, db, `INSERT INTO items (name) VALUES ('a'), ('b'), ('c'), ('d')`)
+	base := []string{"--dsn", dsn, "--table", "items", "--from", "beginning"}
+	require.Len(t, tailLines(t, append(base, "--client", "fast", "-n", "3")...), 3)
+	require.Len(t, tailLines(t, append(base, "--client", "slow", "-n", "1")...), 1)
+
+	code, stdout, stderr := runCmd(t, "prune", "--dsn", dsn, "--dry-run", "--older-than", "0s")
+	require.Equal(t, exitOK, code, stderr)
+	assert.Equal(t, "would delete 1 changelog rows older than 0s, passed by clients: fast, slow\n", stdout)
+
+	code, stdout, stderr = runCmd(t, "prune", "--dsn", dsn, "--older-than", "0s", "--ignore-client", "slow", "--format", "json")
+	require.Equal(t, exitOK, code, stderr)
+	var summary pruneSummary
+	require.NoError(t, json.Unmarshal([]byte(stdout), &summary), stdout)
+	assert.Equal(t, pruneSummary{Deleted: 3, Batches: 1, Clients: []string{"fast"}, Unresolved: []string{}}, summary)
+	var left int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM datastore_changelog`).Scan(&left))
+	assert.Equal(t, 1, left)
+
+	code, stdout, stderr = runCmd(t, "prune", "--dsn", dsn)
+	require.Equal(t, exitOK, code, stderr)
+	assert.Equal(t, "deleted 0 changelog rows older than 1h0m0s, passed by clients: fast, slow\n", stdout)
+}

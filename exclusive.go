@@ -1,0 +1,319 @@
+package pgchangestream
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Exclusive lock timing. A standby tries the lock every standbyPoll (jittered). The active
+// watcher checks its lock session every lockCheckInterval, each check bounded by
+// lockCheckTimeout, and stops delivering when a check fails: at most lockCheckInterval +
+// lockCheckTimeout after the session ended. A standby that gets the lock waits lockSettle,
+// longer than that, before it loads the token, so the two never deliver at the same time.
+const (
+	standbyPoll       = time.Second
+	lockCheckInterval = 500 * time.Millisecond
+	lockCheckTimeout  = time.Second
+	lockSettle        = 2 * time.Second
+	lockRetryMin      = 100 * time.Millisecond
+	lockRetryMax      = 5 * time.Second
+	lockReleaseWait   = time.Second
+)
+
+// ErrExclusiveLost is wrapped by [Watcher.Err] (and by saves refused afterwards) when an
+// exclusive watcher lost the session that held its lock, so that a standby may take over.
+var ErrExclusiveLost = errors.New("pgchangestream: exclusive lock lost")
+
+// lockKey is the advisory lock of a client: a 64-bit hash of the token table and client name,
+// the same for every watcher and for the token commands.
+func lockKey(tokenTable, clientName string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("pgchangestream\x00" + tokenTable + "\x00" + clientName))
+	return int64(h.Sum64())
+}
+
+// lockHoldersSQL counts the sessions other than this one holding a client's lock, in any mode.
+// PostgreSQL shows a bigint advisory key as classid (high half) and objid (low half), objsubid 1.
+const lockHoldersSQL = `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+	AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = 1 AND pid <> pg_backend_pid()`
+
+// lockHalves returns the pg_locks classid and objid of key.
+func lockHalves(key int64) (classid, objid int64) {
+	return int64(uint64(key) >> 32), int64(uint64(key) & 0xffffffff)
+}
+
+// exclusive is the state of the exclusive lock.
+type exclusive struct {
+	mu      sync.Mutex
+	active  bool        // the watcher delivers: it holds the lock, or is not exclusive
+	lost    error       // the lock session was lost; saves are refused
+	session lockSession // held lock; nil when none
+	warned  atomic.Bool // the second-watcher warning was logged
+}
+
+func (x *exclusive) isActive() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.active
+}
+
+func (x *exclusive) lostErr() error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.lost
+}
+
+// release ends the lock session, if one is held; later calls do nothing.
+func (x *exclusive) release() {
+	x.mu.Lock()
+	s := x.session
+	x.session, x.active = nil, false
+	x.mu.Unlock()
+	if s != nil {
+		s.close()
+	}
+}
+
+// becomeActive returns true when the reader may start: at once without Config.Exclusive;
+// otherwise once this watcher holds its client's lock, after waiting as a standby. It returns
+// false when ctx ends first.
+func (w *Watcher) becomeActive(ctx context.Context) bool {
+	if !w.cfg.Exclusive {
+		w.excl.mu.Lock()
+		w.excl.active = true
+		w.excl.mu.Unlock()
+		w.health.startWork()
+		return true
+	}
+	s := w.waitForLock(ctx)
+	if s == nil {
+		return false
+	}
+	w.excl.mu.Lock()
+	w.excl.session = s
+	w.excl.mu.Unlock()
+	if !sleepCtx(ctx, lockSettle) { // a watcher that lost the lock stops within this time
+		w.excl.release()
+		return false
+	}
+	w.excl.mu.Lock()
+	w.excl.active = true
+	w.excl.mu.Unlock()
+	w.takeHints() // ids notified while a standby: the read after the saved token covers them
+	w.log.Info("holding the exclusive lock: active")
+	w.wg.Add(1)
+	go w.keepLock(ctx, s)
+	w.health.startWork()
+	return true
+}
+
+// waitForLock opens a lock session and tries the lock until it gets it (nil when ctx ends).
+func (w *Watcher) waitForLock(ctx context.Context) lockSession {
+	key := lockKey(w.cfg.TokenTable, w.cfg.ClientName)
+	retry := backoff{min: lockRetryMin, max: lockRetryMax}
+	var s lockSession
+	standby := false
+	for {
+		var (
+			got bool
+			err error
+		)
+		if s == nil {
+			s, err = w.openLockSession(ctx)
+		}
+		if err == nil {
+			if got, err = s.tryLock(ctx, key); err != nil {
+				s.close()
+				s = nil
+			}
+		}
+		if ctx.Err() != nil {
+			if s != nil {
+				s.close()
+			}
+			return nil
+		}
+		wait := jitter(standbyPoll)
+		switch {
+		case err != nil:
+			w.health.fail(opLock, fmt.Errorf("%s: %w", opLock, err))
+			wait = retry.next()
+			w.log.Warn("cannot try the exclusive lock; retrying", "error", err, "retry_in", wait)
+		case got:
+			w.health.ok(opLock)
+			return s
+		default:
+			w.health.ok(opLock)
+			retry.reset()
+			if !standby {
+				standby = true
+				w.log.Info("another watcher of this client holds the exclusive lock: waiting as a standby")
+			}
+		}
+		if !sleepCtx(ctx, wait) {
+			if s != nil {
+				s.close()
+			}
+			return nil
+		}
+	}
+}
+
+// keepLock checks the lock session while the watcher is active. When ctx ends without Close it
+// releases the lock (Close releases it after its final save); when the session is lost it stops
+// the watcher.
+func (w *Watcher) keepLock(ctx context.Context, s lockSession) {
+	defer w.wg.Done()
+	t := time.NewTicker(lockCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			if !w.isClosed() {
+				w.excl.release()
+			}
+			return
+		case <-t.C:
+		}
+		checkCtx, cancel := context.WithTimeout(ctx, lockCheckTimeout)
+		err := s.ping(checkCtx)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			w.loseLock(err)
+			return
+		}
+	}
+}
+
+// loseLock stops the watcher after its lock session was lost: the reader stops delivering and
+// later saves are refused, since a standby may now hold the lock.
+func (w *Watcher) loseLock(cause error) {
+	err := fmt.Errorf("%w: %s session: %v", ErrExclusiveLost, opLock, cause)
+	w.excl.mu.Lock()
+	w.excl.lost = err
+	w.excl.mu.Unlock()
+	w.excl.release()
+	w.health.fail(opLock, err)
+	w.log.Error("lost the exclusive lock session; stopping so that a standby can take over", "error", cause)
+	w.lifeMu.Lock()
+	if w.stopErr == nil {
+		w.stopErr = err
+	}
+	cancel := w.cancel
+	w.lifeMu.Unlock()
+	cancel()
+}
+
+// warnOtherWatchers runs on a new LISTEN connection of a watcher without Config.Exclusive. It
+// takes the client's lock in shared mode for the connection's life (so that an exclusive watcher
+// or a token command waits for it) and logs, once, when another session holds the lock: another
+// watcher with the same client name, whose deliveries and saves interleave with this one's.
+func (w *Watcher) warnOtherWatchers(ctx context.Context, conn *pgconn.PgConn) {
+	if w.cfg.Exclusive {
+		return
+	}
+	key := lockKey(w.cfg.TokenTable, w.cfg.ClientName)
+	c, o := lockHalves(key)
+	res := conn.ExecParams(ctx, `SELECT pg_try_advisory_lock_shared($3), (`+lockHoldersSQL+`)`,
+		[][]byte{itoa(c), itoa(o), itoa(key)}, nil, nil, nil).Read()
+	if res.Err != nil || len(res.Rows) != 1 {
+		w.log.Warn("cannot check for other watchers of this client", "error", res.Err)
+		return
+	}
+	if others := string(res.Rows[0][1]); others != "0" && !w.excl.warned.Swap(true) {
+		w.log.Warn("another watcher with this client name is running; their deliveries and saved tokens interleave "+
+			"(use Config.Exclusive, or a client name each)", "other_sessions", others)
+	}
+}
+
+func itoa(n int64) []byte { return strconv.AppendInt(nil, n, 10) }
+
+// lockSession is the dedicated session that holds a client's advisory lock.
+type lockSession interface {
+	tryLock(ctx context.Context, key int64) (bool, error)
+	ping(ctx context.Context) error
+	close()
+}
+
+// openLockSession connects with Config.ConnString when set, else takes a connection from DB.
+func (w *Watcher) openLockSession(ctx context.Context) (lockSession, error) {
+	if w.cfg.ConnString == "" {
+		c, err := w.cfg.DB.Conn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return &sqlLockSession{conn: c}, nil
+	}
+	pc, err := pgconn.ParseConfig(w.cfg.ConnString)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := pc.RuntimeParams["application_name"]; !ok {
+		pc.RuntimeParams["application_name"] = defaultAppName
+	}
+	if pc.ConnectTimeout == 0 {
+		pc.ConnectTimeout = listenConnTimeout
+	}
+	conn, err := pgconn.ConnectConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return &pgLockSession{conn: conn}, nil
+}
+
+// pgLockSession is a lock session on a connection of its own.
+type pgLockSession struct{ conn *pgconn.PgConn }
+
+func (s *pgLockSession) tryLock(ctx context.Context, key int64) (bool, error) {
+	res := s.conn.ExecParams(ctx, `SELECT pg_try_advisory_lock($1)`, [][]byte{itoa(key)}, nil, nil, nil).Read()
+	if res.Err != nil {
+		return false, res.Err
+	}
+	return len(res.Rows) == 1 && string(res.Rows[0][0]) == "t", nil
+}
+
+func (s *pgLockSession) ping(ctx context.Context) error { return s.conn.Ping(ctx) }
+
+// close ends the session, which releases its locks.
+func (s *pgLockSession) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), lockReleaseWait)
+	defer cancel()
+	_ = s.conn.Close(ctx)
+}
+
+// sqlLockSession is a lock session on a connection held out of the pool.
+type sqlLockSession struct{ conn *sql.Conn }
+
+func (s *sqlLockSession) tryLock(ctx context.Context, key int64) (bool, error) {
+	var got bool
+	err := s.conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&got)
+	return got, err
+}
+
+func (s *sqlLockSession) ping(ctx context.Context) error { return s.conn.PingContext(ctx) }
+
+// close releases every advisory lock of the session and returns the connection to the pool; if
+// that fails, it closes the connection itself so that no lock outlives the watcher.
+func (s *sqlLockSession) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), lockReleaseWait)
+	defer cancel()
+	if _, err := s.conn.ExecContext(ctx, `SELECT pg_advisory_unlock_all()`); err != nil {
+		_ = s.conn.Raw(func(dc any) error {
+			if c, ok := dc.(interface{ Close() error }); ok {
+				return c.Close()
+			}
+			return nil
+		})
+	}
+	_ = s.conn.Close()
+}

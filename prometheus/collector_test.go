@@ -1,0 +1,101 @@
+package prometheus
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgchangestream/pgchangestream"
+	prom "github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+)
+
+// fakeWatcher returns fixed Stats and health.
+type fakeWatcher struct {
+	stats  pgchangestream.Stats
+	health error
+}
+
+func (f *fakeWatcher) Stats() pgchangestream.Stats { return f.stats }
+func (f *fakeWatcher) Health() error               { return f.health }
+
+func TestCollectorExportsStatsAndHealth(t *testing.T) {
+	c := NewCollector()
+	c.Add("billing", &fakeWatcher{stats: pgchangestream.Stats{
+		Delivered: 10, Acked: 7, Filtered: 2, Evicted: 1, Pending: 3,
+		CheckpointWrites: 5, CheckpointErrors: 1, ReadErrors: 4, LoadErrors: 2,
+		Lag: 1500 * time.Millisecond, ListenUp: true, Active: true,
+	}})
+	c.Add("audit", &fakeWatcher{health: errors.New("read changelog: permission denied")})
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP pgchangestream_events_delivered_total Events handed to the consumer.
+# TYPE pgchangestream_events_delivered_total counter
+pgchangestream_events_delivered_total{client="audit"} 0
+pgchangestream_events_delivered_total{client="billing"} 10
+# HELP pgchangestream_events_acked_total Deliveries acknowledged.
+# TYPE pgchangestream_events_acked_total counter
+pgchangestream_events_acked_total{client="audit"} 0
+pgchangestream_events_acked_total{client="billing"} 7
+# HELP pgchangestream_events_filtered_total Events dropped by Config.Filter.
+# TYPE pgchangestream_events_filtered_total counter
+pgchangestream_events_filtered_total{client="audit"} 0
+pgchangestream_events_filtered_total{client="billing"} 2
+# HELP pgchangestream_events_evicted_total Unacknowledged deliveries folded into the floor beyond Config.MaxPending.
+# TYPE pgchangestream_events_evicted_total counter
+pgchangestream_events_evicted_total{client="audit"} 0
+pgchangestream_events_evicted_total{client="billing"} 1
+# HELP pgchangestream_pending Deliveries not yet acknowledged.
+# TYPE pgchangestream_pending gauge
+pgchangestream_pending{client="audit"} 0
+pgchangestream_pending{client="billing"} 3
+# HELP pgchangestream_checkpoint_writes_total Saved tokens written.
+# TYPE pgchangestream_checkpoint_writes_total counter
+pgchangestream_checkpoint_writes_total{client="audit"} 0
+pgchangestream_checkpoint_writes_total{client="billing"} 5
+# HELP pgchangestream_checkpoint_errors_total Failed token saves.
+# TYPE pgchangestream_checkpoint_errors_total counter
+pgchangestream_checkpoint_errors_total{client="audit"} 0
+pgchangestream_checkpoint_errors_total{client="billing"} 1
+# HELP pgchangestream_read_errors_total Failed changelog reads.
+# TYPE pgchangestream_read_errors_total counter
+pgchangestream_read_errors_total{client="audit"} 0
+pgchangestream_read_errors_total{client="billing"} 4
+# HELP pgchangestream_load_errors_total Failed loads of the start position (token table, changelog).
+# TYPE pgchangestream_load_errors_total counter
+pgchangestream_load_errors_total{client="audit"} 0
+pgchangestream_load_errors_total{client="billing"} 2
+# HELP pgchangestream_lag_seconds Age of the oldest row not yet acknowledged or read, from its changed_at; 0 when caught up.
+# TYPE pgchangestream_lag_seconds gauge
+pgchangestream_lag_seconds{client="audit"} 0
+pgchangestream_lag_seconds{client="billing"} 1.5
+# HELP pgchangestream_healthy 1 while Health reports no failure, else 0.
+# TYPE pgchangestream_healthy gauge
+pgchangestream_healthy{client="audit"} 0
+pgchangestream_healthy{client="billing"} 1
+# HELP pgchangestream_listen_up 1 while the LISTEN connection is connected.
+# TYPE pgchangestream_listen_up gauge
+pgchangestream_listen_up{client="audit"} 0
+pgchangestream_listen_up{client="billing"} 1
+# HELP pgchangestream_active 1 while the watcher delivers; 0 for an exclusive standby.
+# TYPE pgchangestream_active gauge
+pgchangestream_active{client="audit"} 0
+pgchangestream_active{client="billing"} 1
+`)))
+
+	c.Remove("audit")
+	require.Equal(t, 13, testutil.CollectAndCount(c), "one series per metric for the remaining watcher")
+	require.NoError(t, prom.NewPedanticRegistry().Register(c))
+}
+
+func TestCollectorReadsAWatcher(t *testing.T) {
+	w := pgchangestream.NewPostgreSQLChangeStreamWatcher(nil, "c", "t", "", pgchangestream.ModePolling)
+	c := NewCollector()
+	c.Add("c", w)
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP pgchangestream_healthy 1 while Health reports no failure, else 0.
+# TYPE pgchangestream_healthy gauge
+pgchangestream_healthy{client="c"} 0
+`), "pgchangestream_healthy"), "a watcher with an invalid configuration is unhealthy")
+}

@@ -1,0 +1,137 @@
+package pgchangestream
+
+import (
+	"context"
+	"database/sql/driver"
+	"strconv"
+	"testing"
+
+	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/stretchr/testify/require"
+)
+
+// predicate returns the certification predicate of a saved token and its parameters.
+func predicate(t *testing.T, raw string) (string, []any) {
+	t.Helper()
+	tok, err := parseStoredToken([]byte(raw))
+	require.NoError(t, err)
+	var args []any
+	p := tok.certifies(func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	})
+	return p, args
+}
+
+func TestPrunePredicateOfEveryTokenForm(t *testing.T) {
+	ts := `"2026-01-02T03:04:05.123456Z"`
+	pos := makePosition(t0.Add(123456000), 42)
+	for _, tc := range []struct {
+		name, token, want string
+		args              []any
+	}{
+		{"legacy", `{"timestamp":` + ts + `,"eventID":42}`,
+			`(c.changed_at, c.id) <= ($1::timestamptz, $2::bigint)`, []any{pos.ChangedAt, int64(42)}},
+		{"snapshot", `{"timestamp":` + ts + `,"eventID":42,"snapshot":"10:20:12,15"}`,
+			`(c.txid IS NULL OR pg_visible_in_snapshot(c.txid, $1::pg_snapshot))`, []any{"10:20:12,15"}},
+		{"snapshot with delta", `{"timestamp":` + ts + `,"eventID":42,"snapshot":"10:20:12","deltaEnd":"18:25:","deltaXid":"19","deltaID":77}`,
+			`(c.txid IS NULL OR pg_visible_in_snapshot(c.txid, $1::pg_snapshot) OR (pg_visible_in_snapshot(c.txid, $2::pg_snapshot) ` +
+				`AND (c.txid, c.id) <= ($3::xid8, $4::bigint)))`, []any{"10:20:12", "18:25:", "19", int64(77)}},
+		{"switchover", `{"timestamp":` + ts + `,"eventID":42,"switchover":"30:31:"}`,
+			`((c.changed_at, c.id) <= ($1::timestamptz, $2::bigint) AND (c.txid IS NULL OR pg_visible_in_snapshot(c.txid, $3::pg_snapshot)))`,
+			[]any{pos.ChangedAt, int64(42), "30:31:"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, args := predicate(t, tc.token)
+			require.Equal(t, tc.want, p)
+			require.Equal(t, tc.args, args)
+		})
+	}
+}
+
+func TestPruneRefusesMalformedSnapshotTokens(t *testing.T) {
+	for _, raw := range []string{
+		`{"timestamp":"2026-01-02T03:04:05Z","eventID":1,"snapshot":"1:2:","deltaEnd":"3:4:"}`,
+		`{"timestamp":"2026-01-02T03:04:05Z","eventID":1,"deltaEnd":"3:4:","deltaXid":"3","deltaID":2}`,
+		`{"timestamp":"2026-01-02T03:04:05Z","eventID":1,"snapshot":"1:2:","switchover":"1:2:"}`,
+		`{"timestamp":"2026-01-02T03:04:05Z","eventID":1,"snapshot":"1:2:","deltaEnd":"3:4:","deltaXid":"x","deltaID":2}`,
+		`{"eventID":"x"}`,
+	} {
+		_, err := parseStoredToken([]byte(raw))
+		require.Error(t, err, raw)
+	}
+	_, err := parseStoredToken([]byte(`{"eventID":5}`))
+	require.ErrorIs(t, err, errTokenNeedsLookup)
+	_, err = parseStoredToken([]byte(`{"eventID":5,"snapshot":"1:2:"}`))
+	require.NoError(t, err, "a snapshot token needs no row")
+}
+
+const wantListTokens = `SELECT client_name, resume_token::text, last_updated FROM "resume_tokens" ORDER BY client_name`
+
+func tokenRows(kv ...string) *sqlmock.Rows {
+	rows := sqlmock.NewRows([]string{"client_name", "resume_token", "last_updated"})
+	for i := 0; i < len(kv); i += 2 {
+		rows.AddRow(kv[i], kv[i+1], t0)
+	}
+	return rows
+}
+
+func TestPruneDeletesInBatchesBelowEveryToken(t *testing.T) {
+	db, mock := mockDB(t)
+	mock.ExpectQuery(wantListTokens).WillReturnRows(tokenRows(
+		"a", `{"timestamp":"2026-01-02T03:04:05Z","eventID":9}`,
+		"b", `{"timestamp":"2026-01-02T03:04:05Z","eventID":9,"snapshot":"10:20:"}`,
+		"old", `{"eventID":1}`))
+	del := `WITH doomed AS (SELECT c.id FROM "datastore_changelog" c WHERE c.changed_at < now() - make_interval(secs => $1::float8)
+	AND c.table_name = $2
+	AND (c.changed_at, c.id) <= ($3::timestamptz, $4::bigint)
+	AND (c.txid IS NULL OR pg_visible_in_snapshot(c.txid, $5::pg_snapshot)) ORDER BY c.id LIMIT 2)
+	DELETE FROM "datastore_changelog" WHERE id IN (SELECT id FROM doomed)`
+	args := []driver.Value{float64(60), "items", t0, int64(9), "10:20:"}
+	mock.ExpectExec(del).WithArgs(args...).WillReturnResult(sqlmock.NewResult(0, 2))
+	mock.ExpectExec(del).WithArgs(args...).WillReturnResult(sqlmock.NewResult(0, 1))
+	var progress []int64
+	res, err := Prune(context.Background(), db, PruneOptions{OlderThan: 60e9, Table: "items", BatchSize: 2,
+		IgnoreClients: []string{"old"}, Progress: func(n int64) { progress = append(progress, n) }})
+	require.NoError(t, err)
+	require.Equal(t, PruneResult{Deleted: 3, Batches: 2, Clients: []string{"a", "b"}}, res)
+	require.Equal(t, []int64{2, 3}, progress)
+	require.NoError(t, mock.ExpectationsWereMet())
+}
+
+func TestPruneDeletesNothingBelowAnUnresolvedToken(t *testing.T) {
+	db, mock := mockDB(t)
+	mock.ExpectQuery(wantListTokens).WillReturnRows(tokenRows(
+		"a", `{"timestamp":"2026-01-02T03:04:05Z","eventID":9}`, "gone", `{"eventID":4}`))
+	mock.ExpectQuery(`SELECT changed_at FROM "datastore_changelog" WHERE id = $1`).WithArgs(int64(4)).
+		WillReturnRows(sqlmock.NewRows([]string{"changed_at"}))
+	res, err := Prune(context.Background(), db, PruneOptions{})
+	require.NoError(t, err)
+	require.Equal(t, PruneResult{Clients: []string{"a"}, Unresolved: []string{"gone"}}, res)
+	require.NoError(t, mock.ExpectationsWereMet(), "no DELETE")
+
+	db, mock = mockDB(t)
+	mock.ExpectQuery(wantListTokens).WillReturnRows(tokenRows())
+	res, err = Prune(context.Background(), db, PruneOptions{})
+	require.NoError(t, err)
+	require.Zero(t, res, "no client: nothing is known to be passed")
+	require.NoError(t, mock.ExpectationsWereMet())
+
+	db, mock = mockDB(t)
+	mock.ExpectQuery(wantListTokens).WillReturnRows(tokenRows("bad", `{"eventID":"x"}`))
+	_, err = Prune(context.Background(), db, PruneOptions{})
+	require.ErrorContains(t, err, "client bad: ")
+}
+
+func TestPruneDryRunCounts(t *testing.T) {
+	db, mock := mockDB(t)
+	mock.ExpectQuery(wantListTokens).WillReturnRows(tokenRows("a", `{"timestamp":"2026-01-02T03:04:05Z","eventID":9}`))
+	mock.ExpectQuery(`SELECT count(*) FROM "datastore_changelog" c WHERE c.changed_at < now() - make_interval(secs => $1::float8)
+	AND (c.changed_at, c.id) <= ($2::timestamptz, $3::bigint)`).WithArgs(float64(0), t0, int64(9)).
+		WillReturnRows(sqlmock.NewRows([]string{"count"}).AddRow(int64(12)))
+	res, err := Prune(context.Background(), db, PruneOptions{DryRun: true})
+	require.NoError(t, err)
+	require.Equal(t, int64(12), res.Deleted)
+	require.Zero(t, res.Batches)
+	require.NoError(t, mock.ExpectationsWereMet())
+}
