@@ -30,7 +30,7 @@ func expectUpgradedLoad(w *Watcher, mock sqlmock.Sqlmock, snapshot string, newes
 	mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(token)
 }
 
-func tokenRows(raw ...string) *sqlmock.Rows {
+func savedTokenRows(raw ...string) *sqlmock.Rows {
 	rows := sqlmock.NewRows([]string{"resume_token"})
 	for _, r := range raw {
 		rows.AddRow(r)
@@ -44,7 +44,7 @@ func TestDeltaReadsFollowSnapshots(t *testing.T) {
 	w, mock := newMockWatcher(t, Config{BatchSize: 100})
 
 	// A new client starts at the current snapshot, after the newest row.
-	expectUpgradedLoad(w, mock, "100:105:100,103", "104", tokenRows())
+	expectUpgradedLoad(w, mock, "100:105:100,103", "104", savedTokenRows())
 	mock.ExpectQuery(wantNewest).WithArgs("t").WillReturnRows(sqlmock.NewRows([]string{"changed_at", "id"}).AddRow(ts, int64(9)))
 	mock.ExpectExec(wantSaveToken).WithArgs("c",
 		`{"timestamp":"2025-05-06T07:08:09Z","eventID":9,"snapshot":"100:105:100,103"}`).WillReturnResult(sqlmock.NewResult(0, 1))
@@ -90,7 +90,7 @@ func TestLegacyTokenSwitchesOver(t *testing.T) {
 	ctx := context.Background()
 	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
 	w, mock := newMockWatcher(t, Config{BatchSize: 2})
-	expectUpgradedLoad(w, mock, "100:105:", nil, tokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5}`))
+	expectUpgradedLoad(w, mock, "100:105:", nil, savedTokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5}`))
 	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"switchover":"100:105:"}`).
 		WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.load(ctx), "the switch-over snapshot is saved at once, so a restart keeps it")
@@ -121,8 +121,8 @@ func TestRestoredDatabaseIsRefused(t *testing.T) {
 		newest any
 		token  *sqlmock.Rows
 	}{
-		{"stored txid", "200", tokenRows()},
-		{"token snapshot", nil, tokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"300:310:"}`)},
+		{"stored txid", "200", savedTokenRows()},
+		{"token snapshot", nil, savedTokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"300:310:"}`)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w, mock := newMockWatcher(t, Config{})
@@ -145,7 +145,7 @@ func TestRestoredDatabaseIsRefused(t *testing.T) {
 func TestDeltaReadErrorKeepsTheDelta(t *testing.T) {
 	ctx := context.Background()
 	w, mock := newMockWatcher(t, Config{})
-	expectUpgradedLoad(w, mock, "100:105:", nil, tokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"100:105:"}`))
+	expectUpgradedLoad(w, mock, "100:105:", nil, savedTokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"100:105:"}`))
 	require.NoError(t, w.load(ctx))
 	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:107:"))
 	mock.ExpectQuery(wantDeltaRead).WillReturnError(errors.New("connection reset"))
