@@ -20,14 +20,18 @@ func (w *Watcher) loadWithRetry(ctx context.Context) error {
 			w.health.ok(opLoad)
 			return nil
 		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		op := opLoad
+		if errors.As(err, new(changelogReadError)) {
+			op = opRead
+		}
+		w.health.fail(op, err)
 		if errors.Is(err, ErrRestoredDatabase) { // retrying cannot help: an operator must act
 			w.log.Error("refusing to start", "error", err)
 			return err
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		w.health.fail(opLoad, err)
 		wait := retry.next()
 		w.log.Error("cannot load the start position; retrying", "error", err, "retry_in", wait)
 		if !sleepCtx(ctx, wait) {
@@ -93,6 +97,9 @@ func (w *Watcher) load(ctx context.Context) error {
 		w.ckWrites.Add(1)
 	}
 	w.skipFree.Store(skipFree)
+	if skipFree {
+		w.takeHints() // noted before the load: snapshot deltas need no ids
+	}
 	w.saved, w.hasSaved = pos, true
 	w.mu.Lock()
 	w.cursor = pos
@@ -102,6 +109,12 @@ func (w *Watcher) load(ctx context.Context) error {
 	return nil
 }
 
+// changelogReadError is a failure to read the changelog while loading: health counts it as a
+// read failure, not as one of the token table.
+type changelogReadError struct{ error }
+
+func (e changelogReadError) Unwrap() error { return e.error }
+
 // transactionCounter returns the current snapshot of an upgraded changelog, after checking that
 // no transaction id stored for the table is at or beyond it (a restored database).
 func (w *Watcher) transactionCounter(ctx context.Context) (pgSnapshot, error) {
@@ -110,7 +123,7 @@ func (w *Watcher) transactionCounter(ctx context.Context) (pgSnapshot, error) {
 		newest sql.NullString
 	)
 	if err := w.cfg.DB.QueryRowContext(ctx, w.q.deltaStart, w.cfg.TableName).Scan(&text, &newest); err != nil {
-		return pgSnapshot{}, fmt.Errorf("read changelog: take snapshot: %w", err)
+		return pgSnapshot{}, changelogReadError{fmt.Errorf("read changelog: take snapshot: %w", err)}
 	}
 	now, err := parseSnapshot(text)
 	if err != nil {
@@ -176,7 +189,7 @@ func (w *Watcher) startPosition(ctx context.Context, skipFree bool, now pgSnapsh
 	switch {
 	case errors.Is(err, sql.ErrNoRows): // nothing to skip
 	case err != nil:
-		return Position{}, fmt.Errorf("find newest position in changelog %s: %w", w.cfg.ChangelogTable, err)
+		return Position{}, changelogReadError{fmt.Errorf("read changelog: find newest position in %s: %w", w.cfg.ChangelogTable, err)}
 	default:
 		pos = makePosition(ts, id)
 	}

@@ -154,3 +154,18 @@ func TestDeltaReadErrorKeepsTheDelta(t *testing.T) {
 	require.Equal(t, "100:105:", w.Stats().Cursor.span.base.String(), "the cursor stays before the delta")
 	require.NoError(t, mock.ExpectationsWereMet())
 }
+
+// NOTIFY ids noted before the load found an upgraded changelog are dropped: Close must not take
+// them for late rows (a legacy position in the ring would save a legacy token).
+func TestNotifyIDsBeforeLoadAreNotLateRows(t *testing.T) {
+	ctx := context.Background()
+	w, mock := newMockWatcher(t, Config{})
+	w.onNotification(`{"id": 1, "table": "t", "operation": "INSERT"}`)
+	expectUpgradedLoad(w, mock, "100:105:", nil, savedTokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"100:105:"}`))
+	require.NoError(t, w.load(ctx))
+	w.onNotification(`{"id": 2, "table": "t", "operation": "INSERT"}`)
+	require.NoError(t, w.holdUnhandledLateRows(ctx), "no row is fetched by id")
+	require.Empty(t, w.takeHints())
+	require.Zero(t, w.Stats().Pending)
+	require.NoError(t, mock.ExpectationsWereMet())
+}

@@ -64,7 +64,7 @@ func TestLiveHealthNamesAMistypedTable(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		{Config{ChangelogTable: "datastore_changelgo"}, `find newest position in changelog datastore_changelgo: `},
+		{Config{ChangelogTable: "datastore_changelgo"}, `find newest position in datastore_changelgo: `},
 		{Config{TokenTable: "resume_tokenz"}, `read token table resume_tokenz: `},
 		{Config{ChangelogTable: "datastore_changelgo", StartFromBeginning: true}, `read changelog: `},
 	} {

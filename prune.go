@@ -1,10 +1,8 @@
 package pgchangestream
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -84,9 +82,9 @@ func Prune(ctx context.Context, db *sql.DB, opts PruneOptions) (PruneResult, err
 		if slices.Contains(opts.IgnoreClients, t.Client) {
 			continue
 		}
-		form, err := parseStoredToken([]byte(t.Token))
+		pos, err := decodeToken([]byte(t.Token))
 		if errors.Is(err, errTokenNeedsLookup) {
-			err = form.lookUp(ctx, db, tables.q.rowTime)
+			pos, err = lookUpTokenRow(ctx, db, tables.q.rowTime, pos.ID)
 			if errors.Is(err, sql.ErrNoRows) {
 				res.Unresolved = append(res.Unresolved, t.Client)
 				continue
@@ -96,7 +94,7 @@ func Prune(ctx context.Context, db *sql.DB, opts PruneOptions) (PruneResult, err
 			return PruneResult{}, fmt.Errorf("client %s: %w", t.Client, err)
 		}
 		res.Clients = append(res.Clients, t.Client)
-		conds = append(conds, form.certifies(arg))
+		conds = append(conds, certifiedBy(pos, arg))
 	}
 	if len(res.Clients) == 0 || len(res.Unresolved) > 0 {
 		return res, nil
@@ -132,88 +130,32 @@ func Prune(ctx context.Context, db *sql.DB, opts PruneOptions) (PruneResult, err
 	}
 }
 
-// storedToken is a saved token in any of its forms, for the certification predicate:
-// legacy {"timestamp", "eventID"} (or id-only); snapshot, with an optional delta; switchover.
-type storedToken struct {
-	pos        Position
-	snapshot   string // pg_snapshot B
-	deltaEnd   string // pg_snapshot E
-	deltaXid   string // decimal xid8
-	deltaID    int64
-	switchover string // pg_snapshot S0
-}
-
-// parseStoredToken parses a saved token. An id-only token is returned with
-// errTokenNeedsLookup: its changed_at is its row's.
-func parseStoredToken(raw []byte) (storedToken, error) {
-	pos, err := decodeToken(raw)
-	needsLookup := errors.Is(err, errTokenNeedsLookup)
-	if err != nil && !needsLookup {
-		return storedToken{}, err
-	}
-	var extra struct {
-		Snapshot   string       `json:"snapshot"`
-		DeltaEnd   string       `json:"deltaEnd"`
-		DeltaXid   string       `json:"deltaXid"`
-		DeltaID    *json.Number `json:"deltaID"`
-		Switchover string       `json:"switchover"`
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	if err := dec.Decode(&extra); err != nil {
-		return storedToken{}, fmt.Errorf("saved token %q: %w", raw, err)
-	}
-	t := storedToken{pos: pos, snapshot: extra.Snapshot, deltaEnd: extra.DeltaEnd, deltaXid: extra.DeltaXid,
-		switchover: extra.Switchover}
-	if (t.deltaEnd != "") != (extra.DeltaID != nil) || (t.deltaEnd != "") != (t.deltaXid != "") ||
-		(t.deltaEnd != "" && t.snapshot == "") || (t.snapshot != "" && t.switchover != "") {
-		return storedToken{}, fmt.Errorf("saved token %q: incomplete or mixed snapshot fields", raw)
-	}
-	if extra.DeltaID != nil {
-		var err error
-		if t.deltaID, err = extra.DeltaID.Int64(); err != nil {
-			return storedToken{}, fmt.Errorf("saved token %q: deltaID: %w", raw, err)
-		}
-	}
-	if t.deltaXid != "" {
-		if _, err := strconv.ParseUint(t.deltaXid, 10, 64); err != nil {
-			return storedToken{}, fmt.Errorf("saved token %q: deltaXid is not a decimal xid8", raw)
-		}
-	}
-	if needsLookup && t.snapshot == "" { // a snapshot token certifies by its snapshots alone
-		return t, errTokenNeedsLookup
-	}
-	return t, nil
-}
-
-// lookUp sets the position of an id-only token from its row, read by the rowTime query;
-// sql.ErrNoRows if it is gone.
-func (t *storedToken) lookUp(ctx context.Context, db *sql.DB, rowTime string) error {
+// lookUpTokenRow returns the legacy position of an id-only token, whose changed_at is its row's
+// (read by the rowTime query); sql.ErrNoRows if the row is gone.
+func lookUpTokenRow(ctx context.Context, db *sql.DB, rowTime string, id int64) (Position, error) {
 	var ts time.Time
-	err := db.QueryRowContext(ctx, rowTime, t.pos.ID).Scan(&ts)
-	if err != nil {
-		return err
+	if err := db.QueryRowContext(ctx, rowTime, id).Scan(&ts); err != nil {
+		return Position{}, err
 	}
-	t.pos = makePosition(ts, t.pos.ID)
-	return nil
+	return makePosition(ts, id), nil
 }
 
-// certifies returns the SQL predicate, on changelog row c, of the rows the token has passed;
-// arg adds a parameter and returns its placeholder.
-func (t storedToken) certifies(arg func(any) string) string {
+// certifiedBy returns the SQL predicate, on changelog row c, of the rows a saved token at p has
+// passed (see [savedToken]); arg adds a parameter and returns its placeholder.
+func certifiedBy(p Position, arg func(any) string) string {
 	legacy := func() string {
-		return "(c.changed_at, c.id) <= (" + arg(t.pos.ChangedAt) + "::timestamptz, " + arg(t.pos.ID) + "::bigint)"
+		return "(c.changed_at, c.id) <= (" + arg(p.ChangedAt) + "::timestamptz, " + arg(p.ID) + "::bigint)"
 	}
 	switch {
-	case t.switchover != "":
-		return "(" + legacy() + " AND (c.txid IS NULL OR pg_visible_in_snapshot(c.txid, " + arg(t.switchover) + "::pg_snapshot)))"
-	case t.snapshot != "":
-		p := "c.txid IS NULL OR pg_visible_in_snapshot(c.txid, " + arg(t.snapshot) + "::pg_snapshot)"
-		if t.deltaEnd != "" {
-			p += " OR (pg_visible_in_snapshot(c.txid, " + arg(t.deltaEnd) + "::pg_snapshot) AND (c.txid, c.id) <= (" +
-				arg(t.deltaXid) + "::xid8, " + arg(t.deltaID) + "::bigint))"
-		}
-		return "(" + p + ")"
+	case p.span == nil:
+		return legacy()
+	case !p.inDelta():
+		return "(" + legacy() + " AND (c.txid IS NULL OR pg_visible_in_snapshot(c.txid, " + arg(p.span.base.String()) + "::pg_snapshot)))"
 	}
-	return legacy()
+	cond := "c.txid IS NULL OR pg_visible_in_snapshot(c.txid, " + arg(p.span.base.String()) + "::pg_snapshot)"
+	if p.Xid != 0 {
+		cond += " OR (pg_visible_in_snapshot(c.txid, " + arg(p.span.end.String()) + "::pg_snapshot) AND (c.txid, c.id) <= (" +
+			arg(strconv.FormatUint(p.Xid, 10)) + "::xid8, " + arg(p.ID) + "::bigint))"
+	}
+	return "(" + cond + ")"
 }
