@@ -137,6 +137,6 @@ func TestMockWrongExpectationFailsFast(t *testing.T) {
 	msg := <-rec.msg
 	require.Contains(t, msg, "first read is not done after 300ms")
 	require.Contains(t, msg, "expectations: there is a remaining expectation")
-	require.Contains(t, msg, "cannot load the saved token")
+	require.Contains(t, msg, "cannot load the start position")
 	require.Contains(t, msg, "shipping")
 }

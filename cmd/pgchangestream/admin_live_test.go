@@ -71,7 +71,7 @@ func TestTokenCommands(t *testing.T) {
 	assert.Contains(t, tokens[0]["token"], `"eventID": 3`)
 	code, stdout, _ = runCmd(t, "token", "list", "--dsn", dsn)
 	require.Equal(t, exitOK, code)
-	assert.Regexp(t, `(?m)^CLIENT +SAVED +TOKEN\nc1 +\S+ +\{"eventID": 3, "timestamp": `, stdout)
+	assert.Regexp(t, `(?m)^CLIENT +SAVED +TOKEN\nc1 +\S+ +\{"eventID": 3, "snapshot": "[0-9:,]+", "timestamp": `, stdout)
 
 	code, stdout, stderr = runCmd(t, "token", "reset", "c1", "--to", "1", "--dsn", dsn, "--dry-run")
 	require.Equal(t, exitOK, code, stderr)
