@@ -49,7 +49,6 @@ func TestPrunePredicateOfEveryTokenForm(t *testing.T) {
 	}
 }
 
-
 const wantListTokens = `SELECT client_name, resume_token::text, last_updated FROM "resume_tokens" ORDER BY client_name`
 
 func tokenRows(kv ...string) *sqlmock.Rows {
