@@ -171,11 +171,14 @@ func runCrashTrials(t *testing.T, mode Mode, watermark, legacy bool, trials int,
 			<-done
 		}
 		if legacy {
+			r.mu.Lock()
+			from := r.lastSaved
+			r.mu.Unlock()
 			select {
 			case id := <-first:
-				require.Equal(t, want.ID, id, "trial %d: first delivery after restarting from %v", trial, r.lastSaved)
+				require.Equal(t, want.ID, id, "trial %d: first delivery after restarting from %v", trial, from)
 			case <-time.After(20 * time.Second):
-				t.Fatalf("trial %d: no delivery after restarting from %v; stats %+v", trial, r.lastSaved, c.Stats())
+				t.Fatalf("trial %d: no delivery after restarting from %v; stats %+v", trial, from, c.Stats())
 			}
 		}
 		if final {

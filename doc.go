@@ -5,9 +5,13 @@
 //
 // A trigger on each watched table writes every change into the changelog table (default
 // datastore_changelog) and sends pg_notify on a channel (default nvsentinel_changes).
-// [InstallSchema] and [CaptureChanges] create the tables, the index reads need and the trigger;
-// databases that already have this layout work unchanged. A [Watcher] reads the changelog rows of
-// one table in (changed_at, id) order and delivers them on [Watcher.Events].
+// [InstallSchema] and [CaptureChanges] create the tables, the indexes reads need and the trigger;
+// on an existing database, InstallSchema upgrades the changelog online with a txid column (the
+// writing transaction's id, filled by a column default: existing triggers keep working). A
+// [Watcher] reads the changelog rows of one table and delivers them on [Watcher.Events]: on an
+// upgraded changelog in snapshot deltas (the rows that became visible between two snapshots, in
+// commit-visibility order); on a changelog without the column, as the watcher it replaces did,
+// in (changed_at, id) order.
 //
 //	w, err := pgchangestream.New(pgchangestream.Config{
 //		DB:         db,  // *sql.DB with the pgx stdlib driver
@@ -37,10 +41,17 @@
 // buffered in the channel and sends abandoned by Close. After a restart, everything after the
 // saved token is delivered again: consumers must be idempotent.
 //
-// Rows that commit late (a transaction that started earlier commits after rows with later
-// positions were read) are recovered when their NOTIFY arrives: they are fetched by id and
-// delivered as ordinary pending deliveries, and the saved token stays behind them until they are
-// acknowledged.
+// On an upgraded changelog no committed row is skipped, in any mode: every committed row becomes
+// visible in exactly one step from one snapshot to the next, so it is read in exactly one delta,
+// whenever its transaction commits: while the watcher runs, between a Close and the next Start,
+// during a crash, a server restart or a LISTEN outage. A transaction left open delays only its own
+// rows. NOTIFY only wakes the reader. The saved token records the delta and the position in it,
+// so a restart finishes an interrupted delta exactly.
+//
+// On a changelog without the txid column (not upgraded, or PostgreSQL 12), reads are by
+// (changed_at, id), which is insert order, not commit order: rows that commit late (a
+// transaction that started earlier commits after rows with later positions were read) are
+// recovered only when their NOTIFY arrives. The watcher says so in a warning at Start.
 //
 // # Acknowledgements
 //
@@ -90,16 +101,19 @@
 //
 // # Known limits
 //
-//   - A row that commits behind the cursor is only found through its NOTIFY. Polling mode never
-//     sees it, and neither does any mode while the LISTEN connection is down or while no watcher
-//     runs (a row whose transaction is still open when a watcher stops, and commits before the
-//     next one starts, is behind the saved token). This is inherent to a (changed_at, id)
-//     cursor. Hybrid mode, the default, recovers such rows while it runs.
+//   - On a changelog without the txid column only: a row that commits behind the cursor is only
+//     found through its NOTIFY. Polling mode never sees it, and neither does any mode while the
+//     LISTEN connection is down or while no watcher runs. Hybrid mode, the default, recovers such
+//     rows while it runs. Upgrade with [InstallSchema] and restart the watchers to lift this.
+//   - A watcher finds the txid column at Start: one started before the upgrade reads as before
+//     until it is restarted. Its legacy token then switches over: rows after its position are
+//     read once, then deltas; a row that committed behind a legacy token before the switch-over
+//     is not replayed (the legacy limit above).
+//   - A database restored from a logical dump has a transaction counter below the stored txids:
+//     the watcher refuses to start ([ErrRestoredDatabase]) until the ids are cleared.
 //   - Tracking is bounded by [Config.MaxPending]. When it is full, the oldest pending delivery is
 //     folded into a floor the saved token cannot pass, so nothing is lost. But if the same row is
 //     delivered again while its earlier delivery has been evicted, an acknowledgement of the
 //     later copy can certify more than was processed. This needs saturation and a redelivered id
 //     together.
-//   - changed_at is the writing transaction's start time, so positions are not commit order;
-//     long transactions produce late rows (see above).
 package pgchangestream
