@@ -34,6 +34,7 @@ bench-quick: ## a reduced benchmark run, printed only
 demo: ## crash a consumer five times on a throwaway PostgreSQL and check nothing is lost
 	$(GO) run ./cmd/pgchangestream demo
 
-fuzz: ## fuzz the token parser and the pending ring for a minute each
+fuzz: ## fuzz the token parser, the pending ring and the JSON decoder for a minute each
 	$(GO) test -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime 1m .
 	$(GO) test -run '^$$' -fuzz '^FuzzPending$$' -fuzztime 1m .
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeMatchesEncodingJSON$$' -fuzztime 1m .

@@ -111,7 +111,8 @@ func decodeColumn(
 	if data == nil {
 		return nil, false, nil
 	}
-	if err := json.Unmarshal(data, &doc); err != nil {
+	doc, err = unmarshalObject(data)
+	if err != nil {
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) {
 			return nil, false, fmt.Errorf("changelog row %d: %s: not a JSON object: got %s", id, column, typeErr.Value)
