@@ -16,8 +16,8 @@ import (
 )
 
 const (
-	// latencyWriters is the number of connections inserting rows: enough for the offered rate
-	// to be met when each commit waits for a WAL flush.
+	// latencyWriters is the number of connections inserting rows in the hybrid and polling
+	// runs: enough for the offered rate to be met when each commit waits for a WAL flush.
 	latencyWriters = 8
 	// latencyWarmup is the number of rows inserted and received before measuring, so that the
 	// watcher, its LISTEN connection and the writers' connections are all up.
@@ -56,16 +56,26 @@ type latencyRun struct {
 	notifyAt map[int64]time.Duration // by changelog id; written by the floor listener
 }
 
-// measureLatency runs a watcher in mode while writers insert rows into the captured table at
-// rate rows per second for d, one autocommit INSERT each. An event's latency is the time from
-// the moment its writer's COMMIT returned to the moment the consumer received the event. The
-// consumer acknowledges every event, with checkpoints batched every 100ms.
-func measureLatency(ctx context.Context, e *env, mode pgchangestream.Mode, rate int, d time.Duration) (latency, error) {
-	db, err := e.newDatabase(ctx)
+// measureLatency runs a watcher in s.mode on the s.variant schema while s.writers connections
+// insert rows into the captured table at rate rows per second for d, one autocommit INSERT
+// each; with s.longTx, a transaction holding a transaction id stays open in another database
+// of the cluster meanwhile. An event's latency is the time from the moment its writer's COMMIT
+// returned to the moment the consumer received the event. The consumer acknowledges every
+// event, with checkpoints batched every 100ms.
+func measureLatency(ctx context.Context, e *env, s latencySpec, rate int, d time.Duration) (latency, error) {
+	mode := s.mode
+	db, err := e.newDatabase(ctx, s.variant)
 	if err != nil {
 		return latency{}, err
 	}
 	defer db.drop(ctx)
+	if s.longTx {
+		end, err := openLongTx(ctx, e)
+		if err != nil {
+			return latency{}, err
+		}
+		defer end()
+	}
 	cfg := db.watcherConfig("latency")
 	cfg.Mode = mode
 	cfg.StartFromBeginning = false
@@ -113,7 +123,7 @@ func measureLatency(ctx context.Context, e *env, mode pgchangestream.Mode, rate 
 	consumed := make(chan error, 1)
 	writersDone := make(chan struct{})
 	go func() { consumed <- r.consume(ctx, w, writersDone) }()
-	writeErr := r.write(insert, rate)
+	writeErr := r.write(insert, rate, s.writers)
 	writeEnd := time.Since(r.base)
 	close(writersDone)
 	err = errors.Join(writeErr, <-consumed)
@@ -135,16 +145,16 @@ func measureLatency(ctx context.Context, e *env, mode pgchangestream.Mode, rate 
 	return l, nil
 }
 
-// write inserts the rows 0..len(commitAt)-1 at rate rows per second with latencyWriters
-// connections, recording when each COMMIT returned.
-func (r *latencyRun) write(insert func(n int) error, rate int) error {
+// write inserts the rows 0..len(commitAt)-1 at rate rows per second with writers connections,
+// recording when each COMMIT returned.
+func (r *latencyRun) write(insert func(n int) error, rate, writers int) error {
 	jobs := make(chan int, len(r.commitAt))
 	var (
 		wg       sync.WaitGroup
 		errOnce  sync.Once
 		writeErr error
 	)
-	for range latencyWriters {
+	for range writers {
 		wg.Go(func() {
 			for k := range jobs {
 				if err := insert(k); err != nil {
