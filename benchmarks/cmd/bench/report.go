@@ -76,7 +76,7 @@ func (r *results) figures() []figure {
 		for _, f := range t.figs {
 			for _, v := range vs {
 				if s, ok := r.Stats[v.key(f.key)]; ok {
-					fs = append(fs, figure{v.key(f.key), formatStat(s), f.what})
+					fs = append(fs, figure{v.key(f.key), formatStat(s) + " /s", f.what})
 				}
 			}
 		}
