@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 
 	gojson "github.com/goccy/go-json"
@@ -41,10 +42,15 @@ func nestedSeed(depth int) string {
 	return s
 }
 
-// requireSameDecode checks that unmarshalObject gives what encoding/json gives for data: the
-// same error, or the same document, float signs and the bytes of every string included.
+// nestedArrays returns arrays nested depth levels deep.
+func nestedArrays(depth int) string { return strings.Repeat("[", depth) + strings.Repeat("]", depth) }
+
+// requireSameDecode checks that validJSON agrees with encoding/json's Valid on data and that
+// unmarshalObject gives what encoding/json gives: the same error, or the same document, float
+// signs and the bytes of every string included.
 func requireSameDecode(t *testing.T, data []byte) {
 	t.Helper()
+	require.Equal(t, json.Valid(data), validJSON(data), "validity of %q", data)
 	var want map[string]any
 	wantErr := json.Unmarshal(data, &want)
 	got, err := unmarshalObject(data)
@@ -91,7 +97,9 @@ func sameJSONValue(a, b any) bool {
 }
 
 func TestUnmarshalObjectMatchesEncodingJSON(t *testing.T) {
-	for _, s := range append(decodeSeeds, evBenchOld, evBenchNew, nestedSeed(200), nestedSeed(10001)) {
+	deep := []string{nestedSeed(200), nestedSeed(10000), nestedSeed(10001), `{"a":` + nestedArrays(9999) + `}`,
+		`{"a":` + nestedArrays(10000) + `}`, nestedArrays(10000), nestedArrays(10001)}
+	for _, s := range append(append(decodeSeeds, evBenchOld, evBenchNew), deep...) {
 		requireSameDecode(t, []byte(s))
 	}
 }
@@ -113,7 +121,28 @@ func FuzzDecodeMatchesEncodingJSON(f *testing.F) {
 	f.Fuzz(requireSameDecode)
 }
 
-var evSinkDoc map[string]any
+var (
+	evSinkDoc   map[string]any
+	evSinkValid bool
+)
+
+// BenchmarkValidJSON checks a health_events row of about 1 KB with encoding/json's Valid and
+// with validJSON, the check in front of the faster decoder.
+func BenchmarkValidJSON(b *testing.B) {
+	data := []byte(evBenchNew)
+	for _, v := range []struct {
+		name  string
+		valid func([]byte) bool
+	}{{"encoding_json", json.Valid}, {"validJSON", validJSON}} {
+		b.Run(v.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(data)))
+			for b.Loop() {
+				evSinkValid = v.valid(data)
+			}
+		})
+	}
+}
 
 // BenchmarkDecodeDocument decodes a health_events row of about 1 KB into a map[string]any
 // with encoding/json, with github.com/goccy/go-json alone, and with unmarshalObject (which
