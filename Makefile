@@ -12,8 +12,9 @@ help: ## list the targets
 
 test: lint test-race ## vet, format check, then every test with the race detector (starts its own PostgreSQL)
 
-test-race: ## every test with the race detector
+test-race: ## every test with the race detector (the benchmark command's report tests too)
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(TESTFLAGS) ./...
+	cd benchmarks && $(GO) test -race -count=1 $(TESTFLAGS) ./...
 
 lint: ## gofmt, go vet (both modules), golangci-lint when installed
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

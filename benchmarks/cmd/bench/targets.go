@@ -75,7 +75,7 @@ func (r *results) drainTargets(v variant) []target {
 			k("drain_batched_eps"), k("watcher_read_limit_rps"), 0.8),
 		ratioTarget(label("(no processed flag) drain_batched / watcher read ceiling"), f("drain_batched_noflag_eps"),
 			f("watcher_read_limit_rps"), k("drain_batched_noflag_eps"), k("watcher_read_limit_rps"), 0.8),
-		ratioTarget(label("health-shaped drain / 200-byte drain (within 2x)"), f("drain_health_eps"), f("drain_batched_eps"),
+		ratioTarget(label("health-shaped drain / items drain (within 2x)"), f("drain_health_eps"), f("drain_batched_eps"),
 			k("drain_health_eps"), k("drain_batched_eps"), 0.5),
 		ratioTarget(label("bulk one-transaction drain / drain_sync"), f("drain_bulk_sync_eps"), f("drain_sync_eps"),
 			k("drain_bulk_sync_eps"), k("drain_sync_eps"), 0.8),
