@@ -15,8 +15,8 @@ import (
 // watcherRead reads the n changelog rows of the items table with a watcher whose Filter
 // drops every event: the watcher's own batched read query (BatchSize rows after the cursor,
 // the next read started while the current batch is decoded) and its own event building, with
-// nothing delivered, acknowledged or saved on the way (DisableProcessedFlag, batched
-// checkpoints). It returns the time from Start until the filter saw the n-th event: the
+// nothing delivered or acknowledged and no processed flag set; the filtered progress is saved
+// at most once per batched checkpoint interval, one token upsert. It returns the time from Start until the filter saw the n-th event: the
 // ceiling of the read side of a drain, measured with the library's own reads rather than a
 // query of its own.
 func watcherRead(ctx context.Context, d *database, n int) (time.Duration, error) {

@@ -66,7 +66,7 @@ func throughputs(o options) []throughput {
 		watermillAt(n, func(key string) string { return key }),
 		drainWith("drain_batched_eps", "drain_sync with CheckpointInterval "+batchedInterval.String()+", final Flush", n, batched),
 		one("watcher_read_limit_rps", "watcher whose Filter drops every event: its own batched reads and decoding, "+
-			"nothing delivered or saved", true, n, func(ctx context.Context, e *env, v variant) (time.Duration, error) {
+			"nothing delivered or acknowledged", true, n, func(ctx context.Context, e *env, v variant) (time.Duration, error) {
 			return watcherReadFresh(ctx, e, v, n)
 		}),
 		drainWith("drain_health_eps", "drain_batched of ~1 KB health_events rows, half updates, DocumentField \"document\"", n,
