@@ -12,9 +12,10 @@ help: ## list the targets
 
 test: lint check-module-graph test-race ## vet, format and module graph checks, then every test with the race detector (starts its own PostgreSQL)
 
-test-race: ## every test with the race detector
+test-race: ## every test with the race detector (the benchmark command's report tests too)
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(TESTFLAGS) ./...
 	cd prometheus && $(GO) test -race -count=1 $(TESTFLAGS) ./...
+	cd benchmarks && $(GO) test -race -count=1 $(TESTFLAGS) ./...
 
 test-container: ## every test against PostgreSQL in a throwaway container (needs Docker)
 	cd internal/pgtest/containers && $(GO) run . -dir $(CURDIR) -- $(GO) test -race -count=1 -timeout $(TIMEOUT) $(TESTFLAGS) ./...
@@ -42,8 +43,10 @@ bench-quick: ## a reduced benchmark run, printed only
 demo: ## crash a consumer five times on a throwaway PostgreSQL and check nothing is lost
 	$(GO) run ./cmd/pgchangestream demo
 
-fuzz: ## fuzz the token parser, the pending ring, the config and the pipeline filter for a minute each
+fuzz: ## fuzz the token parser, the pending ring, the config, the pipeline filter and the JSON decoder for a minute each
 	$(GO) test -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime 1m .
 	$(GO) test -run '^$$' -fuzz '^FuzzPending$$' -fuzztime 1m ./internal/pending
 	$(GO) test -run '^$$' -fuzz '^FuzzNew$$' -fuzztime 1m .
 	$(GO) test -run '^$$' -fuzz '^FuzzMatchFilterJSON$$' -fuzztime 1m .
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeMatchesEncodingJSON$$' -fuzztime 1m .
+	$(GO) test -run '^$$' -fuzz '^FuzzDeltas$$' -fuzztime 1m .

@@ -113,7 +113,8 @@ func (d *documentDecoder) decode(column string, data []byte) (doc, outer map[str
 		return nil, nil, nil
 	}
 	id := d.row.ID
-	if err := json.Unmarshal(data, &doc); err != nil {
+	doc, err = unmarshalObject(data)
+	if err != nil {
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) {
 			return nil, nil, fmt.Errorf("changelog row %d: %s: not a JSON object: got %s", id, column, typeErr.Value)

@@ -28,7 +28,23 @@ type drainSpec struct {
 	unanalyzed bool
 	// noStartFromBeginning starts the client at its saved token instead of the oldest row.
 	noStartFromBeginning bool
+	// shape is the backlog drained: items rows (the default), items rows all written by one
+	// transaction, or health_events rows.
+	shape backlogShape
 }
+
+// backlogShape says which rows a drain's backlog holds.
+type backlogShape int
+
+const (
+	// itemsShape: items rows of about 200 bytes, fillChunk per transaction.
+	itemsShape backlogShape = iota
+	// bulkShape: items rows, all inserted by one transaction, so they share one changed_at.
+	bulkShape
+	// healthShape: health_events rows of about 1 KB, half of them updates, read with
+	// DocumentField "document" as the store-client does.
+	healthShape
+)
 
 // drain reads n events through a new watcher of client, acknowledging every one as spec says,
 // then flushes the checkpoint. It returns the time from Start until the flush returned.
@@ -37,6 +53,9 @@ func drain(ctx context.Context, d *database, client string, n int, spec drainSpe
 	cfg.CheckpointInterval = spec.checkpointInterval
 	cfg.DisableProcessedFlag = spec.disableProcessedFlag
 	cfg.StartFromBeginning = !spec.noStartFromBeginning
+	if spec.shape == healthShape {
+		cfg.TableName, cfg.DocumentField = healthTable, "document"
+	}
 	w, err := pgchangestream.New(cfg)
 	if err != nil {
 		return 0, err
@@ -163,21 +182,30 @@ func consumeConcurrently(ctx context.Context, w *pgchangestream.Watcher, n, work
 	return dispatchErr
 }
 
-// drainFresh copies the template, fills a backlog of n rows and drains it.
-func drainFresh(ctx context.Context, e *env, n int, spec drainSpec) (time.Duration, error) {
-	d, err := e.newDatabase(ctx)
+// drainFresh copies the variant's template, fills a backlog of n rows and drains it.
+func drainFresh(ctx context.Context, e *env, v variant, n int, spec drainSpec) (time.Duration, error) {
+	d, err := e.newDatabase(ctx, v)
 	if err != nil {
 		return 0, err
 	}
 	defer d.drop(ctx)
-	fill := d.fillItems
-	if spec.unanalyzed {
-		fill = d.fillItemsUnanalyzed
-	}
-	if err := fill(ctx, n); err != nil {
+	if err := d.fill(ctx, n, spec); err != nil {
 		return 0, err
 	}
 	return drain(ctx, d, "bench", n, spec)
+}
+
+// fill writes the backlog spec describes: n changelog rows.
+func (d *database) fill(ctx context.Context, n int, spec drainSpec) error {
+	switch {
+	case spec.shape == healthShape:
+		return d.fillHealth(ctx, n)
+	case spec.shape == bulkShape:
+		return d.fillItemsBulk(ctx, n)
+	case spec.unanalyzed:
+		return d.fillItemsUnanalyzed(ctx, n)
+	}
+	return d.fillItems(ctx, n)
 }
 
 // retainedSetup is a database whose changelog holds many rows of the items table that an
@@ -189,7 +217,7 @@ type retainedSetup struct {
 
 // newRetained fills a fresh database with retained rows.
 func newRetained(ctx context.Context, e *env, retained int) (*retainedSetup, error) {
-	d, err := e.newDatabase(ctx)
+	d, err := e.newDatabase(ctx, upgraded)
 	if err != nil {
 		return nil, err
 	}

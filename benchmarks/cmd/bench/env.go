@@ -17,11 +17,15 @@ import (
 
 // Names shared by every scenario.
 const (
-	// templateName is the database holding the schema and the captured table; each scenario
-	// works on a copy of it.
+	// templateName is the database holding the schema and the captured tables; each scenario
+	// works on a copy of it (of the legacy variant's template, templateName + "_legacy", for
+	// a drain on the legacy schema).
 	templateName = "bench_template"
-	// itemsTable is the captured table.
+	// itemsTable is the captured table of most scenarios.
 	itemsTable = "items"
+	// healthTable is the captured table shaped like the store-client's: an id and a JSON
+	// document of about 1 KB.
+	healthTable = "health_events"
 	// changelogTable and tokenTable are the library's defaults.
 	changelogTable = pgchangestream.DefaultChangelogTable
 	tokenTable     = pgchangestream.DefaultTokenTable
@@ -48,32 +52,81 @@ type env struct {
 	srv *pgtest.Server
 }
 
-// startEnv starts a throwaway server with durable commits and prepares the template database.
+// variant is a state of the changelog schema that drains run on.
+type variant string
+
+const (
+	// upgraded is the schema InstallSchema creates: the changelog with its txid column, read
+	// with snapshot-delta reads. Figures without a variant label are of this one.
+	upgraded variant = "upgraded"
+	// legacy is the same schema without the txid column, read with (changed_at, id) reads:
+	// InstallSchema followed by ALTER TABLE ... DROP COLUMN IF EXISTS txid.
+	legacy variant = "legacy"
+)
+
+// variants lists every variant, in report order.
+var variants = []variant{legacy, upgraded}
+
+// template returns the name of the variant's template database.
+func (v variant) template() string {
+	if v == legacy {
+		return templateName + "_legacy"
+	}
+	return templateName
+}
+
+// key returns the sample key of figure key on the variant: the key itself on the upgraded
+// schema (as before variants existed), "legacy/" + key on the legacy one.
+func (v variant) key(key string) string {
+	if v == legacy {
+		return string(v) + "/" + key
+	}
+	return key
+}
+
+// startEnv starts a throwaway server with durable commits and prepares a template database
+// of each variant.
 func startEnv(ctx context.Context) (*env, error) {
 	srv, err := pgtest.Start(ctx, pgtest.Options{Fsync: true})
 	if err != nil {
 		return nil, err
 	}
 	e := &env{srv: srv}
-	if err := srv.CreateTemplate(ctx, templateName, setupTemplate); err != nil {
-		_ = srv.Stop()
-		return nil, err
+	for _, v := range variants {
+		if err := srv.CreateTemplate(ctx, v.template(), setupTemplate(v)); err != nil {
+			_ = srv.Stop()
+			return nil, err
+		}
 	}
 	return e, nil
 }
 
-// setupTemplate installs the schema and captures the items table.
-func setupTemplate(ctx context.Context, db *sql.DB) error {
-	if err := pgchangestream.InstallSchema(ctx, db, pgchangestream.SchemaOptions{}); err != nil {
-		return err
+// setupTemplate returns the setup of the variant's template: install the schema, shape it as
+// the variant says, create and capture the items and health_events tables.
+func setupTemplate(v variant) func(ctx context.Context, db *sql.DB) error {
+	return func(ctx context.Context, db *sql.DB) error {
+		if err := pgchangestream.InstallSchema(ctx, db, pgchangestream.SchemaOptions{}); err != nil {
+			return err
+		}
+		stmts := []string{
+			`CREATE TABLE IF NOT EXISTS ` + itemsTable + ` (id bigserial PRIMARY KEY, n bigint NOT NULL, doc jsonb NOT NULL)`,
+			`CREATE TABLE IF NOT EXISTS ` + healthTable + ` (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), document jsonb NOT NULL)`,
+		}
+		if v == legacy {
+			stmts = append(stmts, `ALTER TABLE `+changelogTable+` DROP COLUMN IF EXISTS txid`)
+		}
+		for _, stmt := range stmts {
+			if _, err := db.ExecContext(ctx, stmt); err != nil {
+				return err
+			}
+		}
+		for _, table := range []string{itemsTable, healthTable} {
+			if err := pgchangestream.CaptureChanges(ctx, db, table, pgchangestream.SchemaOptions{}); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+itemsTable+` (
-		id bigserial PRIMARY KEY,
-		n bigint NOT NULL,
-		doc jsonb NOT NULL)`); err != nil {
-		return err
-	}
-	return pgchangestream.CaptureChanges(ctx, db, itemsTable, pgchangestream.SchemaOptions{})
 }
 
 // stop stops the server.
@@ -87,9 +140,9 @@ type database struct {
 	env  *env
 }
 
-// newDatabase creates a fresh copy of the template and opens it.
-func (e *env) newDatabase(ctx context.Context) (*database, error) {
-	dsn, err := e.srv.CreateDatabase(ctx, templateName)
+// newDatabase creates a fresh copy of the variant's template and opens it.
+func (e *env) newDatabase(ctx context.Context, v variant) (*database, error) {
+	dsn, err := e.srv.CreateDatabase(ctx, v.template())
 	if err != nil {
 		return nil, err
 	}
@@ -118,6 +171,16 @@ func (d *database) drop(ctx context.Context) {
 func (d *database) fillItems(ctx context.Context, n int) error {
 	if err := d.fillItemsUnanalyzed(ctx, n); err != nil {
 		return err
+	}
+	return d.analyzeChangelog(ctx)
+}
+
+// fillItemsBulk inserts n rows into the captured table in one statement, so one transaction
+// writes them all with the same changed_at, then analyzes the changelog.
+func (d *database) fillItemsBulk(ctx context.Context, n int) error {
+	if _, err := d.ExecContext(ctx, `INSERT INTO `+itemsTable+` (n, doc)
+		SELECT g, `+docSQL+` FROM generate_series(1, $1::bigint) g`, n); err != nil {
+		return fmt.Errorf("fill items in one transaction: %w", err)
 	}
 	return d.analyzeChangelog(ctx)
 }

@@ -16,12 +16,14 @@ import (
 )
 
 const (
-	// latencyWriters is the number of connections inserting rows: enough for the offered rate
-	// to be met when each commit waits for a WAL flush.
+	// latencyWriters is the number of connections inserting rows in the hybrid and polling
+	// runs: enough for the offered rate to be met when each commit waits for a WAL flush.
 	latencyWriters = 8
 	// latencyWarmup is the number of rows inserted and received before measuring, so that the
 	// watcher, its LISTEN connection and the writers' connections are all up.
 	latencyWarmup = 20
+	// latencyWarmupWait is how long a warm-up row is waited for before the next is inserted.
+	latencyWarmupWait = time.Second
 	// latencyGrace is how long the consumer keeps waiting for missing events after the last
 	// commit.
 	latencyGrace = 3 * time.Second
@@ -56,16 +58,26 @@ type latencyRun struct {
 	notifyAt map[int64]time.Duration // by changelog id; written by the floor listener
 }
 
-// measureLatency runs a watcher in mode while writers insert rows into the captured table at
-// rate rows per second for d, one autocommit INSERT each. An event's latency is the time from
-// the moment its writer's COMMIT returned to the moment the consumer received the event. The
-// consumer acknowledges every event, with checkpoints batched every 100ms.
-func measureLatency(ctx context.Context, e *env, mode pgchangestream.Mode, rate int, d time.Duration) (latency, error) {
-	db, err := e.newDatabase(ctx)
+// measureLatency runs a watcher in s.mode on the s.variant schema while s.writers connections
+// insert rows into the captured table at rate rows per second for d, one autocommit INSERT
+// each; with s.longTx, a transaction holding a transaction id stays open in another database
+// of the cluster meanwhile. An event's latency is the time from the moment its writer's COMMIT
+// returned to the moment the consumer received the event. The consumer acknowledges every
+// event, with checkpoints batched every 100ms.
+func measureLatency(ctx context.Context, e *env, s latencySpec, rate int, d time.Duration) (latency, error) {
+	mode := s.mode
+	db, err := e.newDatabase(ctx, s.variant)
 	if err != nil {
 		return latency{}, err
 	}
 	defer db.drop(ctx)
+	if s.longTx {
+		end, err := openLongTx(ctx, e)
+		if err != nil {
+			return latency{}, err
+		}
+		defer end()
+	}
 	cfg := db.watcherConfig("latency")
 	cfg.Mode = mode
 	cfg.StartFromBeginning = false
@@ -87,13 +99,8 @@ func measureLatency(ctx context.Context, e *env, mode pgchangestream.Mode, rate 
 			SELECT g, `+docSQL+` FROM (SELECT $1::bigint AS g) s`, n)
 		return err
 	}
-	for i := range latencyWarmup {
-		if err := insert(-1 - i); err != nil {
-			return latency{}, err
-		}
-		if _, err := receive(ctx, w); err != nil {
-			return latency{}, err
-		}
+	if err := warmUp(ctx, w, insert); err != nil {
+		return latency{}, err
 	}
 
 	total := max(1, int(float64(rate)*d.Seconds()))
@@ -113,7 +120,7 @@ func measureLatency(ctx context.Context, e *env, mode pgchangestream.Mode, rate 
 	consumed := make(chan error, 1)
 	writersDone := make(chan struct{})
 	go func() { consumed <- r.consume(ctx, w, writersDone) }()
-	writeErr := r.write(insert, rate)
+	writeErr := r.write(insert, rate, s.writers)
 	writeEnd := time.Since(r.base)
 	close(writersDone)
 	err = errors.Join(writeErr, <-consumed)
@@ -135,16 +142,42 @@ func measureLatency(ctx context.Context, e *env, mode pgchangestream.Mode, rate 
 	return l, nil
 }
 
-// write inserts the rows 0..len(commitAt)-1 at rate rows per second with latencyWriters
-// connections, recording when each COMMIT returned.
-func (r *latencyRun) write(insert func(n int) error, rate int) error {
+// warmUp inserts rows with negative n until latencyWarmup of them were received. A row
+// inserted while the watcher is still looking up the newest row is taken as the start and
+// never delivered; in polling mode nothing recovers it, so a row not received within
+// latencyWarmupWait is followed by the next one instead of being waited for.
+func warmUp(ctx context.Context, w *pgchangestream.Watcher, insert func(n int) error) error {
+	for got, n := 0, -1; got < latencyWarmup; n-- {
+		if n < -10*latencyWarmup {
+			return fmt.Errorf("warm-up: %d of %d rows received", got, latencyWarmup)
+		}
+		if err := insert(n); err != nil {
+			return err
+		}
+		select {
+		case _, ok := <-w.Events():
+			if !ok {
+				return fmt.Errorf("warm-up: events closed: %v", w.Err())
+			}
+			got++
+		case <-time.After(latencyWarmupWait):
+		case <-ctx.Done():
+			return fmt.Errorf("warm-up: %w", ctx.Err())
+		}
+	}
+	return nil
+}
+
+// write inserts the rows 0..len(commitAt)-1 at rate rows per second with writers connections,
+// recording when each COMMIT returned.
+func (r *latencyRun) write(insert func(n int) error, rate, writers int) error {
 	jobs := make(chan int, len(r.commitAt))
 	var (
 		wg       sync.WaitGroup
 		errOnce  sync.Once
 		writeErr error
 	)
-	for range latencyWriters {
+	for range writers {
 		wg.Go(func() {
 			for k := range jobs {
 				if err := insert(k); err != nil {

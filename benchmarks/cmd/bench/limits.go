@@ -6,8 +6,61 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream"
 )
+
+// watcherRead reads the n changelog rows of the items table with a watcher whose Filter
+// drops every event: the watcher's own batched read query (BatchSize rows after the cursor,
+// the next read started while the current batch is decoded) and its own event building, with
+// nothing delivered or acknowledged and no processed flag set; the filtered progress is saved
+// at most once per batched checkpoint interval, one token upsert. It returns the time from Start until the filter saw the n-th event: the
+// ceiling of the read side of a drain, measured with the library's own reads rather than a
+// query of its own.
+func watcherRead(ctx context.Context, d *database, n int) (time.Duration, error) {
+	var seen atomic.Int64
+	done := make(chan struct{})
+	cfg := d.watcherConfig("read-limit")
+	cfg.CheckpointInterval = batchedInterval
+	cfg.DisableProcessedFlag = true
+	cfg.Filter = func(pgchangestream.Event) bool {
+		if seen.Add(1) == int64(n) {
+			close(done)
+		}
+		return false
+	}
+	w, err := pgchangestream.New(cfg)
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, drainTimeout)
+	defer cancel()
+	defer func() { _ = w.Close(context.WithoutCancel(ctx)) }()
+	start := time.Now()
+	w.Start(ctx)
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return 0, fmt.Errorf("watcher read %d of %d rows: %w (%v)", seen.Load(), n, ctx.Err(), w.Err())
+	}
+	return time.Since(start), nil
+}
+
+// watcherReadFresh fills a fresh database of the variant with n rows and reads them with
+// watcherRead.
+func watcherReadFresh(ctx context.Context, e *env, v variant, n int) (time.Duration, error) {
+	d, err := e.newDatabase(ctx, v)
+	if err != nil {
+		return 0, err
+	}
+	defer d.drop(ctx)
+	if err := d.fillItems(ctx, n); err != nil {
+		return 0, err
+	}
+	return watcherRead(ctx, d, n)
+}
 
 // selectDecode reads the n changelog rows of the items table with one query and decodes each
 // into an event document the way the watcher does (JSON unmarshal of new_values into a map,
@@ -58,12 +111,13 @@ func selectDecode(ctx context.Context, d *database, n int) (time.Duration, error
 	return elapsed, nil
 }
 
-// sink keeps decoded documents reachable, so the decoding cannot be optimized away.
+// sink keeps decoded documents reachable, so the decoding cannot be optimized away. It is
+// written by one goroutine at a time.
 var sink map[string]any
 
 // selectDecodeFresh fills a fresh database with n rows and reads them back.
 func selectDecodeFresh(ctx context.Context, e *env, n int) (time.Duration, error) {
-	d, err := e.newDatabase(ctx)
+	d, err := e.newDatabase(ctx, upgraded)
 	if err != nil {
 		return 0, err
 	}
@@ -77,7 +131,7 @@ func selectDecodeFresh(ctx context.Context, e *env, n int) (time.Duration, error
 // upserts runs n token upserts of one client, each its own transaction (autocommit), and
 // returns the elapsed time: the ceiling of a consumer that persists every acknowledgement.
 func upserts(ctx context.Context, e *env, n int) (time.Duration, error) {
-	d, err := e.newDatabase(ctx)
+	d, err := e.newDatabase(ctx, upgraded)
 	if err != nil {
 		return 0, err
 	}

@@ -4,7 +4,7 @@
 // Run it from the benchmarks module:
 //
 //	go run ./cmd/bench                       # full run, a table on stdout
-//	go run ./cmd/bench -quick                # reduced set, under two minutes
+//	go run ./cmd/bench -quick                # reduced set: fewer rows, 3 reps, one schema variant
 //	go run ./cmd/bench -json                 # the figures as JSON
 //	go run ./cmd/bench -out ../docs/benchmarks.md
 //
@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -36,6 +37,8 @@ type options struct {
 	latencyRate     int
 	saturationRows  int
 	retainedRows    int
+	backlogs        []int
+	variants        []variant
 	quick           bool
 	jsonOut         bool
 	out             string
@@ -48,12 +51,16 @@ func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.IntVar(&o.rows, "rows", 5000, "backlog rows per drain")
-	fs.IntVar(&o.reps, "reps", 3, "repetitions of each throughput figure (the median is reported)")
+	fs.IntVar(&o.reps, "reps", 5, "repetitions of each throughput figure (the median and range are reported)")
+	backlogs := fs.String("backlogs", "2000,10000,50000", "comma-separated backlog sizes drained against watermill")
+	variantList := fs.String("variants", "legacy,upgraded", "comma-separated schema variants the drains run on: "+
+		"legacy (changelog without txid) and upgraded (InstallSchema as is)")
 	fs.DurationVar(&o.latencyDuration, "latency-duration", 10*time.Second, "length of each latency run")
 	fs.IntVar(&o.latencyRate, "latency-rate", 1000, "events per second offered in the latency runs")
 	fs.IntVar(&o.saturationRows, "saturation-rows", 1_000_000, "deliveries never acknowledged in the heap test")
 	fs.IntVar(&o.retainedRows, "retained-rows", 1_000_000, "older rows retained behind the cursor")
-	fs.BoolVar(&o.quick, "quick", false, "reduced set: 2,000 rows, 1 rep, 3 s latency runs, 100k retained and saturation rows")
+	fs.BoolVar(&o.quick, "quick", false, "reduced set: 2,000 rows, 3 reps, the upgraded variant only, "+
+		"3 s latency runs, 100k retained and saturation rows")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the figures as JSON instead of a table")
 	fs.StringVar(&o.out, "out", "", "also write the report as Markdown to this file (e.g. ../docs/benchmarks.md)")
 	fs.BoolVar(&o.micro, "micro", true, "run the pending-ring micro-benchmark of the library (go test) for the tracking cost")
@@ -71,7 +78,8 @@ func parseFlags(args []string) (options, error) {
 			f    func()
 		}{
 			{"rows", func() { o.rows = 2000 }},
-			{"reps", func() { o.reps = 1 }},
+			{"reps", func() { o.reps = 3 }},
+			{"variants", func() { *variantList = string(upgraded) }},
 			{"latency-duration", func() { o.latencyDuration = 3 * time.Second }},
 			{"saturation-rows", func() { o.saturationRows = 100_000 }},
 			{"retained-rows", func() { o.retainedRows = 100_000 }},
@@ -82,6 +90,13 @@ func parseFlags(args []string) (options, error) {
 			}
 		}
 	}
+	var err error
+	if o.backlogs, err = parseBacklogs(*backlogs); err != nil {
+		return o, err
+	}
+	if o.variants, err = parseVariants(*variantList); err != nil {
+		return o, err
+	}
 	switch {
 	case o.rows < 1, o.reps < 1, o.latencyRate < 1, o.latencyDuration <= 0:
 		return o, fmt.Errorf("-rows, -reps, -latency-rate and -latency-duration must be positive")
@@ -89,6 +104,41 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-saturation-rows must be at least %d", saturationEarly)
 	}
 	return o, nil
+}
+
+// parseBacklogs parses the -backlogs list.
+func parseBacklogs(list string) ([]int, error) {
+	var ns []int
+	for f := range strings.SplitSeq(list, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("-backlogs: %q is not a positive row count", f)
+		}
+		ns = append(ns, n)
+	}
+	return ns, nil
+}
+
+// parseVariants parses the -variants list, keeping the report order.
+func parseVariants(list string) ([]variant, error) {
+	named := map[variant]bool{}
+	for f := range strings.SplitSeq(list, ",") {
+		v := variant(strings.TrimSpace(f))
+		if v != legacy && v != upgraded {
+			return nil, fmt.Errorf("-variants: %q is neither %s nor %s", v, legacy, upgraded)
+		}
+		named[v] = true
+	}
+	var vs []variant
+	for _, v := range variants {
+		if named[v] {
+			vs = append(vs, v)
+		}
+	}
+	return vs, nil
 }
 
 // selected reports whether -only names name; with no -only, everything is selected.
@@ -112,7 +162,7 @@ func (o options) runs(group string) bool {
 	}
 	if group == "throughput" {
 		for _, t := range throughputs(o) {
-			if o.selected(t.key) {
+			if o.runsFigure(t) {
 				return true
 			}
 		}
@@ -120,9 +170,18 @@ func (o options) runs(group string) bool {
 	return false
 }
 
-// runsFigure reports whether the throughput figure is selected.
-func (o options) runsFigure(key string) bool {
-	return o.selected("throughput") || o.selected(key)
+// runsFigure reports whether the measurement is selected: the throughput group, or one of
+// its figures, is named.
+func (o options) runsFigure(t throughput) bool {
+	if o.selected("throughput") {
+		return true
+	}
+	for _, f := range t.figs {
+		if o.selected(f.key) {
+			return true
+		}
+	}
+	return false
 }
 
 func main() {
@@ -207,33 +266,43 @@ func measureAll(ctx context.Context, e *env, o options, res *results, logf func(
 		}
 		res.SaturationHeapMB = &s
 	}
+	ts := throughputs(o)
+	defer res.setMedians(ts)
 	if o.runs("throughput") {
 		for rep := 1; rep <= o.reps; rep++ {
-			for _, t := range throughputs(o) {
-				if !o.runsFigure(t.key) {
+			for _, t := range ts {
+				if !o.runsFigure(t) {
 					continue
 				}
-				d, err := t.run(ctx, e)
-				if err != nil {
-					return fmt.Errorf("%s: %w", t.key, err)
+				vs := []variant{upgraded}
+				if t.perVariant {
+					vs = o.variants
 				}
-				rate := float64(t.count) / d.Seconds()
-				res.Samples[t.key] = append(res.Samples[t.key], rate)
-				logf("rep %d/%d %-26s %10.0f /s", rep, o.reps, t.key, rate)
+				for _, v := range vs {
+					ds, err := t.run(ctx, e, v)
+					if err != nil {
+						return fmt.Errorf("%s: %w", v.key(t.figs[0].key), err)
+					}
+					for i, f := range t.figs {
+						key := v.key(f.key)
+						rate := float64(t.count) / ds[i].Seconds()
+						res.Samples[key] = append(res.Samples[key], rate)
+						logf("rep %d/%d %-36s %10.0f /s", rep, o.reps, key, rate)
+					}
+				}
 			}
 		}
-		res.setMedians()
 	}
 	if o.runs("latency") {
 		res.LatencyMS = map[string]latency{}
-		for _, mode := range latencyModes {
-			logf("latency %s: %d events/s for %v", mode, o.latencyRate, o.latencyDuration)
-			l, err := measureLatency(ctx, e, mode, o.latencyRate, o.latencyDuration)
+		for _, s := range latencySpecs(o.variants) {
+			logf("latency %s: %d events/s for %v", s.key, o.latencyRate, o.latencyDuration)
+			l, err := measureLatency(ctx, e, s, o.latencyRate, o.latencyDuration)
 			if err != nil {
-				return fmt.Errorf("latency %s: %w", mode, err)
+				return fmt.Errorf("latency %s: %w", s.key, err)
 			}
-			res.LatencyMS[string(mode)] = l
-			logf("latency %s: p50 %.2f ms, p99 %.2f ms, max %.2f ms", mode, l.P50, l.P99, l.Max)
+			res.LatencyMS[s.key] = l
+			logf("latency %s: p50 %.2f ms, p99 %.2f ms, max %.2f ms", s.key, l.P50, l.P99, l.Max)
 		}
 	}
 	if o.runs("retained") {
@@ -277,7 +346,7 @@ func measureRetained(ctx context.Context, e *env, o options, res *results, logf 
 	}
 	for rep := 1; rep <= o.reps; rep++ {
 		for _, s := range specs {
-			empty, err := drainFresh(ctx, e, o.rows, s.spec)
+			empty, err := drainFresh(ctx, e, upgraded, o.rows, s.spec)
 			if err != nil {
 				return err
 			}

@@ -34,7 +34,7 @@ func collectMachine(ctx context.Context, e *env) (machine, error) {
 		Command: strings.Join(append([]string{"go run ./cmd/bench"}, os.Args[1:]...), " "),
 		Date:    time.Now().UTC().Format("2006-01-02"),
 	}
-	d, err := e.newDatabase(ctx)
+	d, err := e.newDatabase(ctx, upgraded)
 	if err != nil {
 		return m, err
 	}
@@ -68,30 +68,33 @@ type figure struct {
 // figures lists the run's figures for the table and the report.
 func (r *results) figures() []figure {
 	var fs []figure
-	rate := func(key string, v float64, what string) {
-		if v > 0 {
-			fs = append(fs, figure{key, fmt.Sprintf("%.0f /s", v), what})
+	for _, t := range throughputs(options{rows: r.Params.Rows, backlogs: r.Params.Backlogs}) {
+		vs := []variant{upgraded}
+		if t.perVariant {
+			vs = r.variantsRun()
+		}
+		for _, f := range t.figs {
+			for _, v := range vs {
+				if s, ok := r.Stats[v.key(f.key)]; ok {
+					fs = append(fs, figure{v.key(f.key), formatStat(s) + " /s", f.what})
+				}
+			}
 		}
 	}
-	rate("drain_sync_eps", r.DrainSyncEPS, "watcher (polling), MarkProcessed each event, CheckpointInterval 0")
-	rate("drain_batched_eps", r.DrainBatchedEPS, "same, CheckpointInterval "+batchedInterval.String()+", final Flush")
-	rate("drain_sync_concurrent_eps", r.DrainSyncConcurrentEPS,
-		itoa(concurrentWorkers)+" workers, contiguous watermark acked, CheckpointInterval 0")
-	rate("drain_sync_noflag_eps", r.DrainSyncNoFlagEPS, "drain_sync with DisableProcessedFlag")
-	rate("drain_batched_noflag_eps", r.DrainBatchedNoFlagEPS, "drain_batched with DisableProcessedFlag")
-	rate("drain_batched_unanalyzed_eps", r.DrainBatchedUnanalyzedEPS, "drain_batched on a changelog never analyzed")
-	rate("watermill_eps", r.WatermillEPS, "watermill-sql v4 PostgreSQL subscriber, batch 100, ack each")
-	rate("select_decode_limit_rps", r.SelectDecodeLimitRPS, "one SELECT of the rows + JSON decode into event maps")
-	rate("upsert_limit_wps", r.UpsertLimitWPS, "single-client token upsert, one commit each")
-	for _, mode := range latencyModes {
-		if l, ok := r.LatencyMS[string(mode)]; ok {
-			fs = append(fs, figure{"latency_ms " + string(mode), formatLatency(l),
-				fmt.Sprintf("COMMIT returned → received; %d events at %.0f/s offered, %d early, %d missed",
-					l.Events, l.OfferedRate, l.Early, l.Missed)})
-			if f := l.NotifyFloor; f != nil {
-				fs = append(fs, figure{"  notify floor", formatLatency(*f),
-					"COMMIT returned → NOTIFY received on a bare LISTEN connection, same run"})
-			}
+	for _, s := range latencySpecs(r.variantsRun()) {
+		l, ok := r.LatencyMS[s.key]
+		if !ok {
+			continue
+		}
+		what := fmt.Sprintf("COMMIT returned → received; %d writers, %d events at %.0f/s offered, %d early, %d missed",
+			s.writers, l.Events, l.OfferedRate, l.Early, l.Missed)
+		if s.longTx {
+			what += "; a transaction open in another database meanwhile"
+		}
+		fs = append(fs, figure{"latency_ms " + s.key, formatLatency(l), what})
+		if f := l.NotifyFloor; f != nil {
+			fs = append(fs, figure{"  notify floor", formatLatency(*f),
+				"COMMIT returned → NOTIFY received on a bare LISTEN connection, same run"})
 		}
 	}
 	if s := r.SaturationHeapMB; s != nil {
@@ -102,11 +105,12 @@ func (r *results) figures() []figure {
 	}
 	if r.RetainedDrainRatio > 0 {
 		fs = append(fs,
-			figure{"retained_drain_ratio", fmt.Sprintf("%.2f", r.RetainedDrainRatio),
+			figure{"retained_drain_ratio", formatStat(r.Stats["retained_drain_ratio"]),
 				fmt.Sprintf("drain_batched of %d new rows behind %s retained rows ÷ the same on an empty changelog",
 					r.Params.Rows, countLabel(r.Params.RetainedRows))},
-			figure{"retained_drain_ratio_sync", fmt.Sprintf("%.2f", r.RetainedDrainRatioSync), "the same with per-ack saves (drain_sync)"},
-			figure{"retained_drain_ratio_noflag", fmt.Sprintf("%.2f", r.RetainedDrainRatioNoFlag),
+			figure{"retained_drain_ratio_sync", formatStat(r.Stats["retained_drain_ratio_sync"]),
+				"the same with per-ack saves (drain_sync)"},
+			figure{"retained_drain_ratio_noflag", formatStat(r.Stats["retained_drain_ratio_noflag"]),
 				"the same with batched saves and DisableProcessedFlag: reads alone"})
 	}
 	if m := r.Micro; m != nil {
@@ -125,29 +129,17 @@ func (r *results) figures() []figure {
 	return fs
 }
 
-// formatTarget renders a target's value, goal and mark.
-func formatTarget(t target) (value, goal, mark string) {
-	if !t.ok {
-		return "n/a", "", "-"
+// formatStat renders a figure as its median and range: "5230 [4990–5400]". Rates are
+// rounded to units, ratios to hundredths.
+func formatStat(s stat) string {
+	prec := 0
+	if s.Median < 100 {
+		prec = 2
 	}
-	op := "≥"
-	switch {
-	case t.le && t.goal == 0:
-		op = "="
-	case t.le:
-		op = "≤"
+	if s.N == 1 {
+		return fmt.Sprintf("%.*f", prec, s.Median)
 	}
-	prec := 2
-	if t.unit == "allocs/op" {
-		prec = 0
-	}
-	value = strconv.FormatFloat(t.value, 'f', prec, 64) + " " + t.unit
-	goal = op + " " + strconv.FormatFloat(t.goal, 'f', -1, 64) + " " + t.unit
-	mark = "MISS"
-	if t.pass() {
-		mark = "pass"
-	}
-	return value, goal, mark
+	return fmt.Sprintf("%.*f [%.*f–%.*f]", prec, s.Median, prec, s.Min, prec, s.Max)
 }
 
 // writeTable prints the figures and the targets as aligned text.
@@ -164,7 +156,7 @@ func writeTable(w io.Writer, r *results) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.name, v, g, m)
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(w, "\nrows %d, reps %d (median), wall time %.0f s\n", r.Params.Rows, r.Params.Reps, r.WallSeconds)
+	fmt.Fprintf(w, "\nrows %d, reps %d (median [min–max]), wall time %.0f s\n", r.Params.Rows, r.Params.Reps, r.WallSeconds)
 }
 
 // formatLatency renders a latency distribution.

@@ -1,11 +1,8 @@
 package main
 
 import (
-	"context"
 	"slices"
 	"time"
-
-	"github.com/pgchangestream/pgchangestream"
 )
 
 // batchedInterval is the CheckpointInterval of the batched drains.
@@ -14,52 +11,43 @@ const batchedInterval = 100 * time.Millisecond
 // concurrentWorkers is the number of workers of the concurrent drain.
 const concurrentWorkers = 8
 
-// latencyModes are the modes whose latency is measured, in order.
-var latencyModes = []pgchangestream.Mode{pgchangestream.ModeHybrid, pgchangestream.ModePolling}
-
-// throughput is one figure measured once per repetition: count items in the returned time.
-type throughput struct {
-	key   string
-	count int
-	run   func(ctx context.Context, e *env) (time.Duration, error)
-}
-
-// throughputs lists the throughput figures, in the order they run in each repetition.
-func throughputs(o options) []throughput {
-	n := o.rows
-	drainWith := func(spec drainSpec) func(context.Context, *env) (time.Duration, error) {
-		return func(ctx context.Context, e *env) (time.Duration, error) { return drainFresh(ctx, e, n, spec) }
-	}
-	// Figures compared by a target run next to each other, so that load from outside the run
-	// hits both alike.
-	return []throughput{
-		{"upsert_limit_wps", n, func(ctx context.Context, e *env) (time.Duration, error) { return upserts(ctx, e, n) }},
-		{"drain_sync_eps", n, drainWith(drainSpec{})},
-		{"drain_sync_noflag_eps", n, drainWith(drainSpec{disableProcessedFlag: true})},
-		{"drain_sync_concurrent_eps", n, drainWith(drainSpec{workers: concurrentWorkers})},
-		{"watermill_eps", n, func(ctx context.Context, e *env) (time.Duration, error) { return watermillDrain(ctx, e, n) }},
-		{"drain_batched_eps", n, drainWith(drainSpec{checkpointInterval: batchedInterval})},
-		{"select_decode_limit_rps", n, func(ctx context.Context, e *env) (time.Duration, error) {
-			return selectDecodeFresh(ctx, e, n)
-		}},
-		{"drain_batched_noflag_eps", n, drainWith(drainSpec{checkpointInterval: batchedInterval, disableProcessedFlag: true})},
-		{"drain_batched_unanalyzed_eps", n, drainWith(drainSpec{checkpointInterval: batchedInterval, unanalyzed: true})},
-	}
-}
-
 // params are the run's settings, as reported.
 type params struct {
-	Rows            int     `json:"rows"`
-	Reps            int     `json:"reps"`
-	LatencySeconds  float64 `json:"latency_seconds"`
-	LatencyRate     int     `json:"latency_rate"`
-	SaturationRows  int     `json:"saturation_rows"`
-	RetainedRows    int     `json:"retained_rows"`
-	Quick           bool    `json:"quick"`
-	BatchedInterval string  `json:"batched_checkpoint_interval"`
+	Rows            int      `json:"rows"`
+	Reps            int      `json:"reps"`
+	LatencySeconds  float64  `json:"latency_seconds"`
+	LatencyRate     int      `json:"latency_rate"`
+	SaturationRows  int      `json:"saturation_rows"`
+	RetainedRows    int      `json:"retained_rows"`
+	Quick           bool     `json:"quick"`
+	BatchedInterval string   `json:"batched_checkpoint_interval"`
+	Backlogs        []int    `json:"backlogs"`
+	Variants        []string `json:"variants"`
 }
 
-// results are the figures of one run. Throughputs are medians of the repetitions.
+// stat is the spread of one figure over the repetitions.
+type stat struct {
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+	N      int     `json:"n"`
+}
+
+// backlogResult is the drain of one backlog size against watermill on the same backlog.
+type backlogResult struct {
+	Rows               int     `json:"rows"`
+	Variant            string  `json:"variant"`
+	DrainBatchedEPS    float64 `json:"drain_batched_eps"`
+	WatermillEPS       float64 `json:"watermill_eps"`
+	WatermillDecodeEPS float64 `json:"watermill_decode_eps"`
+	// RatioDecode is DrainBatchedEPS ÷ WatermillDecodeEPS, RatioRaw the same against the raw
+	// consumer.
+	RatioDecode float64 `json:"ratio_vs_watermill_decode"`
+	RatioRaw    float64 `json:"ratio_vs_watermill"`
+}
+
+// results are the figures of one run. Throughputs are medians of the repetitions; figures
+// without a variant label are of the upgraded schema.
 type results struct {
 	DrainSyncEPS           float64            `json:"drain_sync_eps"`
 	DrainBatchedEPS        float64            `json:"drain_batched_eps"`
@@ -84,24 +72,61 @@ type results struct {
 	// Micro holds the library's micro-benchmarks, when run.
 	Micro *microResults `json:"micro,omitempty"`
 
+	// WatermillDecodeEPS is watermill_eps with a consumer that decodes each payload.
+	WatermillDecodeEPS float64 `json:"watermill_decode_eps"`
+	// WatcherReadLimitRPS is the read ceiling measured with the watcher's own reads.
+	WatcherReadLimitRPS float64 `json:"watcher_read_limit_rps"`
+	// DrainHealthEPS is drain_batched of health_events rows of about 1 KB, half updates.
+	DrainHealthEPS float64 `json:"drain_health_eps"`
+	// DrainBulkSyncEPS is drain_sync of a backlog written by one transaction.
+	DrainBulkSyncEPS float64 `json:"drain_bulk_sync_eps"`
+	// Insert4wRPS is the insert rate of hybridWriters writers through the trigger.
+	Insert4wRPS float64 `json:"insert_4w_rps"`
+	// Backlogs are the drains of each backlog size, per variant, against watermill.
+	Backlogs []backlogResult `json:"backlogs,omitempty"`
+	// Variants holds, per variant, the median of every figure measured on each schema.
+	Variants map[string]map[string]float64 `json:"variants,omitempty"`
+	// Stats is the median, minimum and maximum of every sampled figure.
+	Stats map[string]stat `json:"stats"`
+
 	Samples     map[string][]float64 `json:"samples"`
 	Params      params               `json:"params"`
 	WallSeconds float64              `json:"wall_seconds"`
 }
 
 func newResults(o options) *results {
+	vs := make([]string, len(o.variants))
+	for i, v := range o.variants {
+		vs[i] = string(v)
+	}
 	return &results{
 		Samples: map[string][]float64{},
+		Stats:   map[string]stat{},
 		Params: params{
 			Rows: o.rows, Reps: o.reps, LatencySeconds: o.latencyDuration.Seconds(), LatencyRate: o.latencyRate,
 			SaturationRows: o.saturationRows, RetainedRows: o.retainedRows, Quick: o.quick,
-			BatchedInterval: batchedInterval.String(),
+			BatchedInterval: batchedInterval.String(), Backlogs: o.backlogs, Variants: vs,
 		},
 	}
 }
 
-// setMedians sets the throughput figures from their samples.
-func (r *results) setMedians() {
+// variantsRun returns the variants of the run.
+func (r *results) variantsRun() []variant {
+	vs := make([]variant, len(r.Params.Variants))
+	for i, v := range r.Params.Variants {
+		vs[i] = variant(v)
+	}
+	return vs
+}
+
+// fig returns the median of figure key on variant v, 0 if it was not measured.
+func (r *results) fig(key string, v variant) float64 { return r.Stats[v.key(key)].Median }
+
+// setMedians sets the reported figures from the samples of the measurements ts.
+func (r *results) setMedians(ts []throughput) {
+	for key, xs := range r.Samples {
+		r.Stats[key] = stat{Median: median(xs), Min: slices.Min(xs), Max: slices.Max(xs), N: len(xs)}
+	}
 	for key, dst := range map[string]*float64{
 		"drain_sync_eps":               &r.DrainSyncEPS,
 		"drain_batched_eps":            &r.DrainBatchedEPS,
@@ -110,11 +135,50 @@ func (r *results) setMedians() {
 		"drain_batched_noflag_eps":     &r.DrainBatchedNoFlagEPS,
 		"drain_batched_unanalyzed_eps": &r.DrainBatchedUnanalyzedEPS,
 		"watermill_eps":                &r.WatermillEPS,
+		"watermill_decode_eps":         &r.WatermillDecodeEPS,
 		"select_decode_limit_rps":      &r.SelectDecodeLimitRPS,
 		"upsert_limit_wps":             &r.UpsertLimitWPS,
+		"watcher_read_limit_rps":       &r.WatcherReadLimitRPS,
+		"drain_health_eps":             &r.DrainHealthEPS,
+		"drain_bulk_sync_eps":          &r.DrainBulkSyncEPS,
+		"insert_4w_rps":                &r.Insert4wRPS,
 	} {
-		*dst = median(r.Samples[key])
+		*dst = r.Stats[key].Median
 	}
+	r.Variants = map[string]map[string]float64{}
+	for _, v := range r.variantsRun() {
+		m := map[string]float64{}
+		for _, t := range ts {
+			for _, f := range t.figs {
+				if s, ok := r.Stats[v.key(f.key)]; ok && t.perVariant {
+					m[f.key] = s.Median
+				}
+			}
+		}
+		r.Variants[string(v)] = m
+		for _, b := range r.Params.Backlogs {
+			br := backlogResult{
+				Rows: b, Variant: string(v),
+				DrainBatchedEPS:    r.fig(backlogKey("drain_batched_eps", b), v),
+				WatermillEPS:       r.fig(backlogKey("watermill_eps", b), upgraded),
+				WatermillDecodeEPS: r.fig(backlogKey("watermill_decode_eps", b), upgraded),
+			}
+			if br.DrainBatchedEPS == 0 {
+				continue
+			}
+			br.RatioDecode, _ = ratio(br.DrainBatchedEPS, br.WatermillDecodeEPS)
+			br.RatioRaw, _ = ratio(br.DrainBatchedEPS, br.WatermillEPS)
+			r.Backlogs = append(r.Backlogs, br)
+		}
+	}
+}
+
+// ratio returns a ÷ b, and whether both were measured.
+func ratio(a, b float64) (float64, bool) {
+	if a == 0 || b == 0 {
+		return 0, false
+	}
+	return a / b, true
 }
 
 // median returns the median of xs (the mean of the middle two for an even count), 0 if empty.
@@ -128,73 +192,6 @@ func median(xs []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-// target is one comparison of the run against its goal.
-type target struct {
-	name  string  // what is compared
-	value float64 // the measured ratio or figure
-	goal  float64
-	le    bool // the goal is an upper bound (value <= goal); otherwise a lower bound
-	unit  string
-	ok    bool // the inputs were measured
-}
-
-// pass reports whether the target is met.
-func (t target) pass() bool {
-	if t.le {
-		return t.value <= t.goal
-	}
-	return t.value >= t.goal
-}
-
-// targets evaluates the goals that the run's figures allow.
-func (r *results) targets() []target {
-	ratio := func(a, b float64) (float64, bool) {
-		if a == 0 || b == 0 {
-			return 0, false
-		}
-		return a / b, true
-	}
-	var ts []target
-	add := func(name string, v float64, ok bool, goal float64, le bool, unit string) {
-		ts = append(ts, target{name: name, value: v, goal: goal, le: le, unit: unit, ok: ok})
-	}
-	v, ok := ratio(r.DrainSyncEPS, r.UpsertLimitWPS)
-	add("drain_sync / upsert_limit", v, ok, 0.8, false, "x")
-	v, ok = ratio(r.DrainBatchedEPS, r.WatermillEPS)
-	add("drain_batched / watermill", v, ok, 2, false, "x")
-	v, ok = ratio(r.DrainBatchedEPS, r.SelectDecodeLimitRPS)
-	add("drain_batched / select_decode_limit", v, ok, 0.5, false, "x")
-	// The same three without the legacy processed flag, to show what it costs.
-	v, ok = ratio(r.DrainSyncNoFlagEPS, r.UpsertLimitWPS)
-	add("(no processed flag) drain_sync / upsert_limit", v, ok, 0.8, false, "x")
-	v, ok = ratio(r.DrainBatchedNoFlagEPS, r.WatermillEPS)
-	add("(no processed flag) drain_batched / watermill", v, ok, 2, false, "x")
-	v, ok = ratio(r.DrainBatchedNoFlagEPS, r.SelectDecodeLimitRPS)
-	add("(no processed flag) drain_batched / select_decode_limit", v, ok, 0.5, false, "x")
-	if l, ok := r.LatencyMS["hybrid"]; ok {
-		add("hybrid latency p50", l.P50, true, 2, true, "ms")
-		add("hybrid latency p99", l.P99, true, 20, true, "ms")
-	}
-	if l, ok := r.LatencyMS["polling"]; ok {
-		add("polling latency p50 vs PollInterval", l.P50, true,
-			float64(pgchangestream.DefaultPollInterval)/float64(time.Millisecond), true, "ms")
-	}
-	if m := r.Micro; m != nil && r.DrainBatchedEPS > 0 {
-		perEvent := 1e9 / r.DrainBatchedEPS
-		add("pending push+ack / drain_batched per-event cost", 100*m.PushAckNs/perEvent, true, 3, true, "%")
-		add("pending push+ack allocations", m.PushAckAllocs, true, 0, true, "allocs/op")
-	}
-	if s := r.SaturationHeapMB; s != nil {
-		add(heapGrowthName(s.Deliveries), s.AfterAllMB-s.AfterEarlyMB, true, heapGrowthGoalMB, true, "MB")
-	}
-	if r.RetainedDrainRatio > 0 {
-		add("retained_drain_ratio", r.RetainedDrainRatio, true, 1.2, true, "x")
-		add("(per-ack saves) retained_drain_ratio", r.RetainedDrainRatioSync, true, 1.2, true, "x")
-		add("(no processed flag) retained_drain_ratio", r.RetainedDrainRatioNoFlag, true, 1.2, true, "x")
-	}
-	return ts
 }
 
 // heapGrowthGoalMB is "within a few MB": the most the heap may grow between the two samples.

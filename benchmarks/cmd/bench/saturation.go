@@ -36,7 +36,7 @@ func heapMB() float64 {
 // stops receiving while it samples, so the watcher is blocked on a full Events channel each
 // time.
 func saturation(ctx context.Context, e *env, total int) (saturationResult, error) {
-	d, err := e.newDatabase(ctx)
+	d, err := e.newDatabase(ctx, upgraded)
 	if err != nil {
 		return saturationResult{}, err
 	}

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/pgchangestream/pgchangestream"
+)
+
+// target is one comparison of the run against its goal.
+type target struct {
+	name  string  // what is compared
+	uses  string  // the figures the value is computed from
+	value float64 // the measured ratio or figure
+	goal  float64
+	le    bool // the goal is an upper bound (value <= goal); otherwise a lower bound
+	unit  string
+	ok    bool // the inputs were measured
+}
+
+// pass reports whether the target is met.
+func (t target) pass() bool {
+	if t.le {
+		return t.value <= t.goal
+	}
+	return t.value >= t.goal
+}
+
+// margin is how far the value is from the goal, as a fraction of the goal: positive when the
+// target passes with room to spare, negative when it misses (-0.25: a quarter short). It is
+// 0 for a goal of zero.
+func (t target) margin() float64 {
+	if t.goal == 0 {
+		return 0
+	}
+	if t.le {
+		return (t.goal - t.value) / t.goal
+	}
+	return (t.value - t.goal) / t.goal
+}
+
+// ratioTarget is a lower bound on the ratio of figure a to figure b.
+func ratioTarget(name string, a, b float64, aKey, bKey string, goal float64) target {
+	v, ok := ratio(a, b)
+	return target{name: name, uses: "`" + aKey + "` ÷ `" + bKey + "`", value: v, goal: goal, unit: "x", ok: ok}
+}
+
+// drainTargets are the throughput goals of the drains on variant v.
+func (r *results) drainTargets(v variant) []target {
+	label := func(name string) string {
+		if len(r.Params.Variants) > 1 {
+			return "[" + string(v) + "] " + name
+		}
+		return name
+	}
+	f := func(key string) float64 { return r.fig(key, v) }
+	k := v.key
+	ts := []target{
+		ratioTarget(label("drain_sync / upsert_limit"), f("drain_sync_eps"), r.UpsertLimitWPS,
+			k("drain_sync_eps"), "upsert_limit_wps", 0.8),
+		ratioTarget(label("(no processed flag) drain_sync / upsert_limit"), f("drain_sync_noflag_eps"), r.UpsertLimitWPS,
+			k("drain_sync_noflag_eps"), "upsert_limit_wps", 0.8),
+	}
+	for _, b := range r.Params.Backlogs {
+		goal := 2.0
+		if b < 10_000 {
+			goal = 1
+		}
+		dk, wk := backlogKey("drain_batched_eps", b), backlogKey("watermill_decode_eps", b)
+		ts = append(ts, ratioTarget(label("drain_batched / decoding watermill, "+countLabel(b)+" backlog"),
+			f(dk), r.fig(wk, upgraded), k(dk), wk, goal))
+	}
+	return append(ts,
+		ratioTarget(label("drain_batched / watcher read ceiling"), f("drain_batched_eps"), f("watcher_read_limit_rps"),
+			k("drain_batched_eps"), k("watcher_read_limit_rps"), 0.8),
+		ratioTarget(label("(no processed flag) drain_batched / watcher read ceiling"), f("drain_batched_noflag_eps"),
+			f("watcher_read_limit_rps"), k("drain_batched_noflag_eps"), k("watcher_read_limit_rps"), 0.8),
+		ratioTarget(label("health-shaped drain / items drain (within 2x)"), f("drain_health_eps"), f("drain_batched_eps"),
+			k("drain_health_eps"), k("drain_batched_eps"), 0.5),
+		ratioTarget(label("bulk one-transaction drain / drain_sync"), f("drain_bulk_sync_eps"), f("drain_sync_eps"),
+			k("drain_bulk_sync_eps"), k("drain_sync_eps"), 0.8),
+	)
+}
+
+// targets evaluates the goals that the run's figures allow.
+func (r *results) targets() []target {
+	var ts []target
+	for _, v := range r.variantsRun() {
+		ts = append(ts, r.drainTargets(v)...)
+	}
+	add := func(name, uses string, v float64, goal float64, le bool, unit string) {
+		ts = append(ts, target{name: name, uses: uses, value: v, goal: goal, le: le, unit: unit, ok: true})
+	}
+	if l, ok := r.LatencyMS["hybrid"]; ok {
+		add("hybrid latency p50", "`latency_ms hybrid`", l.P50, 2, true, "ms")
+		add("hybrid latency p99", "`latency_ms hybrid`", l.P99, 20, true, "ms")
+	}
+	for _, v := range r.variantsRun() {
+		for _, key := range []string{v.key("hybrid_4w"), v.key("hybrid_4w_longtx")} {
+			if l, ok := r.LatencyMS[key]; ok {
+				add(key+" latency p99", "`latency_ms "+key+"`", l.P99, 20, true, "ms")
+			}
+		}
+	}
+	if l, ok := r.LatencyMS["polling"]; ok {
+		add("polling latency p50 vs PollInterval", "`latency_ms polling`", l.P50,
+			float64(pgchangestream.DefaultPollInterval)/float64(time.Millisecond), true, "ms")
+	}
+	if m := r.Micro; m != nil && r.DrainBatchedEPS > 0 {
+		perEvent := 1e9 / r.DrainBatchedEPS
+		add("pending push+ack / drain_batched per-event cost", "BenchmarkPendingPushAck, `drain_batched_eps`",
+			100*m.PushAckNs/perEvent, 3, true, "%")
+		add("pending push+ack allocations", "BenchmarkPendingPushAck", m.PushAckAllocs, 0, true, "allocs/op")
+	}
+	if s := r.SaturationHeapMB; s != nil {
+		add(heapGrowthName(s.Deliveries), "`saturation_heap_mb`", s.AfterAllMB-s.AfterEarlyMB, heapGrowthGoalMB, true, "MB")
+	}
+	if r.RetainedDrainRatio > 0 {
+		add("retained_drain_ratio", "`retained_drain_ratio`", r.RetainedDrainRatio, 1.2, true, "x")
+		add("(per-ack saves) retained_drain_ratio", "`retained_drain_ratio_sync`", r.RetainedDrainRatioSync, 1.2, true, "x")
+		add("(no processed flag) retained_drain_ratio", "`retained_drain_ratio_noflag`", r.RetainedDrainRatioNoFlag, 1.2, true, "x")
+	}
+	return ts
+}
+
+// formatTarget renders a target's value, goal and mark; the mark says by how much it passed
+// or missed.
+func formatTarget(t target) (value, goal, mark string) {
+	if !t.ok {
+		return "n/a", "", "-"
+	}
+	op := "≥"
+	switch {
+	case t.le && t.goal == 0:
+		op = "="
+	case t.le:
+		op = "≤"
+	}
+	prec := 2
+	if t.unit == "allocs/op" {
+		prec = 0
+	}
+	value = fmt.Sprintf("%.*f %s", prec, t.value, t.unit)
+	goal = fmt.Sprintf("%s %g %s", op, t.goal, t.unit)
+	mark = "MISS"
+	if t.pass() {
+		mark = "pass"
+	}
+	if t.goal != 0 {
+		mark += fmt.Sprintf(" (%+.0f%%)", 100*t.margin())
+	}
+	return value, goal, mark
+}

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"time"
+)
+
+// figureSpec names one figure of a measurement and says what it measures.
+type figureSpec struct {
+	key, what string
+}
+
+// throughput is one measurement, run once per repetition, and once per schema variant if
+// perVariant: run returns one duration per figure, each for count items.
+type throughput struct {
+	figs       []figureSpec
+	count      int
+	perVariant bool
+	run        func(ctx context.Context, e *env, v variant) ([]time.Duration, error)
+}
+
+// backlogKey returns the key of figure key measured at a backlog of n rows: key@2k.
+func backlogKey(key string, n int) string { return key + "@" + countLabel(n) }
+
+// throughputs lists the throughput measurements, in the order they run in each repetition.
+// Figures compared by a target run next to each other, so that load from outside the run hits
+// both alike.
+func throughputs(o options) []throughput {
+	n := o.rows
+	one := func(key, what string, perVariant bool, count int,
+		run func(context.Context, *env, variant) (time.Duration, error)) throughput {
+		return throughput{figs: []figureSpec{{key, what}}, count: count, perVariant: perVariant,
+			run: func(ctx context.Context, e *env, v variant) ([]time.Duration, error) {
+				d, err := run(ctx, e, v)
+				return []time.Duration{d}, err
+			}}
+	}
+	drainWith := func(key, what string, count int, spec drainSpec) throughput {
+		return one(key, what, true, count, func(ctx context.Context, e *env, v variant) (time.Duration, error) {
+			return drainFresh(ctx, e, v, count, spec)
+		})
+	}
+	watermillAt := func(count int, key func(string) string) throughput {
+		return throughput{
+			figs: []figureSpec{
+				{key("watermill_eps"), "watermill-sql v4 PostgreSQL subscriber, batch 100, ack each (raw payload)"},
+				{key("watermill_decode_eps"), "the same, consumer decodes each payload into map[string]any (encoding/json)"},
+			},
+			count: count,
+			run: func(ctx context.Context, e *env, _ variant) ([]time.Duration, error) {
+				raw, decode, err := watermillDrains(ctx, e, count)
+				return []time.Duration{raw, decode}, err
+			},
+		}
+	}
+	batched := drainSpec{checkpointInterval: batchedInterval}
+	ts := []throughput{
+		one("upsert_limit_wps", "single-client token upsert, one commit each", false, n,
+			func(ctx context.Context, e *env, _ variant) (time.Duration, error) { return upserts(ctx, e, n) }),
+		drainWith("drain_sync_eps", "watcher (polling), MarkProcessed each event, CheckpointInterval 0", n, drainSpec{}),
+		drainWith("drain_bulk_sync_eps", "drain_sync of a backlog written by one transaction (one changed_at)", n,
+			drainSpec{shape: bulkShape}),
+		drainWith("drain_sync_noflag_eps", "drain_sync with DisableProcessedFlag", n, drainSpec{disableProcessedFlag: true}),
+		drainWith("drain_sync_concurrent_eps", itoa(concurrentWorkers)+
+			" workers, contiguous watermark acked, CheckpointInterval 0", n, drainSpec{workers: concurrentWorkers}),
+		watermillAt(n, func(key string) string { return key }),
+		drainWith("drain_batched_eps", "drain_sync with CheckpointInterval "+batchedInterval.String()+", final Flush", n, batched),
+		one("watcher_read_limit_rps", "watcher whose Filter drops every event: its own batched reads and decoding, "+
+			"nothing delivered or acknowledged", true, n, func(ctx context.Context, e *env, v variant) (time.Duration, error) {
+			return watcherReadFresh(ctx, e, v, n)
+		}),
+		drainWith("drain_health_eps", "drain_batched of ~1 KB health_events rows, half updates, DocumentField \"document\"", n,
+			drainSpec{checkpointInterval: batchedInterval, shape: healthShape}),
+		one("select_decode_limit_rps", "one SELECT of the rows + JSON decode into event maps", false, n,
+			func(ctx context.Context, e *env, _ variant) (time.Duration, error) {
+				return selectDecodeFresh(ctx, e, n)
+			}),
+		drainWith("drain_batched_noflag_eps", "drain_batched with DisableProcessedFlag", n,
+			drainSpec{checkpointInterval: batchedInterval, disableProcessedFlag: true}),
+		drainWith("drain_batched_unanalyzed_eps", "drain_batched on a changelog never analyzed", n,
+			drainSpec{checkpointInterval: batchedInterval, unanalyzed: true}),
+		one("insert_4w_rps", itoa(hybridWriters)+" writers inserting through the trigger, one autocommit row each",
+			true, n, func(ctx context.Context, e *env, v variant) (time.Duration, error) {
+				return insertThroughput(ctx, e, v, n)
+			}),
+	}
+	for _, b := range o.backlogs {
+		at := func(key string) string { return backlogKey(key, b) }
+		ts = append(ts, watermillAt(b, at),
+			drainWith(at("drain_batched_eps"), "drain_batched of a backlog of "+countLabel(b)+" rows", b, batched))
+	}
+	return ts
+}
