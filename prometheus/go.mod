@@ -7,6 +7,8 @@ require (
 	github.com/stretchr/testify v1.12.1
 )
 
+require github.com/goccy/go-json v0.12.0 // indirect
+
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
