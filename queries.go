@@ -41,8 +41,10 @@ type queries struct {
 	loadToken, saveToken string
 	// saveLegacy, saveDelta: a save that also marks the legacy processed flag in the same
 	// statement (one round trip, one commit): the rows newly certified since the previous
-	// save, found through index ranges, so a save costs what it certifies (the ids are
-	// collected first, so the update itself is a primary-key lookup whatever the statistics). saveLegacy marks
+	// save, found through index ranges, so a save costs what it certifies. The ids are
+	// collected first, by a query that only the range index can serve (no "processed"
+	// predicate, which the partial unprocessed index would match): a generic plan of a cached
+	// statement would otherwise scan every unprocessed row from the range's changed_at on. saveLegacy marks
 	// the legacy positions in ($4, $5) .. ($6, $7); savePhase, in the legacy part of a
 	// switch-over, only those that snapshot $8 sees or that have no txid. saveDelta marks the rows in the (txid, id) index
 	// ranges $4..$7 that the saved position certifies: those snapshot $8 sees, and those
@@ -63,8 +65,12 @@ func buildQueries(cfg Config) queries {
 	upsert := `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
 	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`
 	seesOrOld := `(txid IS NULL OR pg_visible_in_snapshot(txid, $8::pg_snapshot))`
-	legacyMark := `UPDATE ` + cl + ` SET processed = TRUE WHERE table_name = $3 AND (changed_at, id) > ($4, $5) AND (changed_at, id) <= ($6, $7)
+	legacyMark := func(cond string) string {
+		return `UPDATE ` + cl + ` SET processed = TRUE WHERE id = ANY(ARRAY(
+		SELECT id FROM ` + cl + ` WHERE table_name = $3 AND (changed_at, id) > ($4, $5) AND (changed_at, id) <= ($6, $7)` + cond + `
+		ORDER BY changed_at, id))
 	AND processed = FALSE`
+	}
 	deltaMark := `UPDATE ` + cl + ` SET processed = TRUE WHERE id = ANY(ARRAY(
 		SELECT c.id FROM unnest($4::xid8[], $5::int8[], $6::xid8[], $7::int8[]) AS r(lo, lo_id, hi, hi_id)
 		CROSS JOIN LATERAL (SELECT id FROM ` + cl + ` WHERE table_name = $3
@@ -98,9 +104,9 @@ func buildQueries(cfg Config) queries {
 		loadToken: `SELECT resume_token::text FROM ` + tok + ` WHERE client_name = $1`,
 		saveToken: upsert,
 		saveLegacy: `WITH token AS (` + upsert + `)
-	` + legacyMark,
+	` + legacyMark(""),
 		savePhase: `WITH token AS (` + upsert + `)
-	` + legacyMark + ` AND ` + seesOrOld,
+	` + legacyMark(` AND `+seesOrOld),
 		saveDelta: `WITH token AS (` + upsert + `)
 	` + deltaMark,
 		saveSwitch: `WITH token AS (` + upsert + `), legacy AS (UPDATE ` + cl + ` SET processed = TRUE

@@ -17,7 +17,9 @@ const (
 	ORDER BY changed_at, id LIMIT 100`
 	wantSave = `WITH token AS (INSERT INTO "resume_tokens" (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
 	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated)
-	UPDATE "datastore_changelog" SET processed = TRUE WHERE table_name = $3 AND (changed_at, id) > ($4, $5) AND (changed_at, id) <= ($6, $7)
+	UPDATE "datastore_changelog" SET processed = TRUE WHERE id = ANY(ARRAY(
+		SELECT id FROM "datastore_changelog" WHERE table_name = $3 AND (changed_at, id) > ($4, $5) AND (changed_at, id) <= ($6, $7)
+		ORDER BY changed_at, id))
 	AND processed = FALSE`
 	wantSaveToken = `INSERT INTO "resume_tokens" (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
 	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`

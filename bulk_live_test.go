@@ -1,0 +1,79 @@
+package pgchangestream
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// changelogTuplesRead returns the tuples read from the changelog so far (fetched through an
+// index or read by a sequential scan), once the statistics of ended sessions have arrived.
+func (e *liveEnv) changelogTuplesRead() int64 {
+	e.t.Helper()
+	const q = `SELECT coalesce(idx_tup_fetch, 0) + seq_tup_read FROM pg_stat_user_tables WHERE relname = 'datastore_changelog'`
+	var last int64 = -1
+	for range 50 {
+		var n int64
+		require.NoError(e.t, e.db.QueryRow(q).Scan(&n))
+		if n == last {
+			return n
+		}
+		last = n
+		time.Sleep(200 * time.Millisecond)
+	}
+	e.t.Fatal("the changelog's statistics did not settle")
+	return 0
+}
+
+// newLiveWithoutTxid gives the test a fresh database installed by InstallSchema whose changelog
+// then lost its txid column: a legacy changelog with every index reads need.
+func newLiveWithoutTxid(t *testing.T) *liveEnv {
+	e := newLive(t)
+	_, err := e.db.Exec(`ALTER TABLE datastore_changelog DROP COLUMN txid`)
+	require.NoError(t, err)
+	return e
+}
+
+// TestLiveBulkTransactionAckCost proves that a save costs what it certifies (the processed flag
+// is set through an index range from the previous saved position): one transaction writes 5,000
+// rows with one changed_at, and 2,000 per-event acknowledgements, each a save, read a few
+// changelog tuples each (the read of the rows included), not thousands. Both schema states, each
+// with the indexes InstallSchema builds.
+func TestLiveBulkTransactionAckCost(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  func(*testing.T) *liveEnv
+	}{{"upgraded", newLive}, {"legacy", newLiveWithoutTxid}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const rows, acks = 5000, 2000
+			e := tc.env(t)
+			db, err := sql.Open("pgx", e.dsn) // a pool of its own: closing it flushes its statistics
+			require.NoError(t, err)
+			cfg := e.config(ModeHybrid)
+			cfg.DB = db
+			w := e.start(cfg)
+			waitStartSaved(t, w)
+			_, err = e.db.Exec(`INSERT INTO items (n) SELECT g FROM generate_series(1, $1::int) g`, rows)
+			require.NoError(t, err)
+			_, err = e.db.Exec(`ANALYZE datastore_changelog`)
+			require.NoError(t, err)
+			ids := receiveWithin(t, w, acks, liveWait)
+			require.NoError(t, w.MarkProcessed(context.Background(), tok(ids[0])))
+			before := e.changelogTuplesRead()
+			for _, id := range ids[1:] {
+				require.NoError(t, w.MarkProcessed(context.Background(), tok(id)))
+			}
+			require.NoError(t, w.Close(context.Background()))
+			require.NoError(t, db.Close())
+			perAck := float64(e.changelogTuplesRead()-before) / float64(acks-1)
+			t.Logf("%.1f changelog tuples read per acknowledgement", perAck)
+			require.LessOrEqual(t, perAck, 20.0)
+			require.True(t, e.processed(ids[acks-1]), "the flag follows the saved position")
+			require.False(t, e.processed(ids[acks-1]+1), "the flag never passes the saved position")
+		})
+	}
+}
