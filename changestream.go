@@ -91,6 +91,9 @@ type Watcher struct {
 	lastEmptyBatch time.Time
 	lastEventRead  time.Time
 
+	// The processed-flag marker (marker.go): its own lock, and its goroutine.
+	mark marker
+
 	// Checkpoint state, guarded by ckMu, which serializes compute-and-save.
 	ckMu     sync.Mutex
 	saved    Position
@@ -168,6 +171,7 @@ func newWatcher(cfg Config) *Watcher {
 		events: make(chan EventWithToken, cfg.BufferSize),
 		wake:   make(chan struct{}, 1),
 		ready:  make(chan struct{}),
+		mark:   marker{wake: make(chan struct{}, 1)},
 		ring:   pending.New(cfg.MaxPending, Position.predecessor),
 		recent: newRecentIDs(recentCapacity),
 		batch:  make([]changelogRow, 0, cfg.BatchSize),
@@ -208,6 +212,11 @@ func (w *Watcher) start(ctx context.Context) bool {
 	w.wg.Add(2)
 	go w.run(ctx)
 	go w.saveLoop(ctx)
+	if !w.cfg.DisableProcessedFlag {
+		w.wg.Add(1)
+		w.mark.running.Store(true)
+		go w.markLoop(ctx)
+	}
 	if w.listen != nil {
 		w.wg.Add(1)
 		go w.listenLoop(ctx)
@@ -253,7 +262,11 @@ func (w *Watcher) Close(ctx context.Context) error {
 	if err := w.holdUnhandledLateRows(ctx); err != nil {
 		return fmt.Errorf("pgchangestream: close: %w", err)
 	}
-	return w.Flush(ctx)
+	err := w.Flush(ctx)
+	if merr := w.markSaved(ctx); merr != nil { // what the marker had not got to
+		w.log.Warn("cannot set the processed flag at Close", "error", merr)
+	}
+	return err
 }
 
 // Err reports why Events was closed: nil while running and after Close, the context's error when

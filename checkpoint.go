@@ -101,6 +101,7 @@ func (w *Watcher) load(ctx context.Context) error {
 		w.takeHints() // noted before the load: snapshot deltas need no ids
 	}
 	w.saved, w.hasSaved = pos, true
+	w.setMarked(pos)
 	w.mu.Lock()
 	w.cursor = pos
 	w.savedMirror = pos
@@ -243,7 +244,7 @@ func (w *Watcher) saveCheckpoint(ctx context.Context, idleOnly bool) error {
 	if err := w.excl.lostErr(); err != nil { // a standby may hold the lock now
 		return fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
 	}
-	err := w.write(ctx, p)
+	_, err := w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, string(encodeToken(p)))
 	if err != nil {
 		w.ckErrors.Add(1)
 		return fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
@@ -253,6 +254,7 @@ func (w *Watcher) saveCheckpoint(ctx context.Context, idleOnly bool) error {
 	w.mu.Lock()
 	w.savedMirror = p
 	w.mu.Unlock()
+	w.afterSave(ctx)
 	return nil
 }
 
@@ -264,41 +266,6 @@ func unchanged(p, saved Position) bool {
 	}
 	return p.inDelta() && saved.inDelta() && p.Xid == 0 && saved.Xid == 0 &&
 		p.ID == saved.ID && p.ChangedAt.Equal(saved.ChangedAt)
-}
-
-// write saves p in one statement that also marks the processed flag of the rows it newly
-// certifies (those between the last saved position and p), unless the flag is disabled or p is
-// not after the last saved position. ckMu must be held.
-func (w *Watcher) write(ctx context.Context, p Position) error {
-	client, token, table := w.cfg.ClientName, string(encodeToken(p)), w.cfg.TableName
-	prev := w.saved
-	var err error
-	switch {
-	case w.cfg.DisableProcessedFlag || !prev.Before(p):
-		_, err = w.cfg.DB.ExecContext(ctx, w.q.saveToken, client, token)
-	case p.span == nil:
-		_, err = w.cfg.DB.ExecContext(ctx, w.q.saveLegacy, client, token, table, prev.ChangedAt, prev.ID, p.ChangedAt, p.ID)
-	case !p.inDelta():
-		_, err = w.cfg.DB.ExecContext(ctx, w.q.savePhase, client, token, table, prev.ChangedAt, prev.ID,
-			p.ChangedAt, p.ID, p.span.base.String())
-	default:
-		q, from := w.q.saveDelta, prev
-		if !prev.inDelta() { // the legacy part of the switch-over ended since the last save
-			q, from = w.q.saveSwitch, Position{span: &span{seq: 1, base: prev.span.base}}
-		}
-		lo, loID, hi, hiID := rangeArgs(certifyRanges(from, p))
-		end := p.span.base
-		if p.Xid != 0 {
-			end = p.span.end
-		}
-		args := []any{client, token, table, lo, loID, hi, hiID, p.span.base.String(), end.String(),
-			strconv.FormatUint(p.Xid, 10), p.ID}
-		if q == w.q.saveSwitch {
-			args = append(args, prev.ChangedAt, prev.ID)
-		}
-		_, err = w.cfg.DB.ExecContext(ctx, q, args...)
-	}
-	return err
 }
 
 // Flush saves the current checkpoint now if it changed. With a batched

@@ -67,6 +67,24 @@ func TestBatchedAckDoesNotWaitForBackgroundSave(t *testing.T) {
 	})
 }
 
+// The processed flag is set by the marker after a save, so an acknowledgement never waits for it.
+func TestAckDoesNotWaitForTheProcessedFlag(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeDB(testConfig(Config{}))
+		f.insert("t", t0, 5)
+		f.markDelay = time.Second
+		w := startOn(t, t.Context(), f, Config{StartFromBeginning: true})
+		receive(t, w, 5)
+		start := time.Now()
+		for id := int64(1); id <= 5; id++ {
+			require.NoError(t, w.MarkProcessed(t.Context(), tok(id)))
+		}
+		require.Zero(t, time.Since(start), "an acknowledgement waited for the processed flag")
+		require.Equal(t, rowPos(f, 5), f.token(t, "c"))
+		closeWatcher(t, w)
+	})
+}
+
 func TestBatchedSaveFailureIsReportedOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeDB(testConfig(Config{}))

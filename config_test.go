@@ -89,7 +89,7 @@ func TestSchemaQualifiedNamesAreQuoted(t *testing.T) {
 		ChangelogTable: "audit.Changes", TokenTable: "tokens"})
 	require.NoError(t, err)
 	require.Contains(t, w.q.read, `FROM "audit"."Changes"`)
-	require.Contains(t, w.q.saveLegacy, `INSERT INTO "tokens"`)
+	require.Contains(t, w.q.saveToken, `INSERT INTO "tokens"`)
 }
 
 func TestLegacyConstructorReportsBadArguments(t *testing.T) {

@@ -77,9 +77,10 @@ func TestDeltaReadsFollowSnapshots(t *testing.T) {
 
 	// The ack certifies row 8: the saved token is inside the delta, before row 12, and the
 	// processed flag is set through the ranges from the start position to it.
-	mock.ExpectExec(w.q.saveDelta).WithArgs("c",
-		`{"timestamp":"2025-05-06T07:08:09Z","eventID":11,"snapshot":"100:105:100,103","deltaEnd":"100:110:100,107","deltaXid":"106","deltaID":11}`,
-		"t", "{103,104}", "{-9223372036854775808,9223372036854775807}", "{103,106}", "{9223372036854775807,11}",
+	mock.ExpectExec(wantSaveToken).WithArgs("c",
+		`{"timestamp":"2025-05-06T07:08:09Z","eventID":11,"snapshot":"100:105:100,103","deltaEnd":"100:110:100,107","deltaXid":"106","deltaID":11}`).
+		WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(w.q.markDelta).WithArgs("t", "{103,104}", "{-9223372036854775808,9223372036854775807}", "{103,106}", "{9223372036854775807,11}",
 		"100:105:100,103", "100:110:100,107", "106", int64(11)).
 		WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.MarkProcessed(ctx, first.ResumeToken))
@@ -107,8 +108,9 @@ func TestLegacyTokenSwitchesOver(t *testing.T) {
 	require.Equal(t, "100:105:", cur.span.base.String())
 
 	// The first save after the switch-over also marks the rest of the legacy part.
-	mock.ExpectExec(w.q.saveSwitch).WithArgs("c",
-		`{"timestamp":"2025-05-06T07:08:09Z","eventID":6,"snapshot":"100:105:"}`, "t", "{}", "{}", "{}", "{}",
+	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2025-05-06T07:08:09Z","eventID":6,"snapshot":"100:105:"}`).
+		WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(w.q.markSwitch).WithArgs("t", "{}", "{}", "{}", "{}",
 		"100:105:", "100:105:", "0", int64(6), ts, int64(5)).
 		WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.MarkProcessed(ctx, []byte("6")))

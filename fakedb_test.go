@@ -31,6 +31,7 @@ type fakeDB struct {
 	failReads      int // fail this many reads
 	failSaves      int // fail this many saves
 	saveDelay      time.Duration
+	markDelay      time.Duration  // delays statements that set the processed flag
 	readErr        error          // returned by failing reads and saves
 	failLoads      int            // fail this many token loads
 	failReadNumber int            // fail the read with this number (1 is the first)
@@ -199,6 +200,9 @@ func (c fakeConn) ExecContext(ctx context.Context, query string, args []driver.N
 	f := c.f
 	f.mu.Lock()
 	delay := f.saveDelay
+	if query == f.q.markLegacy {
+		delay = f.markDelay
+	}
 	f.mu.Unlock()
 	if delay > 0 {
 		select {
@@ -209,7 +213,10 @@ func (c fakeConn) ExecContext(ctx context.Context, query string, args []driver.N
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if query != f.q.saveLegacy && query != f.q.saveToken {
+	if query == f.q.markLegacy { // the processed flag: not modelled
+		return driver.RowsAffected(0), nil
+	}
+	if query != f.q.saveToken {
 		return nil, fmt.Errorf("fake: unexpected exec %q", query)
 	}
 	if f.failSaves > 0 {

@@ -29,6 +29,13 @@ func (e *liveEnv) processed(id int64) bool {
 	return p
 }
 
+// waitProcessed waits until the background marker has set the processed flag of row id.
+func (e *liveEnv) waitProcessed(id int64) {
+	e.t.Helper()
+	require.Eventually(e.t, func() bool { return e.processed(id) }, liveWait, 5*time.Millisecond,
+		"the processed flag of row %d is never set", id)
+}
+
 // writeBulk commits batches transactions of size rows each, one after the other. It does not
 // fail the test, so it can run on another goroutine.
 func (e *liveEnv) writeBulk(batches, size int) error {
@@ -123,7 +130,7 @@ func TestLiveCheckpointWriteFailure(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, w.MarkProcessed(ctx, nil), "a retry saves the kept acknowledgement")
 		require.Equal(t, e.position(ids[2]).predecessor(), e.savedToken("c"))
-		require.True(t, e.processed(ids[1]))
+		e.waitProcessed(ids[1])
 		require.False(t, e.processed(ids[2]))
 		writes := w.Stats().CheckpointWrites
 		require.NoError(t, w.Flush(ctx))
@@ -388,6 +395,9 @@ func TestLiveUnprocessedEventCount(t *testing.T) {
 			if disabled {
 				want = []int64{5, 1, 0}
 			}
+			if !disabled {
+				e.waitProcessed(ids[2])
+			}
 			require.Equal(t, want[0], count("0"))
 			require.Equal(t, want[1], count(string(tok(ids[3]))))
 			require.Equal(t, want[2], count(""), "after the cursor")
@@ -403,6 +413,7 @@ func TestLiveUnprocessedEventCount(t *testing.T) {
 				require.NoError(t, e.db.QueryRow(`SELECT count(*) FROM datastore_changelog WHERE processed`).Scan(&n))
 				require.Zero(t, n, "the processed flag stays false")
 			} else {
+				e.waitProcessed(ids[4])
 				require.Zero(t, count("0"))
 			}
 

@@ -39,19 +39,19 @@ type queries struct {
 	rowTime string
 	// loadToken, saveToken: the saved token.
 	loadToken, saveToken string
-	// saveLegacy, saveDelta: a save that also marks the legacy processed flag in the same
-	// statement (one round trip, one commit): the rows newly certified since the previous
-	// save, found through index ranges, so a save costs what it certifies. The ids are
-	// collected first, by a query that only the range index can serve (no "processed"
-	// predicate, which the partial unprocessed index would match): a generic plan of a cached
-	// statement would otherwise scan every unprocessed row from the range's changed_at on. saveLegacy marks
-	// the legacy positions in ($4, $5) .. ($6, $7); savePhase, in the legacy part of a
-	// switch-over, only those that snapshot $8 sees or that have no txid. saveDelta marks the rows in the (txid, id) index
-	// ranges $4..$7 that the saved position certifies: those snapshot $8 sees, and those
-	// snapshot $9 sees up to the key ($10, $11). saveSwitch is saveDelta after the legacy part
-	// of a switch-over ended: it also marks the rest of that part, the legacy positions after
-	// ($12, $13) that snapshot $8 sees.
-	saveLegacy, savePhase, saveDelta, saveSwitch string
+	// markLegacy, markPhase, markDelta, markSwitch set the legacy processed flag of the rows
+	// newly certified since the rows last marked (the background marker runs them after
+	// saves). markLegacy marks table $1's legacy positions in ($2, $3) .. ($4, $5); markPhase,
+	// in the legacy part of a switch-over, only those that snapshot $6 sees or that have no
+	// txid. markDelta marks the rows in the (txid, id) index ranges $2..$5 that the saved
+	// position certifies: those snapshot $6 sees, and those snapshot $7 sees up to the key
+	// ($8, $9). markSwitch is markDelta after the legacy part of a switch-over ended: it also
+	// marks the rest of that part, the legacy positions after ($10, $11) that snapshot $6
+	// sees. Each collects the ids first, by a query that only the range index can serve (no
+	// "processed" predicate, which the partial unprocessed index would match: a generic plan
+	// of a cached statement would otherwise read every unprocessed row from the range's
+	// changed_at on), then updates them by primary key. So marking costs what it certifies.
+	markLegacy, markPhase, markDelta, markSwitch string
 	// unprocessed: GetUnprocessedEventCount.
 	unprocessed string
 }
@@ -64,20 +64,22 @@ func buildQueries(cfg Config) queries {
 	limit := strconv.Itoa(cfg.BatchSize)
 	upsert := `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
 	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`
-	seesOrOld := `(txid IS NULL OR pg_visible_in_snapshot(txid, $8::pg_snapshot))`
-	legacyMark := func(cond string) string {
+	seesOrOld := `(txid IS NULL OR pg_visible_in_snapshot(txid, $6::pg_snapshot))`
+	mark := func(ids string) string {
 		return `UPDATE ` + cl + ` SET processed = TRUE WHERE id = ANY(ARRAY(
-		SELECT id FROM ` + cl + ` WHERE table_name = $3 AND (changed_at, id) > ($4, $5) AND (changed_at, id) <= ($6, $7)` + cond + `
-		ORDER BY changed_at, id))
+		` + ids + `))
 	AND processed = FALSE`
 	}
-	deltaMark := `UPDATE ` + cl + ` SET processed = TRUE WHERE id = ANY(ARRAY(
-		SELECT c.id FROM unnest($4::xid8[], $5::int8[], $6::xid8[], $7::int8[]) AS r(lo, lo_id, hi, hi_id)
-		CROSS JOIN LATERAL (SELECT id FROM ` + cl + ` WHERE table_name = $3
-			AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id) AND processed = FALSE
-			AND (pg_visible_in_snapshot(txid, $8::pg_snapshot)
-				OR (pg_visible_in_snapshot(txid, $9::pg_snapshot) AND (txid, id) <= ($10::xid8, $11)))) c))
-	AND processed = FALSE`
+	legacyIDs := func(after, cond string) string {
+		return `SELECT id FROM ` + cl + ` WHERE table_name = $1 AND (changed_at, id) > ` + after + cond + `
+		ORDER BY changed_at, id`
+	}
+	upTo := ` AND (changed_at, id) <= ($4, $5)`
+	deltaMark := mark(`SELECT c.id FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
+		CROSS JOIN LATERAL (SELECT id FROM ` + cl + ` WHERE table_name = $1
+			AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id)
+			AND (pg_visible_in_snapshot(txid, $6::pg_snapshot)
+				OR (pg_visible_in_snapshot(txid, $7::pg_snapshot) AND (txid, id) <= ($8::xid8, $9)))) c`)
 	q := queries{
 		read: `SELECT ` + changelogColumns + ` FROM ` + cl + `
 	WHERE table_name = $1 AND (changed_at, id) > ($2, $3)
@@ -98,19 +100,15 @@ func buildQueries(cfg Config) queries {
 			AND format_type(a.atttypid, NULL) = 'xid8' AND pg_get_expr(d.adbin, d.adrelid) = 'pg_current_xact_id()')`,
 		deltaStart: `SELECT pg_current_snapshot()::text, (SELECT c.txid::text AS newest_txid FROM ` + cl + ` c
 		WHERE c.table_name = $1 AND c.txid IS NOT NULL ORDER BY c.txid DESC LIMIT 1)`,
-		byID:      `SELECT ` + changelogColumns + ` FROM ` + cl + ` WHERE table_name = $1 AND id = $2`,
-		newest:    `SELECT changed_at, id FROM ` + cl + ` WHERE table_name = $1 ORDER BY changed_at DESC, id DESC LIMIT 1`,
-		rowTime:   `SELECT changed_at FROM ` + cl + ` WHERE id = $1`,
-		loadToken: `SELECT resume_token::text FROM ` + tok + ` WHERE client_name = $1`,
-		saveToken: upsert,
-		saveLegacy: `WITH token AS (` + upsert + `)
-	` + legacyMark(""),
-		savePhase: `WITH token AS (` + upsert + `)
-	` + legacyMark(` AND `+seesOrOld),
-		saveDelta: `WITH token AS (` + upsert + `)
-	` + deltaMark,
-		saveSwitch: `WITH token AS (` + upsert + `), legacy AS (UPDATE ` + cl + ` SET processed = TRUE
-		WHERE table_name = $3 AND (changed_at, id) > ($12, $13) AND processed = FALSE AND ` + seesOrOld + `)
+		byID:       `SELECT ` + changelogColumns + ` FROM ` + cl + ` WHERE table_name = $1 AND id = $2`,
+		newest:     `SELECT changed_at, id FROM ` + cl + ` WHERE table_name = $1 ORDER BY changed_at DESC, id DESC LIMIT 1`,
+		rowTime:    `SELECT changed_at FROM ` + cl + ` WHERE id = $1`,
+		loadToken:  `SELECT resume_token::text FROM ` + tok + ` WHERE client_name = $1`,
+		saveToken:  upsert,
+		markLegacy: mark(legacyIDs(`($2, $3)`, upTo)),
+		markPhase:  mark(legacyIDs(`($2, $3)`, upTo+` AND `+seesOrOld)),
+		markDelta:  deltaMark,
+		markSwitch: `WITH legacy AS (` + mark(legacyIDs(`($10, $11)`, ` AND `+seesOrOld)) + `)
 	` + deltaMark,
 		unprocessed: `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2 AND processed = FALSE`,
 	}

@@ -15,10 +15,8 @@ const (
 	wantRead = `SELECT id, record_id::text, operation, old_values::text, new_values::text, changed_at FROM "datastore_changelog"
 	WHERE table_name = $1 AND (changed_at, id) > ($2, $3)
 	ORDER BY changed_at, id LIMIT 100`
-	wantSave = `WITH token AS (INSERT INTO "resume_tokens" (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
-	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated)
-	UPDATE "datastore_changelog" SET processed = TRUE WHERE id = ANY(ARRAY(
-		SELECT id FROM "datastore_changelog" WHERE table_name = $3 AND (changed_at, id) > ($4, $5) AND (changed_at, id) <= ($6, $7)
+	wantMark = `UPDATE "datastore_changelog" SET processed = TRUE WHERE id = ANY(ARRAY(
+		SELECT id FROM "datastore_changelog" WHERE table_name = $1 AND (changed_at, id) > ($2, $3) AND (changed_at, id) <= ($4, $5)
 		ORDER BY changed_at, id))
 	AND processed = FALSE`
 	wantSaveToken = `INSERT INTO "resume_tokens" (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
@@ -54,7 +52,7 @@ func newMockWatcher(t *testing.T, cfg Config) (*Watcher, sqlmock.Sqlmock) {
 func TestQueriesAreTheRowComparisonForm(t *testing.T) {
 	w, _ := newMockWatcher(t, Config{})
 	require.Equal(t, wantRead, w.q.read)
-	require.Equal(t, wantSave, w.q.saveLegacy)
+	require.Equal(t, wantMark, w.q.markLegacy)
 	require.Equal(t, wantLoad, w.q.loadToken)
 	require.Equal(t, wantNewest, w.q.newest)
 	require.Equal(t, wantByID, w.q.byID)
@@ -111,7 +109,9 @@ func TestLoadSavedTokenFormats(t *testing.T) {
 	})
 }
 
-func TestSaveIsOneStatement(t *testing.T) {
+// A save writes the token alone; the processed flag of the rows it newly certified is set
+// after it (here at once: the watcher is not started, so no marker goroutine runs).
+func TestSaveThenMark(t *testing.T) {
 	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
 	w, mock := newMockWatcher(t, Config{})
 	expectLegacyChangelog(mock)
@@ -126,14 +126,19 @@ func TestSaveIsOneStatement(t *testing.T) {
 	require.Equal(t, 2, n)
 
 	want := makePosition(ts, 3).predecessor()
-	mock.ExpectExec(wantSave).WithArgs("c", string(encodeToken(want)), "t", ts, int64(1), want.ChangedAt, want.ID).
-		WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(wantSaveToken).WithArgs("c", string(encodeToken(want))).WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(wantMark).WithArgs("t", ts, int64(1), want.ChangedAt, want.ID).WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.MarkProcessed(context.Background(), tok(2)))
 
-	mock.ExpectExec(wantSave).WithArgs("c", sqlmock.AnyArg(), "t", want.ChangedAt, want.ID, ts, int64(3)).
-		WillReturnError(errors.New("disk full"))
+	mock.ExpectExec(wantSaveToken).WithArgs("c", sqlmock.AnyArg()).WillReturnError(errors.New("disk full"))
 	err = w.MarkProcessed(context.Background(), tok(3))
 	require.ErrorContains(t, err, "disk full")
+
+	mock.ExpectExec(wantSaveToken).WithArgs("c", sqlmock.AnyArg()).WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(wantMark).WithArgs("t", want.ChangedAt, want.ID, ts, int64(3)).WillReturnError(errors.New("deadlock"))
+	require.NoError(t, w.MarkProcessed(context.Background(), nil), "the flag may lag: its failure is not the save's")
+	mock.ExpectExec(wantMark).WithArgs("t", want.ChangedAt, want.ID, ts, int64(3)).WillReturnResult(sqlmock.NewResult(0, 1))
+	require.NoError(t, w.markSaved(context.Background()), "marked from where marking stopped")
 	require.NoError(t, mock.ExpectationsWereMet())
 }
 

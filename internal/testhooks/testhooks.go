@@ -26,9 +26,6 @@ type Statements struct {
 	Read string
 	// Snapshot and DeltaRead: the end snapshot of a delta, and the next batch of a delta.
 	Snapshot, DeltaRead string
-	// SaveLegacy: a save that also marks the processed flag of the legacy positions it
-	// certifies.
-	SaveLegacy string
 	// Unprocessed: GetUnprocessedEventCount.
 	Unprocessed string
 }
