@@ -16,8 +16,10 @@ import (
 // marks up to a position that was saved, so the flag never leads the saved token; it may lag
 // it, and after a crash the rows certified by the last saves stay unmarked.
 
-// Marker retry timing after a failed statement.
+// Marker timing: at most one pass per markInterval, so the saves of a busy consumer share a
+// statement (and a commit) instead of doubling them; backoff after a failed statement.
 const (
+	markInterval = 50 * time.Millisecond
 	markRetryMin = 100 * time.Millisecond
 	markRetryMax = 10 * time.Second
 )
@@ -32,8 +34,8 @@ type marker struct {
 	running atomic.Bool   // the marker goroutine runs; saves wake it instead of marking
 }
 
-// markLoop is the marker goroutine: after each wake-up it marks what the saves certified,
-// retrying with backoff while that fails.
+// markLoop is the marker goroutine: after each wake-up it marks what the saves certified, at
+// most once per markInterval, retrying with backoff while that fails.
 func (w *Watcher) markLoop(ctx context.Context) {
 	defer w.wg.Done()
 	defer w.mark.running.Store(false) // set by start
@@ -47,6 +49,9 @@ func (w *Watcher) markLoop(ctx context.Context) {
 		err := w.markSaved(ctx)
 		if err == nil {
 			retry.reset()
+			if !sleepCtx(ctx, markInterval) { // saves meanwhile wake the next pass
+				return
+			}
 			continue
 		}
 		if ctx.Err() != nil {
