@@ -77,3 +77,41 @@ func TestLiveBulkTransactionAckCost(t *testing.T) {
 		})
 	}
 }
+
+// TestLiveBacklog proves that Backlog counts exactly the rows of the client's table that its
+// saved token does not certify, whatever the processed flag says, in both schema states.
+func TestLiveBacklog(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  func(*testing.T) *liveEnv
+	}{{"upgraded", newLive}, {"legacy", newLiveWithoutTxid}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			e := tc.env(t)
+			w := e.start(e.config(ModeHybrid))
+			waitStartSaved(t, w)
+			backlog := func() int64 {
+				n, err := w.Backlog(ctx)
+				require.NoError(t, err)
+				return n
+			}
+			require.Zero(t, backlog())
+			ids := e.insert(5)
+			open := e.openTx()
+			insertItem(t, open) // not visible: not in the backlog
+			require.Equal(t, ids, receiveWithin(t, w, 5, liveWait))
+			require.Equal(t, int64(5), backlog(), "delivered but not acknowledged")
+			require.NoError(t, w.MarkProcessed(ctx, tok(ids[1])))
+			require.Equal(t, int64(3), backlog())
+			_, err := e.db.Exec(`UPDATE datastore_changelog SET processed = TRUE`)
+			require.NoError(t, err)
+			require.Equal(t, int64(3), backlog(), "the shared flag does not count")
+			require.NoError(t, w.MarkProcessed(ctx, tok(ids[4])))
+			require.Zero(t, backlog())
+			require.NoError(t, open.Commit())
+			receiveWithin(t, w, 1, liveWait)
+			require.Equal(t, int64(1), backlog(), "the transaction that was open, once committed")
+		})
+	}
+}

@@ -334,8 +334,10 @@ func (w *Watcher) saveInBackground(ctx context.Context, idleOnly bool) error {
 }
 
 // GetUnprocessedEventCount counts the changelog rows of the watched table after lastProcessedID
-// (the cursor's id when empty) that are not marked processed. With DisableProcessedFlag it counts
-// every row after that id.
+// (the cursor's id when empty) that are not marked processed, as the watcher it replaces did.
+// With DisableProcessedFlag it counts every row after that id. The processed flag is shared by
+// every client of the table and set in the background, so the count is approximate: for this
+// client's exact backlog use [Watcher.Backlog].
 func (w *Watcher) GetUnprocessedEventCount(ctx context.Context, lastProcessedID string) (int64, error) {
 	if w.cfgErr != nil {
 		return 0, w.cfgErr
@@ -355,6 +357,34 @@ func (w *Watcher) GetUnprocessedEventCount(ctx context.Context, lastProcessedID 
 	var n int64
 	if err := w.cfg.DB.QueryRowContext(ctx, w.q.unprocessed, w.cfg.TableName, after).Scan(&n); err != nil {
 		return 0, fmt.Errorf("pgchangestream: count unprocessed events: %w", err)
+	}
+	return n, nil
+}
+
+// Backlog counts the rows of the watched table, visible now, that this client's saved token
+// does not certify: what a restart would deliver. Unlike GetUnprocessedEventCount it does not
+// read the shared processed flag, so it is exact for this client. It counts rows still in the
+// Events channel or not acknowledged, and is 0 only when everything was acknowledged and saved.
+func (w *Watcher) Backlog(ctx context.Context) (int64, error) {
+	if w.cfgErr != nil {
+		return 0, w.cfgErr
+	}
+	w.mu.Lock()
+	saved, loaded := w.savedMirror, w.loaded
+	w.mu.Unlock()
+	if !loaded {
+		return 0, errors.New("pgchangestream: backlog: the saved token is not loaded yet")
+	}
+	args := []any{w.cfg.TableName}
+	arg := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	}
+	q := `SELECT count(*) FROM ` + quoteIdentifier(w.cfg.ChangelogTable) + ` c WHERE c.table_name = $1 AND ` +
+		notCertifiedBy(saved, arg)
+	var n int64
+	if err := w.cfg.DB.QueryRowContext(ctx, q, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("pgchangestream: count backlog in changelog %s: %w", w.cfg.ChangelogTable, err)
 	}
 	return n, nil
 }

@@ -159,3 +159,19 @@ func certifiedBy(p Position, arg func(any) string) string {
 	}
 	return "(" + cond + ")"
 }
+
+// notCertifiedBy returns the SQL predicate, on changelog row c, of the rows a saved token at p
+// has not passed, with a bound an index can serve: a legacy position's, or the base snapshot's
+// xmin, below which every transaction is visible.
+func notCertifiedBy(p Position, arg func(any) string) string {
+	var bound string
+	if p.inDelta() {
+		bound = "c.txid >= " + arg(strconv.FormatUint(p.span.base.xmin, 10)) + "::xid8"
+	} else {
+		bound = "(c.changed_at, c.id) > (" + arg(p.ChangedAt) + "::timestamptz, " + arg(p.ID) + "::bigint)"
+		if p.span != nil { // the switch-over's legacy part: rows it does not see are ahead too
+			bound = "(" + bound + " OR NOT pg_visible_in_snapshot(c.txid, " + arg(p.span.base.String()) + "::pg_snapshot))"
+		}
+	}
+	return bound + " AND NOT " + certifiedBy(p, arg)
+}
