@@ -262,11 +262,13 @@ func (w *Watcher) Close(ctx context.Context) error {
 	if err := w.holdUnhandledLateRows(ctx); err != nil {
 		return fmt.Errorf("pgchangestream: close: %w", err)
 	}
-	err := w.Flush(ctx)
-	if merr := w.markSaved(ctx); merr != nil { // what the marker had not got to
-		w.log.Warn("cannot set the processed flag at Close", "error", merr)
+	if err := w.Flush(ctx); err != nil {
+		return err
 	}
-	return err
+	if err := w.markSaved(ctx); err != nil { // what the marker had not got to
+		w.log.Warn("cannot set the processed flag at Close; it lags the saved token", "error", err)
+	}
+	return nil
 }
 
 // Err reports why Events was closed: nil while running and after Close, the context's error when
