@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 )
 
 // readPage reads the batch after from into buf: a legacy read, a read of the legacy part of a
@@ -16,7 +17,13 @@ func (w *Watcher) readPage(ctx context.Context, from Position, buf []changelogRo
 	case from.span.seq == 0:
 		return w.query(ctx, w.q.switchRead, buf, false, w.cfg.TableName, from.ChangedAt, from.ID, from.span.base.String())
 	}
-	lo, loID, hi, hiID := rangeArgs(deltaRanges(from.span.base, from.span.end, from.Xid, from.ID))
+	ranges := deltaRanges(from.span.base, from.span.end, from.Xid, from.ID)
+	if len(ranges) == 1 {
+		r := ranges[0]
+		return w.query(ctx, w.q.deltaRange, buf, true, w.cfg.TableName, strconv.FormatUint(r.lo, 10), r.loID,
+			strconv.FormatUint(r.hi, 10), r.hiID, from.span.end.String())
+	}
+	lo, loID, hi, hiID := rangeArgs(ranges)
 	return w.query(ctx, w.q.deltaRead, buf, true, w.cfg.TableName, lo, loID, hi, hiID, from.span.end.String())
 }
 

@@ -10,12 +10,18 @@ import (
 )
 
 // explainDeltaRead returns the EXPLAIN (ANALYZE, BUFFERS) text of the watcher's delta read of
-// the delta from b to end, and the shared buffers its top node touched.
+// the delta from b to end, with its ranges as arrays, and the shared buffers its top node touched.
 func explainDeltaRead(t *testing.T, e *liveEnv, w *Watcher, b, end pgSnapshot) (string, int) {
 	t.Helper()
 	lo, loID, hi, hiID := rangeArgs(deltaRanges(b, end, 0, 0))
-	rows, err := e.db.QueryContext(t.Context(), `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY OFF) `+w.q.deltaRead,
-		liveTable, lo, loID, hi, hiID, end.String())
+	return explainLive(t, e, w.q.deltaRead, liveTable, lo, loID, hi, hiID, end.String())
+}
+
+// explainLive returns the EXPLAIN (ANALYZE, BUFFERS) text of q and the shared buffers its top node
+// touched.
+func explainLive(t *testing.T, e *liveEnv, q string, args ...any) (string, int) {
+	t.Helper()
+	rows, err := e.db.QueryContext(t.Context(), `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY OFF) `+q, args...)
 	require.NoError(t, err)
 	var lines []string
 	for rows.Next() {
@@ -75,6 +81,15 @@ func TestLiveDeltaReadPlans(t *testing.T) {
 	require.NotContains(t, plan, "Seq Scan")
 	require.NotContains(t, plan, "Bitmap")
 	require.LessOrEqual(t, buffers, 20, "one new row behind a transaction open since 100,000 rows ago:\n%s", plan)
+
+	r := deltaRanges(b, end, 0, 0)
+	require.Len(t, r, 1, "no transaction of the base ended: one range, read by deltaRange")
+	plan, buffers = explainLive(t, e, w.q.deltaRange, liveTable, strconv.FormatUint(r[0].lo, 10), r[0].loID,
+		strconv.FormatUint(r[0].hi, 10), r[0].hiID, end.String())
+	require.Regexp(t, `^Limit.*\n.*\n  ->  Index Scan using datastore_changelog_txid_idx on datastore_changelog`, plan)
+	require.Regexp(t, `Index Cond: .*\(ROW\(txid, id\) > ROW\(.*\)\) AND \(ROW\(txid, id\) <= ROW\(.*\)\)`, plan)
+	require.NotContains(t, plan, "Sort")
+	require.LessOrEqual(t, buffers, 20, plan)
 
 	require.NoError(t, long.Commit())
 	next := e.snapshot()

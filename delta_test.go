@@ -18,6 +18,11 @@ const wantDeltaRead = `SELECT c.id, c.record_id::text, c.operation, c.old_values
 		ORDER BY txid, id LIMIT 100) c
 	ORDER BY c.txid, c.id LIMIT 100`
 
+// The delta read of one range, exactly: an index range scan in the result's order.
+const wantDeltaRange = `SELECT id, record_id::text, operation, old_values::text, new_values::text, changed_at, txid::text AS txid_text FROM "datastore_changelog"
+	WHERE table_name = $1 AND (txid, id) > ($2::xid8, $3) AND (txid, id) <= ($4::xid8, $5) AND pg_visible_in_snapshot(txid, $6::pg_snapshot)
+	ORDER BY txid, id LIMIT 100`
+
 var deltaCols = append(append([]string{}, changelogCols...), "txid_text")
 
 // expectUpgradedLoad expects the load of an upgraded changelog: the look for the txid column,
@@ -150,7 +155,8 @@ func TestDeltaReadErrorKeepsTheDelta(t *testing.T) {
 	expectUpgradedLoad(w, mock, "100:105:", nil, savedTokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"100:105:"}`))
 	require.NoError(t, w.load(ctx))
 	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:107:"))
-	mock.ExpectQuery(wantDeltaRead).WillReturnError(errors.New("connection reset"))
+	mock.ExpectQuery(wantDeltaRange).WithArgs("t", "104", int64(maxID), "106", int64(maxID), "100:107:").
+		WillReturnError(errors.New("connection reset"))
 	_, err := w.readBatch(ctx)
 	require.ErrorContains(t, err, "connection reset")
 	require.Equal(t, "100:105:", w.Stats().Cursor.span.base.String(), "the cursor stays before the delta")

@@ -23,6 +23,10 @@ type queries struct {
 	// (txid, id) index ranges given as arrays (lower keys $2, $3; upper keys $4, $5), in
 	// (txid, id) order. Each range is its own index range scan (an "= ANY" list is not).
 	deltaRead string
+	// deltaRange: deltaRead for a delta read as one range (the common case: no transaction of
+	// the base snapshot ended), with its keys as scalars: one index range scan, whose order
+	// is the result's, with no sort.
+	deltaRange string
 	// snapshot: the current snapshot, the end of the next delta.
 	snapshot string
 	// detect: whether the changelog ($1, quoted) has the txid column with its default, on
@@ -93,6 +97,9 @@ func buildQueries(cfg Config) queries {
 		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id) AND pg_visible_in_snapshot(txid, $6::pg_snapshot)
 		ORDER BY txid, id LIMIT ` + limit + `) c
 	ORDER BY c.txid, c.id LIMIT ` + limit,
+		deltaRange: `SELECT ` + changelogColumns + `, txid::text AS txid_text FROM ` + cl + `
+	WHERE table_name = $1 AND (txid, id) > ($2::xid8, $3) AND (txid, id) <= ($4::xid8, $5) AND pg_visible_in_snapshot(txid, $6::pg_snapshot)
+	ORDER BY txid, id LIMIT ` + limit,
 		snapshot: `SELECT pg_current_snapshot()::text`,
 		detect: `SELECT current_setting('server_version_num')::int >= 130000 AND EXISTS (
 		SELECT FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
