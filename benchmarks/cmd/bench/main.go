@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -254,8 +255,9 @@ func run(ctx context.Context, o options, stdout, progress io.Writer) (err error)
 }
 
 // measureAll runs the selected groups in an order that keeps them from disturbing each other:
-// the heap test first, on a fresh heap; the throughput figures interleaved per repetition, so
-// that drift of a noisy machine hits them alike; then latency, then the retained-rows ratio.
+// the heap test first, on a fresh heap; the throughput figures interleaved per repetition, with
+// the schema variants taking turns going first, so that drift of a noisy machine hits them
+// alike; then latency, then the retained-rows ratio.
 func measureAll(ctx context.Context, e *env, o options, res *results, logf func(string, ...any)) error {
 	if o.runs("saturation") {
 		logf("saturation: %d deliveries never acknowledged", o.saturationRows)
@@ -275,7 +277,10 @@ func measureAll(ctx context.Context, e *env, o options, res *results, logf func(
 				}
 				vs := []variant{upgraded}
 				if t.perVariant {
-					vs = o.variants
+					vs = slices.Clone(o.variants)
+					if rep%2 == 0 { // the variants take turns going first
+						slices.Reverse(vs)
+					}
 				}
 				for _, v := range vs {
 					ds, err := t.run(ctx, e, v)

@@ -43,7 +43,7 @@ func markdown(r *results, m machine) string {
 	p("| wall time | %.0f s |", r.WallSeconds)
 	p("| rows per drain | %d; backlogs against watermill: %s |", r.Params.Rows, backlogLabels(r.Params.Backlogs))
 	p("| schema variants | %s |", strings.Join(r.Params.Variants, ", "))
-	p("| repetitions | %d (figures are median [min–max]; repetitions interleave all figures and variants) |", r.Params.Reps)
+	p("| repetitions | %d (figures are median [min–max]; repetitions interleave all figures and variants, the variants taking turns going first) |", r.Params.Reps)
 	p("")
 	p("The server is started by `internal/pgtest` with `fsync`, `synchronous_commit` and")
 	p("`full_page_writes` on, `shared_buffers=128MB`, otherwise defaults. The machine is shared and")
