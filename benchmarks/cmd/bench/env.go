@@ -135,9 +135,10 @@ func (e *env) stop() error { return e.srv.Stop() }
 // database is one scenario's copy of the template.
 type database struct {
 	*sql.DB
-	dsn  string
-	name string
-	env  *env
+	dsn     string
+	name    string
+	variant variant
+	env     *env
 }
 
 // newDatabase creates a fresh copy of the variant's template and opens it.
@@ -156,7 +157,7 @@ func (e *env) newDatabase(ctx context.Context, v variant) (*database, error) {
 	}
 	db.SetMaxOpenConns(32)
 	db.SetMaxIdleConns(32)
-	return &database{DB: db, dsn: dsn, name: strings.TrimPrefix(u.Path, "/"), env: e}, nil
+	return &database{DB: db, dsn: dsn, name: strings.TrimPrefix(u.Path, "/"), variant: v, env: e}, nil
 }
 
 // drop closes the database and drops it, so large scenarios do not fill the disk.
@@ -229,15 +230,15 @@ func (d *database) fillChangelog(ctx context.Context, n int, age time.Duration, 
 }
 
 // watcherConfig is the configuration every drain starts from: polling (no LISTEN connection;
-// with a backlog every read is a full batch, so the mode does not matter), a client that starts
-// at the oldest row, logs discarded.
+// with a backlog every read is a full batch, so the mode does not matter), a client that
+// resumes from its saved token (see saveStart) or, without one, starts after the newest row,
+// logs discarded.
 func (d *database) watcherConfig(client string) pgchangestream.Config {
 	return pgchangestream.Config{
-		DB:                 d.DB,
-		ClientName:         client,
-		TableName:          itemsTable,
-		Mode:               pgchangestream.ModePolling,
-		StartFromBeginning: true,
-		Logger:             quietLogger,
+		DB:         d.DB,
+		ClientName: client,
+		TableName:  itemsTable,
+		Mode:       pgchangestream.ModePolling,
+		Logger:     quietLogger,
 	}
 }

@@ -63,7 +63,9 @@ type latencyRun struct {
 // each; with s.longTx, a transaction holding a transaction id stays open in another database
 // of the cluster meanwhile. An event's latency is the time from the moment its writer's COMMIT
 // returned to the moment the consumer received the event. The consumer acknowledges every
-// event, with checkpoints batched every 100ms.
+// event, with checkpoints batched every 100ms. The client is new, so it starts after the newest
+// row (at the current snapshot on the upgraded schema, reading in snapshot deltas); its saved
+// token is checked for that form at the end.
 func measureLatency(ctx context.Context, e *env, s latencySpec, rate int, d time.Duration) (latency, error) {
 	mode := s.mode
 	db, err := e.newDatabase(ctx, s.variant)
@@ -80,7 +82,6 @@ func measureLatency(ctx context.Context, e *env, s latencySpec, rate int, d time
 	}
 	cfg := db.watcherConfig("latency")
 	cfg.Mode = mode
-	cfg.StartFromBeginning = false
 	cfg.CheckpointInterval = batchedInterval
 	if mode != pgchangestream.ModePolling {
 		cfg.ConnString = db.dsn
@@ -126,6 +127,12 @@ func measureLatency(ctx context.Context, e *env, s latencySpec, rate int, d time
 	err = errors.Join(writeErr, <-consumed)
 	if stopFloor != nil {
 		err = errors.Join(err, stopFloor())
+	}
+	if err == nil {
+		err = w.Flush(ctx)
+	}
+	if err == nil {
+		err = db.checkTokenForm(ctx, cfg.ClientName)
 	}
 	if err != nil {
 		return latency{}, err

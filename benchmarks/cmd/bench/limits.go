@@ -12,17 +12,21 @@ import (
 	"github.com/pgchangestream/pgchangestream"
 )
 
-// watcherRead reads the n changelog rows of the items table with a watcher whose Filter
-// drops every event: the watcher's own batched read query (BatchSize rows after the cursor,
-// the next read started while the current batch is decoded) and its own event building, with
-// nothing delivered or acknowledged and no processed flag set; the filtered progress is saved
-// at most once per batched checkpoint interval, one token upsert. It returns the time from Start until the filter saw the n-th event: the
-// ceiling of the read side of a drain, measured with the library's own reads rather than a
-// query of its own.
+// readLimitClient is the client name of watcherRead.
+const readLimitClient = "read-limit"
+
+// watcherRead reads the n changelog rows of the items table, written after the start position
+// watcherReadFresh saved, with a watcher whose Filter drops every event: the watcher's own
+// batched read query (BatchSize rows after the cursor, the next read started while the current
+// batch is decoded) and its own event building, with nothing delivered or acknowledged and no
+// processed flag set; the filtered progress is saved at most once per batched checkpoint
+// interval, one token upsert. It returns the time from Start until the filter saw the n-th
+// event: the ceiling of the read side of a drain, measured with the library's own reads rather
+// than a query of its own. The saved token is checked for the form of the schema's reads.
 func watcherRead(ctx context.Context, d *database, n int) (time.Duration, error) {
 	var seen atomic.Int64
 	done := make(chan struct{})
-	cfg := d.watcherConfig("read-limit")
+	cfg := d.watcherConfig(readLimitClient)
 	cfg.CheckpointInterval = batchedInterval
 	cfg.DisableProcessedFlag = true
 	cfg.Filter = func(pgchangestream.Event) bool {
@@ -45,17 +49,24 @@ func watcherRead(ctx context.Context, d *database, n int) (time.Duration, error)
 	case <-ctx.Done():
 		return 0, fmt.Errorf("watcher read %d of %d rows: %w (%v)", seen.Load(), n, ctx.Err(), w.Err())
 	}
-	return time.Since(start), nil
+	elapsed := time.Since(start)
+	if err := w.Close(ctx); err != nil { // saves the filtered progress
+		return 0, err
+	}
+	return elapsed, d.checkTokenForm(ctx, cfg.ClientName)
 }
 
-// watcherReadFresh fills a fresh database of the variant with n rows and reads them with
-// watcherRead.
+// watcherReadFresh saves the start position of watcherRead's client on a fresh database of the
+// variant, fills it with n rows and reads them with watcherRead.
 func watcherReadFresh(ctx context.Context, e *env, v variant, n int) (time.Duration, error) {
 	d, err := e.newDatabase(ctx, v)
 	if err != nil {
 		return 0, err
 	}
 	defer d.drop(ctx)
+	if err := d.saveStart(ctx, d.watcherConfig(readLimitClient)); err != nil {
+		return 0, err
+	}
 	if err := d.fillItems(ctx, n); err != nil {
 		return 0, err
 	}

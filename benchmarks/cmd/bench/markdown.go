@@ -26,7 +26,7 @@ func markdown(r *results, m machine) string {
 	p("")
 	p("    cd benchmarks && go run ./cmd/bench -out ../docs/benchmarks.md")
 	p("")
-	p("`-quick` runs a reduced set (2,000 rows, 3 repetitions, the upgraded schema only); `-json` prints")
+	p("`-quick` runs a reduced set (2,000 rows, 3 repetitions, 3 s latency runs); `-json` prints")
 	p("the figures as JSON; `-variants`, `-backlogs`, `-only` and `-reps` narrow or widen a run; `-h`")
 	p("lists the flags.")
 	p("")
@@ -43,7 +43,7 @@ func markdown(r *results, m machine) string {
 	p("| wall time | %.0f s |", r.WallSeconds)
 	p("| rows per drain | %d; backlogs against watermill: %s |", r.Params.Rows, backlogLabels(r.Params.Backlogs))
 	p("| schema variants | %s |", strings.Join(r.Params.Variants, ", "))
-	p("| repetitions | %d (figures are median [min–max]; repetitions interleave all figures and variants) |", r.Params.Reps)
+	p("| repetitions | %d (figures are median [min–max]; repetitions interleave all figures and variants, the variants taking turns going first) |", r.Params.Reps)
 	p("")
 	p("The server is started by `internal/pgtest` with `fsync`, `synchronous_commit` and")
 	p("`full_page_writes` on, `shared_buffers=128MB`, otherwise defaults. The machine is shared and")
@@ -57,15 +57,22 @@ func markdown(r *results, m machine) string {
 	p("- A backlog is inserted through the trigger, 500 rows per statement, into a fresh copy of a")
 	p("  template database; then the changelog is analyzed, as autovacuum does within a minute of such")
 	p("  a burst (the `drain_batched_unanalyzed` figure skips that). Inserting is not timed.")
-	p("- Drains use a watcher in polling mode that starts at the oldest row. With a backlog every read")
-	p("  is a full batch, so the reader never waits and the mode does not matter. A drain is timed")
-	p("  from `Start` until every event was received and acknowledged with `MarkProcessed` and a")
-	p("  final `Flush` returned.")
+	p("- Drains use a watcher in polling mode. Before the backlog is written, a first watcher of the")
+	p("  drain's client starts on the empty changelog and is closed once it has saved its start")
+	p("  position (on the upgraded schema, the current snapshot). The drain is a second watcher of the")
+	p("  same client, which resumes there, so it reads the backlog as a running client reads new rows:")
+	p("  in snapshot deltas on the upgraded schema. (A new client with `StartFromBeginning` would")
+	p("  instead read it in `(changed_at, id)` order there, as the first phase of a switch-over.) With a")
+	p("  backlog every read is a full batch, so the reader never waits and the mode does not matter. A")
+	p("  drain is timed from the second `Start` until every event was received and acknowledged with")
+	p("  `MarkProcessed` and a final `Flush` returned; then its saved token is checked for the form of")
+	p("  its schema's reads (a `snapshot` field on the upgraded schema, none on the legacy one).")
 	p("- Schema variants: every drain, the watcher read ceiling, `insert_4w` and the four-writer")
-	p("  hybrid latency runs run on each variant. `upgraded` is the schema `InstallSchema` creates;")
-	p("  `legacy` is the same followed by `ALTER TABLE datastore_changelog DROP COLUMN IF EXISTS txid`")
-	p("  (a changelog as the existing provider made it). Figures of the legacy variant are prefixed")
-	p("  `legacy/`; unprefixed figures are of the upgraded schema.")
+	p("  hybrid latency runs run on each variant. `upgraded` is the schema `InstallSchema` creates,")
+	p("  read in snapshot deltas; `legacy` is the same followed by `ALTER TABLE datastore_changelog")
+	p("  DROP COLUMN IF EXISTS txid` (a changelog as the existing provider made it), read in")
+	p("  `(changed_at, id)` order. Figures of the legacy variant are prefixed `legacy/`; unprefixed")
+	p("  figures are of the upgraded schema.")
 	p("- `drain_sync_concurrent` has a dispatcher that numbers deliveries in receive order and hands")
 	p("  them to %d workers, which finish out of order; a worker whose completion advances the", concurrentWorkers)
 	p("  contiguous watermark calls `MarkProcessed` with the watermark's token.")
@@ -77,8 +84,8 @@ func markdown(r *results, m machine) string {
 	p("  carries old and new values, which are both decoded and diffed), read with")
 	p("  `DocumentField: \"document\"`.")
 	p("- `watcher_read_limit` is the read ceiling: a watcher whose `Filter` drops every event, with")
-	p("  `DisableProcessedFlag` and batched checkpoints, timed from `Start` until the filter saw the")
-	p("  last row. It runs the library's own batched read query (BatchSize rows after the cursor, the")
+	p("  `DisableProcessedFlag` and batched checkpoints, its start position saved as a drain's, timed")
+	p("  from `Start` until the filter saw the last row. It runs the library's own batched read query (BatchSize rows after the cursor, the")
 	p("  next read started while the current batch is decoded) and its own event building; nothing is")
 	p("  delivered or acknowledged and no processed flag is set, and the filtered progress is saved")
 	p("  at most once per %s (one token upsert). No read query is copied into the harness.", batchedInterval)
@@ -100,13 +107,16 @@ func markdown(r *results, m machine) string {
 	p("  received before that is counted as 0 ms and as `early`. In hybrid mode a bare LISTEN")
 	p("  connection on the same channel runs alongside (the notify floor). Polling uses the default")
 	p("  PollInterval (10ms). `hybrid_4w_longtx` keeps a transaction that holds a transaction id open")
-	p("  in another database of the same cluster for the whole run.")
-	p("- Saturation: %s changelog rows are inserted directly (bypassing the trigger); a watcher with", countLabel(r.Params.SaturationRows))
-	p("  the default MaxPending (%d) delivers them and none is acknowledged; the consumer pauses to",
+	p("  in another database of the same cluster for the whole run. The latency client is new, so it")
+	p("  starts after the newest row (on the upgraded schema at the current snapshot, reading in")
+	p("  deltas); its saved token is checked at the end as a drain's.")
+	p("- Saturation: a client saves its start position, then %s changelog rows are inserted directly", countLabel(r.Params.SaturationRows))
+	p("  (bypassing the trigger); a watcher of that client with the default MaxPending (%d) delivers",
 		pgchangestream.DefaultMaxPending)
+	p("  them in snapshot deltas and none is acknowledged; the consumer pauses to")
 	p("  take `HeapAlloc` after `runtime.GC` after %s deliveries and after the last.", countLabel(saturationEarly))
 	p("- Retained: %s rows of the same table, already processed and analyzed, sit behind a client's", countLabel(r.Params.RetainedRows))
-	p("  saved token; %d new rows are inserted through the trigger and drained with batched saves.", r.Params.Rows)
+	p("  saved start position (a snapshot taken after them); %d new rows are inserted through the trigger and drained with batched saves.", r.Params.Rows)
 	p("  The ratio divides that time by the same drain on an empty changelog, alternating the two")
 	p("  each repetition; the same is done with per-ack saves and without the processed flag.")
 	p("")
@@ -118,17 +128,24 @@ func markdown(r *results, m machine) string {
 		p("| `%s` | %s | %s |", strings.TrimSpace(f.key), f.value, f.what)
 	}
 	p("")
-	if len(r.Params.Variants) > 1 {
+	compared := len(r.Params.Variants) > 1
+	if compared {
 		writeVariants(&b, r)
 	}
 	p("## Targets")
 	p("")
 	p("Each goal is computed from the medians of the figures named; the mark says by how much the")
 	p("value passes or misses, as a fraction of the goal.")
+	if compared {
+		p("The goals of the snapshot-delta reads are in the comparison above.")
+	}
 	p("")
 	p("| target | figures | measured | goal | |")
 	p("| --- | --- | --- | --- | --- |")
 	for _, t := range r.targets() {
+		if t.compared && compared {
+			continue
+		}
 		v, g, mark := formatTarget(t)
 		p("| %s | %s | %s | %s | %s |", t.name, t.uses, v, g, mark)
 	}
@@ -137,32 +154,35 @@ func markdown(r *results, m machine) string {
 	return b.String()
 }
 
-// writeVariants writes the figures of the two schema variants side by side.
+// writeVariants writes the figures measured on both schema variants side by side, with the
+// ratio of each and the goals of the snapshot-delta reads.
 func writeVariants(b *strings.Builder, r *results) {
 	p := func(format string, args ...any) { fmt.Fprintf(b, format+"\n", args...) }
-	p("## Legacy and upgraded schema side by side")
+	p("## Snapshot deltas against legacy reads")
 	p("")
-	p("| figure | legacy | upgraded | upgraded ÷ legacy |")
-	p("| --- | --- | --- | --- |")
-	for _, t := range throughputs(options{rows: r.Params.Rows, backlogs: r.Params.Backlogs}) {
-		if !t.perVariant {
-			continue
+	p("Every figure below was measured on both schemas in this run, interleaved: `legacy` reads in")
+	p("`(changed_at, id)` order, `upgraded` reads in snapshot deltas. Each drain's client saved its")
+	p("start position before the backlog was written, so the upgraded drains read the backlog in")
+	p("deltas; the run fails if a drain's saved token does not have its schema's form (a `snapshot`")
+	p("field and no `switchover` on the upgraded schema, neither on the legacy one). Goals: every")
+	p("drain on the upgraded schema at least %.2fx the same drain on the legacy one; the writers'", drainDeltaGoal)
+	p("insert throughput with the `txid` column and its index at least %.1fx the same without; hybrid", insertDeltaGoal)
+	p("latency with %d writers p50 ≤ %d ms and p99 ≤ %d ms on the upgraded schema, also with a long",
+		hybridWriters, hybridP50GoalMS, hybridP99GoalMS)
+	p("transaction open in another database (`hybrid_4w_longtx`).")
+	p("")
+	p("| figure | legacy | upgraded (deltas) | upgraded ÷ legacy | goal | |")
+	p("| --- | --- | --- | --- | --- | --- |")
+	for _, c := range append(r.throughputComparisons(), r.latencyComparisons()...) {
+		q := "n/a"
+		if c.ratio > 0 {
+			q = fmt.Sprintf("%.2f", c.ratio)
 		}
-		for _, f := range t.figs {
-			l, u := r.Stats[legacy.key(f.key)], r.Stats[upgraded.key(f.key)]
-			if l.N == 0 || u.N == 0 {
-				continue
-			}
-			q, _ := ratio(u.Median, l.Median)
-			p("| `%s` | %s | %s | %.2f |", f.key, formatStat(l), formatStat(u), q)
+		var goal, mark string
+		if c.target != nil { // a ratio's goal is on the ratio, a latency's on the upgraded figure
+			_, goal, mark = formatTarget(*c.target)
 		}
-	}
-	for _, key := range []string{"hybrid_4w", "hybrid_4w_longtx"} {
-		l, lok := r.LatencyMS[legacy.key(key)]
-		u, uok := r.LatencyMS[upgraded.key(key)]
-		if lok && uok {
-			p("| `latency_ms %s` | %s | %s | p99 %.2f |", key, formatLatency(l), formatLatency(u), u.P99/l.P99)
-		}
+		p("| `%s` | %s | %s | %s | %s | %s |", c.key, c.legacy, c.upgraded, q, goal, mark)
 	}
 	p("")
 }
@@ -225,13 +245,15 @@ const limitsText = `## What limits each figure
   notify floor is the server and the machine alone. The tail follows the machine's scheduling:
   two cores shared by the writers, the server, the reader and whatever else runs.
 - **latency (polling)**: a row waits for the next poll (PollInterval after the last short read)
-  plus one read. Rows that commit after rows with later positions were read are not seen by
-  polling (a documented limit of the ` + "`(changed_at, id)`" + ` cursor, fixed by NOTIFY in hybrid
-  mode); the run counts them as missed.
+  plus one read. On a legacy changelog, rows that commit after rows with later positions were
+  read are not seen by polling (a documented limit of the ` + "`(changed_at, id)`" + ` cursor, fixed
+  by NOTIFY in hybrid mode); snapshot deltas, which this run reads, see every row once it
+  commits. The run counts rows not received as missed.
 - **latency (hybrid_4w_longtx)**: a transaction open anywhere in the cluster holds back the
   xmin of every snapshot taken meanwhile. Reads by ` + "`(changed_at, id)`" + ` do not look at
-  snapshots, so there the two runs differ only by noise; reads that pass rows by snapshot
-  visibility show here what a forgotten session elsewhere costs the stream.
+  snapshots, so there the two runs differ only by noise. Snapshot deltas read past it: the open
+  transaction stays in the running list of every snapshot, which holds back only its own rows
+  (none here), so what shows is the cost of the longer snapshots alone.
 - **saturation_heap_mb**: the pending ring is preallocated (MaxPending entries) and evicts into a
   floor, and the set of recently read ids is a fixed ring, so the heap does not grow with
   deliveries that are never acknowledged.

@@ -68,7 +68,7 @@ type figure struct {
 // figures lists the run's figures for the table and the report.
 func (r *results) figures() []figure {
 	var fs []figure
-	for _, t := range throughputs(options{rows: r.Params.Rows, backlogs: r.Params.Backlogs}) {
+	for _, t := range r.throughputs() {
 		vs := []variant{upgraded}
 		if t.perVariant {
 			vs = r.variantsRun()

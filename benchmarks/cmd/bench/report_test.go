@@ -43,7 +43,7 @@ func TestResultsKeepJSONKeys(t *testing.T) {
 	for _, key := range []string{"drain_sync_eps", "drain_batched_eps", "drain_sync_concurrent_eps", "watermill_eps",
 		"select_decode_limit_rps", "upsert_limit_wps", "latency_ms", "saturation_heap_mb", "retained_drain_ratio",
 		"drain_sync_noflag_eps", "drain_batched_noflag_eps", "drain_batched_unanalyzed_eps", "retained_drain_ratio_sync",
-		"retained_drain_ratio_noflag", "micro", "samples", "params", "wall_seconds"} {
+		"retained_drain_ratio_noflag", "micro", "samples", "params", "wall_seconds", "delta_vs_legacy", "delta_goals"} {
 		if _, ok := got[key]; !ok {
 			t.Errorf("key %q missing from the JSON output", key)
 		}
@@ -51,7 +51,7 @@ func TestResultsKeepJSONKeys(t *testing.T) {
 	if r.DrainSyncEPS != 2 || r.Stats["legacy/drain_sync_eps"] != (stat{Median: 2, Min: 1, Max: 3, N: 3}) {
 		t.Errorf("drain_sync_eps %v, legacy stat %+v; want the median 2 of 1..3", r.DrainSyncEPS, r.Stats["legacy/drain_sync_eps"])
 	}
-	if o.reps != 3 || len(o.variants) != 1 || o.variants[0] != upgraded || len(o.backlogs) != 3 {
+	if o.reps != 3 || len(o.variants) != 2 || len(o.backlogs) != 3 {
 		t.Errorf("-quick: reps %d, variants %v, backlogs %v", o.reps, o.variants, o.backlogs)
 	}
 }

@@ -86,6 +86,12 @@ type results struct {
 	Backlogs []backlogResult `json:"backlogs,omitempty"`
 	// Variants holds, per variant, the median of every figure measured on each schema.
 	Variants map[string]map[string]float64 `json:"variants,omitempty"`
+	// DeltaVsLegacy is, for every figure measured on both schemas, its median on the upgraded
+	// schema (snapshot-delta reads, txid column) ÷ its median on the legacy one; for latency,
+	// the same of each quantile.
+	DeltaVsLegacy map[string]float64 `json:"delta_vs_legacy,omitempty"`
+	// DeltaGoals are the goals of the comparison and whether each passed.
+	DeltaGoals []comparedGoal `json:"delta_goals,omitempty"`
 	// Stats is the median, minimum and maximum of every sampled figure.
 	Stats map[string]stat `json:"stats"`
 
@@ -122,7 +128,8 @@ func (r *results) variantsRun() []variant {
 // fig returns the median of figure key on variant v, 0 if it was not measured.
 func (r *results) fig(key string, v variant) float64 { return r.Stats[v.key(key)].Median }
 
-// setMedians sets the reported figures from the samples of the measurements ts.
+// setMedians sets the reported figures from the samples of the measurements ts, and the
+// comparison of the schema variants.
 func (r *results) setMedians(ts []throughput) {
 	for key, xs := range r.Samples {
 		r.Stats[key] = stat{Median: median(xs), Min: slices.Min(xs), Max: slices.Max(xs), N: len(xs)}
@@ -171,6 +178,7 @@ func (r *results) setMedians(ts []throughput) {
 			r.Backlogs = append(r.Backlogs, br)
 		}
 	}
+	r.setComparisons()
 }
 
 // ratio returns a ÷ b, and whether both were measured.

@@ -30,8 +30,8 @@ func heapMB() float64 {
 	return float64(m.HeapAlloc) / (1 << 20)
 }
 
-// saturation fills a changelog with total rows (directly, bypassing the trigger), then
-// receives all of them through a watcher with the default MaxPending without acknowledging
+// saturation saves a client's start position, fills the changelog with total rows (directly,
+// bypassing the trigger), then receives all of them in snapshot deltas through a watcher with the default MaxPending without acknowledging
 // any, and samples the heap after saturationEarly deliveries and after the last. The consumer
 // stops receiving while it samples, so the watcher is blocked on a full Events channel each
 // time.
@@ -41,10 +41,14 @@ func saturation(ctx context.Context, e *env, total int) (saturationResult, error
 		return saturationResult{}, err
 	}
 	defer d.drop(ctx)
+	cfg := d.watcherConfig("saturation")
+	if err := d.saveStart(ctx, cfg); err != nil {
+		return saturationResult{}, err
+	}
 	if err := d.fillChangelog(ctx, total, time.Hour, false); err != nil {
 		return saturationResult{}, err
 	}
-	w, err := pgchangestream.New(d.watcherConfig("saturation"))
+	w, err := pgchangestream.New(cfg)
 	if err != nil {
 		return saturationResult{}, err
 	}

@@ -16,6 +16,9 @@ type target struct {
 	le    bool // the goal is an upper bound (value <= goal); otherwise a lower bound
 	unit  string
 	ok    bool // the inputs were measured
+	// compared says the target is a goal of the upgraded schema shown with the comparison of
+	// the schema variants.
+	compared bool
 }
 
 // pass reports whether the target is met.
@@ -88,17 +91,24 @@ func (r *results) targets() []target {
 	for _, v := range r.variantsRun() {
 		ts = append(ts, r.drainTargets(v)...)
 	}
+	for _, c := range r.throughputComparisons() {
+		if c.target != nil {
+			ts = append(ts, *c.target)
+		}
+	}
 	add := func(name, uses string, v float64, goal float64, le bool, unit string) {
 		ts = append(ts, target{name: name, uses: uses, value: v, goal: goal, le: le, unit: unit, ok: true})
 	}
-	if l, ok := r.LatencyMS["hybrid"]; ok {
-		add("hybrid latency p50", "`latency_ms hybrid`", l.P50, 2, true, "ms")
-		add("hybrid latency p99", "`latency_ms hybrid`", l.P99, 20, true, "ms")
-	}
+	keys := []string{"hybrid"}
 	for _, v := range r.variantsRun() {
-		for _, key := range []string{v.key("hybrid_4w"), v.key("hybrid_4w_longtx")} {
-			if l, ok := r.LatencyMS[key]; ok {
-				add(key+" latency p99", "`latency_ms "+key+"`", l.P99, 20, true, "ms")
+		for _, run := range variantLatencyRuns {
+			keys = append(keys, v.key(run))
+		}
+	}
+	for _, key := range keys {
+		if l, ok := r.LatencyMS[key]; ok {
+			for _, q := range hybridQuantiles(l) {
+				ts = append(ts, latencyTarget(key, q))
 			}
 		}
 	}

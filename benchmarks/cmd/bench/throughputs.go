@@ -11,16 +11,23 @@ type figureSpec struct {
 }
 
 // throughput is one measurement, run once per repetition, and once per schema variant if
-// perVariant: run returns one duration per figure, each for count items.
+// perVariant: run returns one duration per figure, each for count items. deltaGoal, if not 0,
+// is the lowest ratio of its figures on the upgraded schema to the same on the legacy one.
 type throughput struct {
 	figs       []figureSpec
 	count      int
 	perVariant bool
+	deltaGoal  float64
 	run        func(ctx context.Context, e *env, v variant) ([]time.Duration, error)
 }
 
 // backlogKey returns the key of figure key measured at a backlog of n rows: key@2k.
 func backlogKey(key string, n int) string { return key + "@" + countLabel(n) }
+
+// throughputs returns the throughput measurements of the run's settings.
+func (r *results) throughputs() []throughput {
+	return throughputs(options{rows: r.Params.Rows, backlogs: r.Params.Backlogs})
+}
 
 // throughputs lists the throughput measurements, in the order they run in each repetition.
 // Figures compared by a target run next to each other, so that load from outside the run hits
@@ -36,9 +43,11 @@ func throughputs(o options) []throughput {
 			}}
 	}
 	drainWith := func(key, what string, count int, spec drainSpec) throughput {
-		return one(key, what, true, count, func(ctx context.Context, e *env, v variant) (time.Duration, error) {
+		t := one(key, what, true, count, func(ctx context.Context, e *env, v variant) (time.Duration, error) {
 			return drainFresh(ctx, e, v, count, spec)
 		})
+		t.deltaGoal = drainDeltaGoal
+		return t
 	}
 	watermillAt := func(count int, key func(string) string) throughput {
 		return throughput{
@@ -54,6 +63,11 @@ func throughputs(o options) []throughput {
 		}
 	}
 	batched := drainSpec{checkpointInterval: batchedInterval}
+	inserts := one("insert_4w_rps", itoa(hybridWriters)+" writers inserting through the trigger, one autocommit row each",
+		true, n, func(ctx context.Context, e *env, v variant) (time.Duration, error) {
+			return insertThroughput(ctx, e, v, n)
+		})
+	inserts.deltaGoal = insertDeltaGoal
 	ts := []throughput{
 		one("upsert_limit_wps", "single-client token upsert, one commit each", false, n,
 			func(ctx context.Context, e *env, _ variant) (time.Duration, error) { return upserts(ctx, e, n) }),
@@ -79,10 +93,7 @@ func throughputs(o options) []throughput {
 			drainSpec{checkpointInterval: batchedInterval, disableProcessedFlag: true}),
 		drainWith("drain_batched_unanalyzed_eps", "drain_batched on a changelog never analyzed", n,
 			drainSpec{checkpointInterval: batchedInterval, unanalyzed: true}),
-		one("insert_4w_rps", itoa(hybridWriters)+" writers inserting through the trigger, one autocommit row each",
-			true, n, func(ctx context.Context, e *env, v variant) (time.Duration, error) {
-				return insertThroughput(ctx, e, v, n)
-			}),
+		inserts,
 	}
 	for _, b := range o.backlogs {
 		at := func(key string) string { return backlogKey(key, b) }
