@@ -23,12 +23,10 @@ const readLimitClient = "read-limit"
 // interval, one token upsert. It returns the time from Start until the filter saw the n-th
 // event: the ceiling of the read side of a drain, measured with the library's own reads rather
 // than a query of its own. The saved token is checked for the form of the schema's reads.
-func watcherRead(ctx context.Context, d *database, n int) (time.Duration, error) {
+func watcherRead(ctx context.Context, d *database, n int, shape backlogShape) (time.Duration, error) {
 	var seen atomic.Int64
 	done := make(chan struct{})
-	cfg := d.watcherConfig(readLimitClient)
-	cfg.CheckpointInterval = batchedInterval
-	cfg.DisableProcessedFlag = true
+	cfg := d.drainConfig(readLimitClient, drainSpec{checkpointInterval: batchedInterval, disableProcessedFlag: true, shape: shape})
 	cfg.Filter = func(pgchangestream.Event) bool {
 		if seen.Add(1) == int64(n) {
 			close(done)
@@ -57,20 +55,21 @@ func watcherRead(ctx context.Context, d *database, n int) (time.Duration, error)
 }
 
 // watcherReadFresh saves the start position of watcherRead's client on a fresh database of the
-// variant, fills it with n rows and reads them with watcherRead.
-func watcherReadFresh(ctx context.Context, e *env, v variant, n int) (time.Duration, error) {
+// variant, fills it with n rows of the shape and reads them with watcherRead.
+func watcherReadFresh(ctx context.Context, e *env, v variant, n int, shape backlogShape) (time.Duration, error) {
 	d, err := e.newDatabase(ctx, v)
 	if err != nil {
 		return 0, err
 	}
 	defer d.drop(ctx)
-	if err := d.saveStart(ctx, d.watcherConfig(readLimitClient)); err != nil {
+	spec := drainSpec{shape: shape}
+	if err := d.saveStart(ctx, d.drainConfig(readLimitClient, spec)); err != nil {
 		return 0, err
 	}
-	if err := d.fillItems(ctx, n); err != nil {
+	if err := d.fill(ctx, n, spec); err != nil {
 		return 0, err
 	}
-	return watcherRead(ctx, d, n)
+	return watcherRead(ctx, d, n, shape)
 }
 
 // selectDecode reads the n changelog rows of the items table with one query and decodes each

@@ -227,7 +227,10 @@ const limitsText = `## What limits each figure
 - **drain_bulk_sync**: the same per-ack saves as drain_sync; every row shares one changed_at, so
   the reads page through the backlog by id alone within that timestamp.
 - **drain_health**: the same reader as drain_batched, with five times the JSON per row and, for
-  the update half, two documents decoded and diffed per event; decoding sets its pace.
+  the update half, two documents decoded and diffed per event. ` + "`watcher_read_limit_health`" + `
+  is its read ceiling (the same rows, filtered out after decoding): the drain runs close to it,
+  so the reads of these rows (the server's JSONB-to-text output and the decoding of two 1 KB
+  documents per update) bound it, not delivery or acknowledgements.
 - **watermill**: one transaction per batch of 100 (lock the consumer group's offset row, select
   the batch, hand the messages over one at a time through an unbuffered channel, waiting for
   each ack, then upsert the offset and commit). ` + "`watermill`" + ` does not decode payloads;

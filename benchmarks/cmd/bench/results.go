@@ -76,6 +76,8 @@ type results struct {
 	WatermillDecodeEPS float64 `json:"watermill_decode_eps"`
 	// WatcherReadLimitRPS is the read ceiling measured with the watcher's own reads.
 	WatcherReadLimitRPS float64 `json:"watcher_read_limit_rps"`
+	// WatcherReadLimitHealthRPS is the read ceiling of the health_events rows of drain_health.
+	WatcherReadLimitHealthRPS float64 `json:"watcher_read_limit_health_rps"`
 	// DrainHealthEPS is drain_batched of health_events rows of about 1 KB, half updates.
 	DrainHealthEPS float64 `json:"drain_health_eps"`
 	// DrainBulkSyncEPS is drain_sync of a backlog written by one transaction.
@@ -135,20 +137,21 @@ func (r *results) setMedians(ts []throughput) {
 		r.Stats[key] = stat{Median: median(xs), Min: slices.Min(xs), Max: slices.Max(xs), N: len(xs)}
 	}
 	for key, dst := range map[string]*float64{
-		"drain_sync_eps":               &r.DrainSyncEPS,
-		"drain_batched_eps":            &r.DrainBatchedEPS,
-		"drain_sync_concurrent_eps":    &r.DrainSyncConcurrentEPS,
-		"drain_sync_noflag_eps":        &r.DrainSyncNoFlagEPS,
-		"drain_batched_noflag_eps":     &r.DrainBatchedNoFlagEPS,
-		"drain_batched_unanalyzed_eps": &r.DrainBatchedUnanalyzedEPS,
-		"watermill_eps":                &r.WatermillEPS,
-		"watermill_decode_eps":         &r.WatermillDecodeEPS,
-		"select_decode_limit_rps":      &r.SelectDecodeLimitRPS,
-		"upsert_limit_wps":             &r.UpsertLimitWPS,
-		"watcher_read_limit_rps":       &r.WatcherReadLimitRPS,
-		"drain_health_eps":             &r.DrainHealthEPS,
-		"drain_bulk_sync_eps":          &r.DrainBulkSyncEPS,
-		"insert_4w_rps":                &r.Insert4wRPS,
+		"drain_sync_eps":                &r.DrainSyncEPS,
+		"drain_batched_eps":             &r.DrainBatchedEPS,
+		"drain_sync_concurrent_eps":     &r.DrainSyncConcurrentEPS,
+		"drain_sync_noflag_eps":         &r.DrainSyncNoFlagEPS,
+		"drain_batched_noflag_eps":      &r.DrainBatchedNoFlagEPS,
+		"drain_batched_unanalyzed_eps":  &r.DrainBatchedUnanalyzedEPS,
+		"watermill_eps":                 &r.WatermillEPS,
+		"watermill_decode_eps":          &r.WatermillDecodeEPS,
+		"select_decode_limit_rps":       &r.SelectDecodeLimitRPS,
+		"upsert_limit_wps":              &r.UpsertLimitWPS,
+		"watcher_read_limit_rps":        &r.WatcherReadLimitRPS,
+		"watcher_read_limit_health_rps": &r.WatcherReadLimitHealthRPS,
+		"drain_health_eps":              &r.DrainHealthEPS,
+		"drain_bulk_sync_eps":           &r.DrainBulkSyncEPS,
+		"insert_4w_rps":                 &r.Insert4wRPS,
 	} {
 		*dst = r.Stats[key].Median
 	}

@@ -81,8 +81,12 @@ func throughputs(o options) []throughput {
 		drainWith("drain_batched_eps", "drain_sync with CheckpointInterval "+batchedInterval.String()+", final Flush", n, batched),
 		one("watcher_read_limit_rps", "watcher whose Filter drops every event: its own batched reads and decoding, "+
 			"nothing delivered or acknowledged", true, n, func(ctx context.Context, e *env, v variant) (time.Duration, error) {
-			return watcherReadFresh(ctx, e, v, n)
+			return watcherReadFresh(ctx, e, v, n, itemsShape)
 		}),
+		one("watcher_read_limit_health_rps", "watcher_read_limit of the health_events rows of drain_health", true, n,
+			func(ctx context.Context, e *env, v variant) (time.Duration, error) {
+				return watcherReadFresh(ctx, e, v, n, healthShape)
+			}),
 		drainWith("drain_health_eps", "drain_batched of ~1 KB health_events rows, half updates, DocumentField \"document\"", n,
 			drainSpec{checkpointInterval: batchedInterval, shape: healthShape}),
 		one("select_decode_limit_rps", "one SELECT of the rows + JSON decode into event maps", false, n,
