@@ -1,0 +1,285 @@
+package pgchangestream
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// run is the reader goroutine: the only sender on events, which it closes when it exits.
+func (w *Watcher) run(ctx context.Context) {
+	defer w.wg.Done()
+	defer close(w.events)
+	defer w.primed.fire() // stopped before the first read
+	defer func() {
+		w.lifeMu.Lock()
+		if w.stopErr == nil {
+			w.stopErr = context.Cause(ctx)
+		}
+		w.lifeMu.Unlock()
+	}()
+	if !w.becomeActive(ctx) { // Config.Exclusive: wait as a standby for the lock
+		return
+	}
+	if err := w.loadWithRetry(ctx); err != nil {
+		if ctx.Err() == nil {
+			w.lifeMu.Lock()
+			w.stopErr = err
+			w.lifeMu.Unlock()
+		}
+		return
+	}
+	w.checkTableName(ctx)
+	select { // LISTEN before the first read, so nothing committed in between goes unnoticed
+	case <-w.ready:
+	case <-ctx.Done():
+		return
+	}
+	retry := backoff{min: readRetryMin, max: readRetryMax}
+	for {
+		full, err := w.readOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			w.primed.fire()
+		}
+		var wait time.Duration
+		switch {
+		case err != nil:
+			w.health.fail(opRead, err)
+			wait = retry.next()
+			w.log.Warn("changelog read failed; retrying from the same position", "error", err, "retry_in", wait)
+		case full:
+			w.health.readOK(true)
+			retry.reset()
+			continue
+		default:
+			w.health.readOK(false)
+			retry.reset()
+			wait = w.pollWait()
+		}
+		if !w.sleep(ctx, wait) {
+			return
+		}
+	}
+}
+
+// readOnce reads one batch after the cursor and delivers it. On a legacy changelog, when the
+// read reached the end of the visible rows, it then recovers late rows named by NOTIFY. full
+// reports a full batch.
+func (w *Watcher) readOnce(ctx context.Context) (full bool, err error) {
+	if w.skipFree.Load() {
+		n, err := w.readBatch(ctx)
+		return err == nil && n == w.cfg.BatchSize, err
+	}
+	hints := w.takeHints()
+	n, err := w.readBatch(ctx)
+	if err != nil || n == w.cfg.BatchSize {
+		w.returnHints(hints)
+		return err == nil, err
+	}
+	for i, id := range hints {
+		if err := w.recoverLateRow(ctx, id); err != nil {
+			w.returnHints(hints[i:])
+			return false, err
+		}
+	}
+	return false, nil
+}
+
+// pollWait is how long to wait for a NOTIFY after a short read; 0 means no timer.
+func (w *Watcher) pollWait() time.Duration {
+	switch {
+	case w.listen == nil:
+		return w.cfg.PollInterval
+	case w.cfg.Mode == ModeHybrid:
+		return jitter(w.cfg.FallbackPollInterval)
+	default:
+		return 0
+	}
+}
+
+// sleep waits for d (forever when d is 0), a wake-up or the end of ctx. It returns false when
+// ctx ended.
+func (w *Watcher) sleep(ctx context.Context, d time.Duration) bool {
+	var timeout <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-w.wake:
+	case <-timeout:
+	}
+	return true
+}
+
+// readBatch reads the rows after the cursor and delivers them in order. After a full batch it
+// starts reading the next one before delivering this one, so the query and the decoding of
+// events overlap; the prefetched batch is used only if the cursor ends exactly where it starts.
+// On an upgraded changelog a read at the start of a delta first takes the delta's end snapshot,
+// and a short batch ends the delta (or the legacy part of a switch-over).
+func (w *Watcher) readBatch(ctx context.Context) (int, error) {
+	w.mu.Lock()
+	from := w.cursor
+	w.mu.Unlock()
+	if from.atDeltaStart() {
+		var (
+			end pgSnapshot
+			err error
+		)
+		if end, err = w.currentSnapshot(ctx); err != nil {
+			return 0, fmt.Errorf("read changelog: take snapshot: %w", err)
+		}
+		if emptyDelta(from.span.base, end) {
+			w.noteEmptyRead()
+			return 0, nil
+		}
+		from = from.withEnd(end)
+	}
+	fresh := true
+	if p := w.next; p != nil {
+		w.next = nil
+		<-p.done
+		if p.err == nil && p.from.Compare(from) == 0 {
+			w.batch, w.spare, fresh = p.rows, w.batch, false
+		} else {
+			w.spare = p.rows
+		}
+	}
+	if fresh {
+		var err error
+		if w.batch, err = w.readPage(ctx, from, w.batch[:0]); err != nil {
+			return 0, fmt.Errorf("read changelog: %w", err)
+		}
+	}
+	n := len(w.batch)
+	if n == 0 {
+		w.noteEmptyRead()
+	}
+	if n == w.cfg.BatchSize {
+		w.next = w.prefetch(ctx, rowPosition(from, &w.batch[n-1]))
+	}
+	for i := range w.batch {
+		row := &w.batch[i]
+		if err := w.deliver(ctx, row, rowPosition(from, row), false); err != nil {
+			return i, err
+		}
+	}
+	if n < w.cfg.BatchSize && from.span != nil {
+		w.endSpan(from)
+	}
+	return n, nil
+}
+
+// noteEmptyRead records that a read found nothing new.
+func (w *Watcher) noteEmptyRead() {
+	w.mu.Lock()
+	w.lastEmptyBatch = time.Now()
+	w.mu.Unlock()
+}
+
+// nextBatch is a read of the next batch running while the current one is delivered.
+type nextBatch struct {
+	from Position
+	done chan struct{} // closed when rows and err are set
+	rows []changelogRow
+	err  error
+}
+
+// prefetch starts reading the batch after from into the spare buffer.
+func (w *Watcher) prefetch(ctx context.Context, from Position) *nextBatch {
+	p := &nextBatch{from: from, done: make(chan struct{})}
+	buf := w.spare[:0]
+	w.spare = nil // owned by the prefetch until it is done
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		defer close(p.done)
+		p.rows, p.err = w.readPage(ctx, from, buf)
+	}()
+	return p
+}
+
+// query runs a changelog query and reads its rows into buf; withXid reads the txid column that
+// delta reads add.
+func (w *Watcher) query(ctx context.Context, q string, buf []changelogRow, withXid bool, args ...any) ([]changelogRow, error) {
+	rows, err := w.cfg.DB.QueryContext(ctx, q, args...)
+	if err != nil {
+		return buf, err
+	}
+	return scanRows(rows, buf, withXid)
+}
+
+// deliver is the one path every row takes: filter, then (one locked step) register the delivery
+// as pending and advance the cursor, then send. A send abandoned because ctx ended stays pending.
+// A late row can sit behind the token already saved (saved while its transaction was still
+// open): the token is then saved again, backward, before the send, so that a crash replays it.
+func (w *Watcher) deliver(ctx context.Context, row *changelogRow, pos Position, late bool) error {
+	ev, pending, behindSaved := w.register(row, pos, late)
+	if !pending {
+		return nil
+	}
+	if behindSaved {
+		if err := w.saveInBackground(ctx, false); err != nil {
+			w.log.Warn("cannot move the saved token back behind a late row; the next save retries", "id", row.ID, "error", err)
+		}
+	}
+	select {
+	case w.events <- EventWithToken{Event: ev, ResumeToken: formatToken(row.ID)}:
+		w.delivered.Add(1)
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// register builds the row's event and runs the filter, then, in one locked step, records the
+// delivery at pos as pending and advances the cursor (a filtered row only advances the cursor).
+// pending is false for a filtered row; behindSaved reports a late row that sits behind the
+// token already saved.
+func (w *Watcher) register(row *changelogRow, pos Position, late bool) (ev Event, pending, behindSaved bool) {
+	ev, err := w.event(row)
+	if err != nil { // the event still has its id, operation, time and key: deliver it, don't stall
+		w.log.Error("cannot decode changelog row; delivering it without documents", "id", row.ID, "error", err)
+	}
+	if pos.span == nil {
+		w.recent.add(row.ID)
+	}
+	if w.cfg.Filter != nil && !w.cfg.Filter(ev) {
+		w.mu.Lock()
+		w.advanceLocked(pos)
+		w.filtered++
+		w.mu.Unlock()
+		return ev, false, false
+	}
+	w.mu.Lock()
+	w.seq++
+	evicted := w.ring.Push(w.seq, row.ID, pos)
+	if evicted {
+		w.evicted++
+	}
+	w.advanceLocked(pos)
+	behindSaved = late && pos.predecessor().Before(w.savedMirror)
+	w.mu.Unlock()
+	if evicted && !w.floorNoted {
+		w.floorNoted = true
+		w.log.Warn("more unacknowledged deliveries than Config.MaxPending; the oldest now hold the checkpoint through a floor",
+			"max_pending", w.cfg.MaxPending)
+	}
+	return ev, true, behindSaved
+}
+
+// advanceLocked moves the cursor forward to pos (never back). mu must be held.
+func (w *Watcher) advanceLocked(pos Position) {
+	if w.cursor.Before(pos) {
+		w.cursor = pos
+	}
+	if pos.ChangedAt.After(w.lastEventRead) {
+		w.lastEventRead = pos.ChangedAt
+	}
+}

@@ -1,0 +1,62 @@
+package pgchangestream
+
+import "time"
+
+// Stats are counters of a [Watcher], for metrics and tests.
+type Stats struct {
+	Delivered, Filtered, Acked, Evicted uint64
+	// Pending is the number of deliveries tracked until acknowledged.
+	Pending int
+	// FloorActive is true while evicted deliveries hold the checkpoint back.
+	FloorActive                        bool
+	CheckpointWrites, CheckpointErrors uint64
+	// Checkpoint is the position last saved (or loaded).
+	Checkpoint Position
+	// Cursor is the newest position read.
+	Cursor Position
+	// LoadErrors and ReadErrors count failed loads of the start position and failed changelog
+	// reads; LastError is the last failure of any operation, at LastErrorAt.
+	LoadErrors, ReadErrors uint64
+	LastError              error
+	LastErrorAt            time.Time
+	// ListenUp is true while the LISTEN connection is connected.
+	ListenUp bool
+	// Lag is the age of the oldest row not yet acknowledged or not yet read, from its
+	// changed_at; 0 when caught up (see [Watcher.LagState]).
+	Lag time.Duration
+	// Active is false while an exclusive watcher waits as a standby (see [Config.Exclusive]).
+	Active bool
+}
+
+// Stats returns the watcher's counters.
+func (w *Watcher) Stats() Stats {
+	caughtUp := w.health.isCaughtUp()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := Stats{
+		Delivered:        w.delivered.Load(),
+		Filtered:         w.filtered,
+		Acked:            w.acked,
+		Evicted:          w.evicted,
+		Pending:          w.ring.Len(),
+		FloorActive:      w.ring.HasFloor(),
+		CheckpointWrites: w.ckWrites.Load(),
+		CheckpointErrors: w.ckErrors.Load(),
+		Checkpoint:       w.savedMirror,
+		Cursor:           w.cursor,
+		Lag:              w.lagLocked(time.Now(), caughtUp),
+		Active:           w.excl.isActive(),
+	}
+	w.health.fill(&s)
+	return s
+}
+
+// LagState returns when a read last found nothing new, and the changed_at of the newest row
+// read. Zero times mean "not yet". [Stats].Lag is the lag itself: the age of the oldest row not
+// yet acknowledged or read, measured from its changed_at (the start of the transaction that
+// wrote it), 0 when caught up.
+func (w *Watcher) LagState() (lastEmptyBatch, lastEventRead time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lastEmptyBatch, w.lastEventRead
+}
