@@ -89,12 +89,13 @@ type Watcher struct {
 	ckErrors  atomic.Uint64 // added under ckMu after each failed save
 
 	// Reader goroutine only.
-	recent      *recentIDs
-	batch       []changelogRow // the rows being delivered
-	spare       []changelogRow // the other buffer; owned by the prefetch while one runs
-	next        *nextBatch     // the prefetch of the next batch, if one was started
-	floorNoted  bool
-	legacyNoted bool // the legacy changelog was reported (by the load, which the reader runs)
+	recent         *recentIDs
+	batch          []changelogRow // the rows being delivered
+	spare          []changelogRow // the other buffer; owned by the prefetch while one runs
+	next           *nextBatch     // the prefetch of the next batch, if one was started
+	floorNoted     bool
+	legacyNoted    bool      // the legacy changelog was reported (by the load, which the reader runs)
+	upgradeChecked time.Time // when a legacy watcher last looked for the txid column
 }
 
 // New validates cfg, fills its defaults and returns a watcher. It does not touch the database.

@@ -258,9 +258,12 @@ func (w *Watcher) saveCheckpoint(ctx context.Context, idleOnly bool) error {
 	return nil
 }
 
-// unchanged reports whether saving p instead of saved would change nothing: the same position,
-// or two delta starts with no row read in between (only snapshots moved on).
+// unchanged reports whether saving p instead of saved would change nothing: the same position
+// in the same form, or two delta starts with no row read in between (only snapshots moved on).
 func unchanged(p, saved Position) bool {
+	if (p.span == nil) != (saved.span == nil) { // a legacy position switched over in place
+		return false
+	}
 	if p.Compare(saved) == 0 {
 		return true
 	}

@@ -3,6 +3,7 @@ package pgchangestream
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // A late row is one whose transaction started before, but committed after, rows with later
@@ -32,6 +33,18 @@ func (w *Watcher) lateRow(ctx context.Context, id int64) (*changelogRow, error) 
 		return nil, nil
 	}
 	return row, nil
+}
+
+// recoverLateRows delivers the rows with these ids that are late rows; the ids it could not look
+// at are put back for the next read.
+func (w *Watcher) recoverLateRows(ctx context.Context, ids []int64) error {
+	for i, id := range ids {
+		if err := w.recoverLateRow(ctx, id); err != nil {
+			w.returnHints(ids[i:])
+			return err
+		}
+	}
+	return nil
 }
 
 // recoverLateRow delivers the row with this id if it is a late row.
@@ -65,4 +78,51 @@ func (w *Watcher) holdUnhandledLateRows(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// upgradeCheckInterval is how often, at most, a watcher reading a legacy changelog looks for the
+// txid column that InstallSchema adds.
+const upgradeCheckInterval = 5 * time.Second
+
+// noticeUpgrade runs on a legacy changelog after a read that caught up. At most once per
+// upgradeCheckInterval it looks for the txid column; once the changelog is upgraded, and when
+// nothing is pending, the watcher switches over to snapshot deltas in place, as a restart would:
+// the rows after its cursor that the current snapshot sees, then deltas. It saves the
+// switch-over at once, so a restart keeps its snapshot. NOTIFY ids are no longer noted from the
+// switch on; those noted before it are recovered first (late rows then become pending, and the
+// switch waits for a later check). Reader goroutine only.
+func (w *Watcher) noticeUpgrade(ctx context.Context) error {
+	if time.Since(w.upgradeChecked) < upgradeCheckInterval {
+		return nil
+	}
+	w.upgradeChecked = time.Now()
+	var skipFree bool
+	if err := w.cfg.DB.QueryRowContext(ctx, w.q.detect, quoteIdentifier(w.cfg.ChangelogTable)).Scan(&skipFree); err != nil {
+		return fmt.Errorf("inspect changelog %s: %w", w.cfg.ChangelogTable, err)
+	}
+	if !skipFree {
+		return nil
+	}
+	w.skipFree.Store(true) // from here on NOTIFY only wakes the reader
+	if err := w.recoverLateRows(ctx, w.takeHints()); err != nil {
+		w.skipFree.Store(false)
+		return err
+	}
+	now, err := w.transactionCounter(ctx)
+	if err != nil {
+		w.skipFree.Store(false)
+		return err
+	}
+	w.mu.Lock()
+	idle := w.ring.Len() == 0 && !w.ring.HasFloor()
+	if idle {
+		w.cursor.span = &span{base: now}
+	}
+	w.mu.Unlock()
+	if !idle { // pending legacy positions cannot mix with the switch-over's: try again later
+		w.skipFree.Store(false)
+		return nil
+	}
+	w.log.Info("the changelog was upgraded: switching over to snapshot deltas", "snapshot", now)
+	return w.saveInBackground(ctx, false)
 }

@@ -79,13 +79,10 @@ func (w *Watcher) readOnce(ctx context.Context) (full bool, err error) {
 		w.returnHints(hints)
 		return err == nil, err
 	}
-	for i, id := range hints {
-		if err := w.recoverLateRow(ctx, id); err != nil {
-			w.returnHints(hints[i:])
-			return false, err
-		}
+	if err := w.recoverLateRows(ctx, hints); err != nil {
+		return false, err
 	}
-	return false, nil
+	return false, w.noticeUpgrade(ctx)
 }
 
 // pollWait is how long to wait for a NOTIFY after a short read; 0 means no timer.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -150,4 +151,31 @@ func TestLiveUpgradePopulatedLegacySchema(t *testing.T) {
 	upgraded := e.schemaState()
 	require.NoError(t, InstallSchema(ctx, e.db, SchemaOptions{}))
 	require.Equal(t, upgraded, e.schemaState(), "a second run is a no-op")
+}
+
+// TestLiveRunningWatcherSwitchesOver proves that a watcher started on a legacy changelog
+// switches over to snapshot deltas by itself once InstallSchema upgrades the changelog while it
+// runs: it saves a switch-over token, and from then on, even in polling mode, a row that
+// commits behind rows already read is delivered.
+func TestLiveRunningWatcherSwitchesOver(t *testing.T) {
+	t.Parallel()
+	e := newLegacy(t)
+	w := e.start(e.config(ModePolling))
+	waitStartSaved(t, w)
+	before := e.insert(2)
+	require.Equal(t, before, receiveWithin(t, w, 2, liveWait))
+	require.NoError(t, w.MarkProcessed(context.Background(), tok(before[1])))
+	require.NoError(t, InstallSchema(context.Background(), e.db, SchemaOptions{}))
+	require.Eventually(t, func() bool {
+		var raw string
+		require.NoError(t, e.db.QueryRow(`SELECT resume_token::text FROM resume_tokens WHERE client_name = 'c'`).Scan(&raw))
+		return strings.Contains(raw, `"switchover"`) || strings.Contains(raw, `"snapshot"`)
+	}, 3*upgradeCheckInterval, 20*time.Millisecond, "the running watcher saves a switch-over")
+
+	txA := e.openTx()
+	a := insertItem(t, txA)
+	b := e.insert(1)[0]
+	require.Equal(t, []int64{b}, receiveWithin(t, w, 1, liveWait))
+	require.NoError(t, txA.Commit())
+	require.Equal(t, []int64{a}, receiveWithin(t, w, 1, liveWait), "the row that committed behind b")
 }
