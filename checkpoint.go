@@ -56,11 +56,14 @@ func (w *Watcher) load(ctx context.Context) error {
 		if now, err = w.transactionCounter(ctx); err != nil {
 			return err
 		}
-	} else if !w.legacyNoted {
+	} else {
+		w.upgradeChecked = time.Now() // noticeUpgrade looks again upgradeCheckInterval later
+	}
+	if !skipFree && !w.legacyNoted {
 		w.legacyNoted = true
 		w.log.Warn("the changelog has no txid column: reads are not skip-free (a row whose transaction commits "+
 			"behind the read position is found only through its NOTIFY); upgrade it with InstallSchema, "+
-			"or the statements of InstallSchemaSQL, and restart the watcher", "changelog", w.cfg.ChangelogTable)
+			"or the statements of InstallSchemaSQL; a running watcher then switches over by itself", "changelog", w.cfg.ChangelogTable)
 	}
 	var raw string
 	err := w.cfg.DB.QueryRowContext(ctx, w.q.loadToken, w.cfg.ClientName).Scan(&raw)

@@ -106,11 +106,11 @@
 //   - On a changelog without the txid column only: a row that commits behind the cursor is only
 //     found through its NOTIFY. Polling mode never sees it, and neither does any mode while the
 //     LISTEN connection is down or while no watcher runs. Hybrid mode, the default, recovers such
-//     rows while it runs. Upgrade with [InstallSchema] and restart the watchers to lift this.
-//   - A watcher finds the txid column at Start: one started before the upgrade reads as before
-//     until it is restarted. Its legacy token then switches over: rows after its position are
-//     read once, then deltas; a row that committed behind a legacy token before the switch-over
-//     is not replayed (the legacy limit above).
+//     rows while it runs. Upgrade with [InstallSchema] to lift this.
+//   - A watcher started before the upgrade reads as before until it switches over: at its next
+//     Start, or by itself within seconds once nothing is pending. Rows after its position are
+//     then read once, then deltas; a row that committed behind its legacy position before the
+//     switch-over is not replayed (the legacy limit above).
 //   - A database restored from a logical dump has a transaction counter below the stored txids:
 //     the watcher refuses to start ([ErrRestoredDatabase]) until the ids are cleared.
 //   - Tracking is bounded by [Config.MaxPending]. When it is full, the oldest pending delivery is

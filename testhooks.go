@@ -28,6 +28,6 @@ func testStatements(cfg Config) testhooks.Statements {
 		Detect: q.detect, DetectArg: quoteIdentifier(cfg.ChangelogTable), DeltaStart: q.deltaStart,
 		LoadToken: q.loadToken, SaveToken: q.saveToken, Newest: q.newest,
 		TableCheck: tableCheckQuery(cfg.ChangelogTable), Read: q.read, Snapshot: q.snapshot,
-		DeltaRead: q.deltaRead, Unprocessed: q.unprocessed,
+		DeltaRange: q.deltaRange, Unprocessed: q.unprocessed,
 	}
 }

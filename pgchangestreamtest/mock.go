@@ -231,7 +231,7 @@ func (m *Mock) ExpectRead(changes ...Change) {
 		m.read = append(m.read, c.position())
 	}
 	anyArg := sqlmock.AnyArg()
-	m.ExpectQuery(m.st.DeltaRead).WithArgs(m.cfg.TableName, anyArg, anyArg, anyArg, anyArg, m.snapshot()).WillReturnRows(rows)
+	m.ExpectQuery(m.st.DeltaRange).WithArgs(m.cfg.TableName, anyArg, anyArg, anyArg, anyArg, m.snapshot()).WillReturnRows(rows)
 	m.inDelta = len(changes) == m.cfg.BatchSize
 }
 

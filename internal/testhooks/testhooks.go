@@ -24,8 +24,9 @@ type Statements struct {
 	TableCheck string
 	// Read: the next batch after a legacy position.
 	Read string
-	// Snapshot and DeltaRead: the end snapshot of a delta, and the next batch of a delta.
-	Snapshot, DeltaRead string
+	// Snapshot and DeltaRange: the end snapshot of a delta, and the next batch of a delta read
+	// as one range (the mock's snapshots have no running transactions, so every delta is one).
+	Snapshot, DeltaRange string
 	// Unprocessed: GetUnprocessedEventCount.
 	Unprocessed string
 }
