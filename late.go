@@ -92,7 +92,7 @@ const upgradeCheckInterval = 5 * time.Second
 // switch on; those noted before it are recovered first (late rows then become pending, and the
 // switch waits for a later check). Reader goroutine only.
 func (w *Watcher) noticeUpgrade(ctx context.Context) error {
-	if time.Since(w.upgradeChecked) < upgradeCheckInterval {
+	if w.upgradeChecked.IsZero() || time.Since(w.upgradeChecked) < upgradeCheckInterval { // zero: set by the load
 		return nil
 	}
 	w.upgradeChecked = time.Now()
