@@ -11,7 +11,7 @@ import (
 )
 
 // The delta read, exactly as PostgreSQL receives it: one index range scan per (txid, id) range.
-const wantDeltaRead = `SELECT c.id, c.record_id::text, c.operation, c.old_values::text, c.new_values::text, c.changed_at, c.txid::text AS txid_text
+const wantDeltaRead = `SELECT c.id, c.record_id::text, c.operation, c.old_values::text, c.new_values::text, c.changed_at, c.txid
 	FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
 	CROSS JOIN LATERAL (SELECT * FROM "datastore_changelog" WHERE table_name = $1
 		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id) AND pg_visible_in_snapshot(txid, $6::pg_snapshot)
@@ -19,11 +19,11 @@ const wantDeltaRead = `SELECT c.id, c.record_id::text, c.operation, c.old_values
 	ORDER BY c.txid, c.id LIMIT 100`
 
 // The delta read of one range, exactly: an index range scan in the result's order.
-const wantDeltaRange = `SELECT id, record_id::text, operation, old_values::text, new_values::text, changed_at, txid::text AS txid_text FROM "datastore_changelog"
+const wantDeltaRange = `SELECT id, record_id::text, operation, old_values::text, new_values::text, changed_at, txid FROM "datastore_changelog"
 	WHERE table_name = $1 AND (txid, id) > ($2::xid8, $3) AND (txid, id) <= ($4::xid8, $5) AND pg_visible_in_snapshot(txid, $6::pg_snapshot)
 	ORDER BY txid, id LIMIT 100`
 
-var deltaCols = append(append([]string{}, changelogCols...), "txid_text")
+var deltaCols = append(append([]string{}, changelogCols...), "txid")
 
 // expectUpgradedLoad expects the load of an upgraded changelog: the look for the txid column,
 // the current snapshot with the newest stored txid, and the token.

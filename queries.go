@@ -91,13 +91,13 @@ func buildQueries(cfg Config) queries {
 		switchRead: `SELECT ` + changelogColumns + ` FROM ` + cl + `
 	WHERE table_name = $1 AND (changed_at, id) > ($2, $3) AND (txid IS NULL OR pg_visible_in_snapshot(txid, $4::pg_snapshot))
 	ORDER BY changed_at, id LIMIT ` + limit,
-		deltaRead: `SELECT c.id, c.record_id::text, c.operation, c.old_values::text, c.new_values::text, c.changed_at, c.txid::text AS txid_text
+		deltaRead: `SELECT c.id, c.record_id::text, c.operation, c.old_values::text, c.new_values::text, c.changed_at, c.txid
 	FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
 	CROSS JOIN LATERAL (SELECT * FROM ` + cl + ` WHERE table_name = $1
 		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id) AND pg_visible_in_snapshot(txid, $6::pg_snapshot)
 		ORDER BY txid, id LIMIT ` + limit + `) c
 	ORDER BY c.txid, c.id LIMIT ` + limit,
-		deltaRange: `SELECT ` + changelogColumns + `, txid::text AS txid_text FROM ` + cl + `
+		deltaRange: `SELECT ` + changelogColumns + `, txid FROM ` + cl + `
 	WHERE table_name = $1 AND (txid, id) > ($2::xid8, $3) AND (txid, id) <= ($4::xid8, $5) AND pg_visible_in_snapshot(txid, $6::pg_snapshot)
 	ORDER BY txid, id LIMIT ` + limit,
 		snapshot: `SELECT pg_current_snapshot()::text`,

@@ -52,7 +52,7 @@ const deltaSpan = 1 << 20
 
 var (
 	changelogColumns = []string{"id", "record_id", "operation", "old_values", "new_values", "changed_at"}
-	deltaColumns     = append(append([]string{}, changelogColumns...), "txid_text")
+	deltaColumns     = append(append([]string{}, changelogColumns...), "txid")
 )
 
 // Mock is a sqlmock database with expectations built from the watcher's own statements, so a
