@@ -69,7 +69,7 @@
 //
 // By default every MarkProcessed saves the checkpoint before it returns, in one statement (the
 // token upsert; the legacy processed flag of the rows it certifies is set afterwards by a
-// background marker, at most every 50ms for any number of saves), and returns an error if the
+// background marker, at most every 10ms for any number of saves), and returns an error if the
 // save fails; the
 // acknowledgement is kept, so calling MarkProcessed again (with any token) retries. Concurrent
 // saves are ordered, and a call whose position was already saved by another does not write

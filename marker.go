@@ -19,7 +19,7 @@ import (
 // Marker timing: at most one pass per markInterval, so the saves of a busy consumer share a
 // statement (and a commit) instead of doubling them; backoff after a failed statement.
 const (
-	markInterval = 50 * time.Millisecond
+	markInterval = 10 * time.Millisecond
 	markRetryMin = 100 * time.Millisecond
 	markRetryMax = 10 * time.Second
 )

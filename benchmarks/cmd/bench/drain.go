@@ -57,8 +57,9 @@ func (d *database) drainConfig(client string, spec drainSpec) pgchangestream.Con
 
 // drain reads n events through a new watcher of client, which resumes from the start position
 // saveStart saved before they were written, acknowledging every one as spec says, then flushes
-// the checkpoint. It returns the time from Start until the flush returned, after checking that
-// the saved token has the form of the schema's reads.
+// the checkpoint and, unless the processed flag is disabled, waits until the watcher's background
+// marker has marked every drained row. It returns the time from Start until then (the marking's
+// catch-up included), after checking that the saved token has the form of the schema's reads.
 func drain(ctx context.Context, d *database, client string, n int, spec drainSpec) (time.Duration, error) {
 	w, err := pgchangestream.New(d.drainConfig(client, spec))
 	if err != nil {
@@ -78,6 +79,9 @@ func drain(ctx context.Context, d *database, client string, n int, spec drainSpe
 	if err == nil {
 		err = w.Flush(ctx)
 	}
+	if err == nil && !spec.disableProcessedFlag {
+		err = d.waitMarked(ctx, d.drainConfig(client, spec).TableName)
+	}
 	elapsed := time.Since(start)
 	if err != nil {
 		return 0, err
@@ -89,6 +93,23 @@ func drain(ctx context.Context, d *database, client string, n int, spec drainSpe
 		return 0, fmt.Errorf("drain ended with %d pending, checkpoint %v, cursor %v", st.Pending, st.Checkpoint, st.Cursor)
 	}
 	return elapsed, d.checkTokenForm(ctx, client)
+}
+
+// waitMarked waits until no changelog row of table is left unmarked by the processed flag.
+func (d *database) waitMarked(ctx context.Context, table string) error {
+	for {
+		var unmarked int
+		err := d.QueryRowContext(ctx, `SELECT count(*) FROM `+changelogTable+` WHERE table_name = $1 AND NOT processed`,
+			table).Scan(&unmarked)
+		if err != nil || unmarked == 0 {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d drained rows never marked processed: %w", unmarked, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
 }
 
 // receive takes the next delivery, failing if Events closed or ctx ended.
