@@ -58,9 +58,9 @@ func (d *database) drainConfig(client string, spec drainSpec) pgchangestream.Con
 // drain reads n events through a new watcher of client, which resumes from the start position
 // saveStart saved before they were written, acknowledging every one as spec says, then flushes
 // the checkpoint and, unless the processed flag is disabled, waits until the watcher's background
-// marker has marked every drained row. It returns the time from Start until then (the marking's
+// marker has marked every drained row (those after changelog id after). It returns the time from Start until then (the marking's
 // catch-up included), after checking that the saved token has the form of the schema's reads.
-func drain(ctx context.Context, d *database, client string, n int, spec drainSpec) (time.Duration, error) {
+func drain(ctx context.Context, d *database, client string, n int, spec drainSpec, after int64) (time.Duration, error) {
 	w, err := pgchangestream.New(d.drainConfig(client, spec))
 	if err != nil {
 		return 0, err
@@ -80,7 +80,7 @@ func drain(ctx context.Context, d *database, client string, n int, spec drainSpe
 		err = w.Flush(ctx)
 	}
 	if err == nil && !spec.disableProcessedFlag {
-		err = d.waitMarked(ctx, d.drainConfig(client, spec).TableName)
+		err = d.waitMarked(ctx, d.drainConfig(client, spec).TableName, after)
 	}
 	elapsed := time.Since(start)
 	if err != nil {
@@ -95,12 +95,21 @@ func drain(ctx context.Context, d *database, client string, n int, spec drainSpe
 	return elapsed, d.checkTokenForm(ctx, client)
 }
 
-// waitMarked waits until no changelog row of table is left unmarked by the processed flag.
-func (d *database) waitMarked(ctx context.Context, table string) error {
+// newestID returns the highest changelog id, 0 for an empty changelog: the rows written after it
+// are a drain's backlog.
+func (d *database) newestID(ctx context.Context) (int64, error) {
+	var id int64
+	err := d.QueryRowContext(ctx, `SELECT coalesce(max(id), 0) FROM `+changelogTable).Scan(&id)
+	return id, err
+}
+
+// waitMarked waits until no changelog row of table after id after is left unmarked by the
+// processed flag.
+func (d *database) waitMarked(ctx context.Context, table string, after int64) error {
 	for {
 		var unmarked int
-		err := d.QueryRowContext(ctx, `SELECT count(*) FROM `+changelogTable+` WHERE table_name = $1 AND NOT processed`,
-			table).Scan(&unmarked)
+		err := d.QueryRowContext(ctx, `SELECT count(*) FROM `+changelogTable+` WHERE table_name = $1 AND id > $2 AND NOT processed`,
+			table, after).Scan(&unmarked)
 		if err != nil || unmarked == 0 {
 			return err
 		}
@@ -222,10 +231,14 @@ func drainFresh(ctx context.Context, e *env, v variant, n int, spec drainSpec) (
 	if err := d.saveStart(ctx, d.drainConfig(client, spec)); err != nil {
 		return 0, err
 	}
+	after, err := d.newestID(ctx)
+	if err != nil {
+		return 0, err
+	}
 	if err := d.fill(ctx, n, spec); err != nil {
 		return 0, err
 	}
-	return drain(ctx, d, client, n, spec)
+	return drain(ctx, d, client, n, spec, after)
 }
 
 // fill writes the backlog spec describes: n changelog rows.
@@ -270,8 +283,12 @@ func (r *retainedSetup) drainNew(ctx context.Context, n int, spec drainSpec) (ti
 	if err := r.d.saveStart(ctx, r.d.drainConfig(client, spec)); err != nil {
 		return 0, err
 	}
+	after, err := r.d.newestID(ctx)
+	if err != nil {
+		return 0, err
+	}
 	if err := r.d.fillItems(ctx, n); err != nil {
 		return 0, err
 	}
-	return drain(ctx, r.d, client, n, spec)
+	return drain(ctx, r.d, client, n, spec, after)
 }
