@@ -36,7 +36,7 @@ type Watcher struct {
 	wake   chan struct{}       // capacity 1; listener → reader: read now
 	ready  chan struct{}       // closed by the listener after its first connect attempt
 	primed signal              // fired after the first read, or when stopping before (see Ready)
-	wg     sync.WaitGroup      // reader, listener, saver and prefetch goroutines
+	wg     sync.WaitGroup      // reader, listener, saver, marker, prefetch and lock goroutines
 	health health              // failures and their counters; safe for concurrent use
 	excl   exclusive           // the exclusive lock; see exclusive.go
 
