@@ -235,6 +235,15 @@ func (w *Watcher) checkpointLocked() (p Position, ok bool) {
 // Compute and write happen under ckMu, so saves are ordered; mu is held only to compute.
 // idleOnly skips the save while deliveries are pending.
 func (w *Watcher) saveCheckpoint(ctx context.Context, idleOnly bool) error {
+	saved, err := w.writeCheckpoint(ctx, idleOnly)
+	if saved {
+		w.afterSave(ctx) // outside ckMu: marking must not hold up the next save
+	}
+	return err
+}
+
+// writeCheckpoint is saveCheckpoint's compute-and-save under ckMu. saved reports a write.
+func (w *Watcher) writeCheckpoint(ctx context.Context, idleOnly bool) (saved bool, _ error) {
 	w.ckMu.Lock()
 	defer w.ckMu.Unlock()
 	w.mu.Lock()
@@ -242,23 +251,22 @@ func (w *Watcher) saveCheckpoint(ctx context.Context, idleOnly bool) error {
 	busy := w.ring.Len() > 0 || w.ring.HasFloor()
 	w.mu.Unlock()
 	if !ok || (idleOnly && busy) || (w.hasSaved && unchanged(p, w.saved)) || w.cfg.Ephemeral {
-		return nil
+		return false, nil
 	}
 	if err := w.excl.lostErr(); err != nil { // a standby may hold the lock now
-		return fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
+		return false, fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
 	}
 	_, err := w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, string(encodeToken(p)))
 	if err != nil {
 		w.ckErrors.Add(1)
-		return fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
+		return false, fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
 	}
 	w.ckWrites.Add(1)
 	w.saved, w.hasSaved = p, true
 	w.mu.Lock()
 	w.savedMirror = p
 	w.mu.Unlock()
-	w.afterSave(ctx)
-	return nil
+	return true, nil
 }
 
 // unchanged reports whether saving p instead of saved would change nothing: the same position

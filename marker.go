@@ -26,7 +26,7 @@ const (
 
 // marker is the state of the processed-flag marker.
 type marker struct {
-	mu     sync.Mutex // serializes marking; guards marked and ok. Taken after ckMu, before mu.
+	mu     sync.Mutex // serializes marking; guards marked and ok. Held across the marking statement; taken after ckMu (by the load), before mu.
 	marked Position   // the rows this position certifies are marked
 	ok     bool       // marked is set (by the load)
 
