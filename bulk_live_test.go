@@ -37,16 +37,20 @@ func newLiveWithoutTxid(t *testing.T) *liveEnv {
 	return e
 }
 
+// schemaStates are the two schema states a test runs in, each with every index InstallSchema
+// builds: upgraded, and legacy (the txid column dropped).
+var schemaStates = []struct {
+	name string
+	env  func(*testing.T) *liveEnv
+}{{"upgraded", newLive}, {"legacy", newLiveWithoutTxid}}
+
 // TestLiveBulkTransactionAckCost proves that a save costs what it certifies (the processed flag
 // is set through an index range from the previous saved position): one transaction writes 5,000
 // rows with one changed_at, and 2,000 per-event acknowledgements, each a save, read a few
 // changelog tuples each (the read of the rows included), not thousands. Both schema states, each
 // with the indexes InstallSchema builds.
 func TestLiveBulkTransactionAckCost(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		env  func(*testing.T) *liveEnv
-	}{{"upgraded", newLive}, {"legacy", newLiveWithoutTxid}} {
+	for _, tc := range schemaStates {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			const rows, acks = 5000, 2000
@@ -81,10 +85,7 @@ func TestLiveBulkTransactionAckCost(t *testing.T) {
 // TestLiveBacklog proves that Backlog counts exactly the rows of the client's table that its
 // saved token does not certify, whatever the processed flag says, in both schema states.
 func TestLiveBacklog(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		env  func(*testing.T) *liveEnv
-	}{{"upgraded", newLive}, {"legacy", newLiveWithoutTxid}} {
+	for _, tc := range schemaStates {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()

@@ -3,7 +3,6 @@ package pgchangestream
 import (
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -21,16 +20,7 @@ func explainDeltaRead(t *testing.T, e *liveEnv, w *Watcher, b, end pgSnapshot) (
 // touched.
 func explainLive(t *testing.T, e *liveEnv, q string, args ...any) (string, int) {
 	t.Helper()
-	rows, err := e.db.QueryContext(t.Context(), `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY OFF) `+q, args...)
-	require.NoError(t, err)
-	var lines []string
-	for rows.Next() {
-		var line string
-		require.NoError(t, rows.Scan(&line))
-		lines = append(lines, line)
-	}
-	require.NoError(t, rows.Err())
-	plan := strings.Join(lines, "\n")
+	plan := explain(t, e.db, `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY OFF) `+q, args...)
 	m := regexp.MustCompile(`Buffers: shared hit=(\d+)`).FindStringSubmatch(plan)
 	require.NotNil(t, m, plan)
 	n, err := strconv.Atoi(m[1])

@@ -390,22 +390,29 @@ func requireStreamIndexScan(t *testing.T, db *sql.DB) {
 		var id int64
 		require.NoError(t, db.QueryRowContext(t.Context(), `SELECT changed_at, id FROM datastore_changelog
 			WHERE table_name = 'table_1' ORDER BY changed_at, id OFFSET $1 LIMIT 1`, offset).Scan(&at, &id))
-		rows, err := db.QueryContext(t.Context(), `EXPLAIN (COSTS OFF) SELECT id, record_id, operation,
+		plan := explain(t, db, `EXPLAIN (COSTS OFF) SELECT id, record_id, operation,
 			old_values, new_values, changed_at FROM datastore_changelog WHERE table_name = $1
 			AND (changed_at, id) > ($2, $3) ORDER BY changed_at, id LIMIT 100`, "table_1", at, id)
-		require.NoError(t, err)
-		var lines []string
-		for rows.Next() {
-			var line string
-			require.NoError(t, rows.Scan(&line))
-			lines = append(lines, line)
-		}
-		require.NoError(t, rows.Err())
 		assert.Regexp(t, `^Limit
   ->  Index Scan using datastore_changelog_stream_idx on datastore_changelog
         Index Cond: \(\(\(table_name\)::text = 'table_1'::text\) AND \(ROW\(changed_at, id\) > ROW\(.+\)\)\)$`,
-			strings.Join(lines, "\n"))
+			plan)
 	}
+}
+
+// explain runs an EXPLAIN statement and returns its plan text.
+func explain(t *testing.T, db *sql.DB, q string, args ...any) string {
+	t.Helper()
+	rows, err := db.QueryContext(t.Context(), q, args...)
+	require.NoError(t, err)
+	var lines []string
+	for rows.Next() {
+		var line string
+		require.NoError(t, rows.Scan(&line))
+		lines = append(lines, line)
+	}
+	require.NoError(t, rows.Err())
+	return strings.Join(lines, "\n")
 }
 
 // txidColumnState returns the type and default of the changelog's txid column.
