@@ -58,8 +58,9 @@ func (d *database) drainConfig(client string, spec drainSpec) pgchangestream.Con
 // drain reads n events through a new watcher of client, which resumes from the start position
 // saveStart saved before they were written, acknowledging every one as spec says, then flushes
 // the checkpoint and, unless the processed flag is disabled, waits until the watcher's background
-// marker has marked every drained row (those after changelog id after). It returns the time from Start until then (the marking's
-// catch-up included), after checking that the saved token has the form of the schema's reads.
+// marker has marked every drained row (those after changelog id after). It returns the time from
+// Start until then (the marking's catch-up included), after checking that the saved token has
+// the form of the schema's reads.
 func drain(ctx context.Context, d *database, client string, n int, spec drainSpec, after int64) (time.Duration, error) {
 	w, err := pgchangestream.New(d.drainConfig(client, spec))
 	if err != nil {
