@@ -151,6 +151,12 @@ func runServerFault(t *testing.T, srv *pgtest.Server, mode Mode, fault func(cont
 		require.True(t, inDB[id], "row %d was committed but is not in the changelog", id)
 	}
 	require.Len(t, delivered, len(rows), "delivered rows that are not in the changelog")
+	if mode != ModePolling {
+		// Hybrid mode delivers through its fallback polls meanwhile, so the LISTEN reconnect, in
+		// backoff of up to listenRetryMax, can come after the last delivery: wait for it.
+		require.Eventually(t, func() bool { return logs.count(logListening) >= 2 }, 4*listenRetryMax, 10*time.Millisecond,
+			"the LISTEN connection did not come back")
+	}
 	require.NoError(t, w.Close(context.Background()))
 	e.requireRestartDelivers(mode, nil, "everything was acknowledged")
 	if mode == ModePolling {
