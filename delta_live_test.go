@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 )
 
 // explainDeltaRead returns the EXPLAIN (ANALYZE, BUFFERS) text of the watcher's delta read of
@@ -42,9 +44,11 @@ func (e *liveEnv) snapshot() pgSnapshot {
 // of a delta holding one new row is an index range scan of (table_name, txid, id) with both keys
 // in the index condition, touching a handful of buffers; when the old transaction commits, its
 // rows are one more such range. An idle poll, whose snapshot did not change, reads nothing at all.
+// It runs on a server of its own: snapshots are cluster-wide, and other tests' commits would move
+// them.
 func TestLiveDeltaReadPlans(t *testing.T) {
 	t.Parallel()
-	e := newLive(t)
+	e := newLiveOn(t, pgtest.NewServer(t, pgtest.Options{}))
 	w, err := New(e.config(ModePolling))
 	require.NoError(t, err)
 	long := e.openTx()
