@@ -96,6 +96,13 @@ type Watcher struct {
 	floorNoted     bool
 	legacyNoted    bool      // the legacy changelog was reported (by the load, which the reader runs)
 	upgradeChecked time.Time // when a legacy watcher last looked for the txid column
+	hasInc         bool      // the changelog has an incarnation table (set by the load; see rewind.go)
+	incNoted       bool      // its absence was reported
+
+	// rewindAsked is set by a save (under ckMu) that found the server recovered since its
+	// position was read, and cleared by the reader's rewind (under ckMu).
+	rewindAsked atomic.Bool
+	rewinds     atomic.Uint64 // added by the reader after each rewind; read by Stats
 }
 
 // New validates cfg, fills its defaults and returns a watcher. It does not touch the database.

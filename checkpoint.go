@@ -40,68 +40,14 @@ func (w *Watcher) loadWithRetry(ctx context.Context) error {
 	}
 }
 
-// load reads the saved token, or picks and saves the start position of a new client. It first
-// finds out whether the changelog is upgraded (reads follow snapshot deltas) and, if so, checks
-// the stored transaction ids against the database's counter.
+// load reads the saved token, or picks and saves the start position of a new client, and
+// starts reading there.
 func (w *Watcher) load(ctx context.Context) error {
 	w.ckMu.Lock()
 	defer w.ckMu.Unlock()
-	var skipFree bool
-	if err := w.cfg.DB.QueryRowContext(ctx, w.q.detect, quoteIdentifier(w.cfg.ChangelogTable)).Scan(&skipFree); err != nil {
-		return fmt.Errorf("inspect changelog %s: %w", w.cfg.ChangelogTable, err)
-	}
-	var now pgSnapshot
-	if skipFree {
-		var err error
-		if now, err = w.transactionCounter(ctx); err != nil {
-			return err
-		}
-	} else {
-		w.upgradeChecked = time.Now() // noticeUpgrade looks again upgradeCheckInterval later
-	}
-	if !skipFree && !w.legacyNoted {
-		w.legacyNoted = true
-		w.log.Warn("the changelog has no txid column: reads are not skip-free (a row whose transaction commits "+
-			"behind the read position is found only through its NOTIFY); upgrade it with InstallSchema, "+
-			"or the statements of InstallSchemaSQL; a running watcher then switches over by itself", "changelog", w.cfg.ChangelogTable)
-	}
-	var raw string
-	err := w.cfg.DB.QueryRowContext(ctx, w.q.loadToken, w.cfg.ClientName).Scan(&raw)
-	var (
-		pos  Position
-		save bool
-	)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		if pos, err = w.startPosition(ctx, skipFree, now); err != nil {
-			return err
-		}
-		save = true // so a restart before the first acknowledgement resumes here too
-		w.log.Info("no saved token: starting", "position", pos, "from_beginning", w.cfg.StartFromBeginning)
-	case err != nil:
-		return fmt.Errorf("read token table %s: %w", w.cfg.TokenTable, err)
-	default:
-		pos, err = decodeToken([]byte(raw))
-		if errors.Is(err, errTokenNeedsLookup) {
-			pos, err = w.tokenRowPosition(ctx, pos.ID)
-		}
-		if err != nil {
-			return fmt.Errorf("load saved token: %w", err)
-		}
-		if pos, save, err = w.resumePosition(pos, skipFree, now); err != nil {
-			return err
-		}
-		w.log.Info("resuming after the saved token", "position", pos)
-	}
-	if save && !w.cfg.Ephemeral {
-		if _, err := w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, string(encodeToken(pos))); err != nil {
-			return fmt.Errorf("save start position to token table %s: %w", w.cfg.TokenTable, err)
-		}
-		w.ckWrites.Add(1)
-	}
-	w.skipFree.Store(skipFree)
-	if skipFree {
-		w.takeHints() // noted before the load: snapshot deltas need no ids
+	pos, err := w.loadPosition(ctx, false)
+	if err != nil {
+		return err
 	}
 	w.saved, w.hasSaved = pos, true
 	w.setMarked(pos)
@@ -113,37 +59,151 @@ func (w *Watcher) load(ctx context.Context) error {
 	return nil
 }
 
+// loadPosition reads the saved token, or picks and saves the start position of a new client.
+// It first finds out whether the changelog is upgraded (reads follow snapshot deltas) and, if
+// so, checks the stored transaction ids against the database's counter. rewinding is set when
+// the watcher goes back to the saved token after a server recovery: a client without one then
+// starts from the beginning, since no start position taken before the recovery can be trusted.
+// ckMu must be held; reader goroutine only.
+func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, error) {
+	var skipFree bool
+	if err := w.cfg.DB.QueryRowContext(ctx, w.q.detect, quoteIdentifier(w.cfg.ChangelogTable),
+		quoteIdentifier(incarnationTable(w.cfg.ChangelogTable))).Scan(&skipFree, &w.hasInc); err != nil {
+		return Position{}, fmt.Errorf("inspect changelog %s: %w", w.cfg.ChangelogTable, err)
+	}
+	var (
+		now pgSnapshot
+		inc string
+	)
+	if skipFree {
+		var err error
+		if now, inc, err = w.transactionCounter(ctx); err != nil {
+			return Position{}, err
+		}
+	} else {
+		w.upgradeChecked = time.Now() // noticeUpgrade looks again upgradeCheckInterval later
+	}
+	if !skipFree && !w.legacyNoted {
+		w.legacyNoted = true
+		w.log.Warn("the changelog has no txid column: reads are not skip-free (a row whose transaction commits "+
+			"behind the read position is found only through its NOTIFY); upgrade it with InstallSchema, "+
+			"or the statements of InstallSchemaSQL; a running watcher then switches over by itself", "changelog", w.cfg.ChangelogTable)
+	}
+	if skipFree && !w.hasInc && !w.incNoted {
+		w.incNoted = true
+		w.log.Warn("the changelog has no incarnation table: after a server crash the watcher notices the "+
+			"transaction counter going back only while it has not passed the ids seen before; run InstallSchema to add it",
+			"table", incarnationTable(w.cfg.ChangelogTable))
+	}
+	var raw string
+	err := w.cfg.DB.QueryRowContext(ctx, w.q.loadToken, w.cfg.ClientName).Scan(&raw)
+	var (
+		pos  Position
+		save bool
+	)
+	switch {
+	case errors.Is(err, sql.ErrNoRows) && rewinding:
+		pos, save = w.beginning(skipFree, now), true
+	case errors.Is(err, sql.ErrNoRows):
+		if pos, err = w.startPosition(ctx, skipFree, now); err != nil {
+			return Position{}, err
+		}
+		save = true // so a restart before the first acknowledgement resumes here too
+		w.log.Info("no saved token: starting", "position", pos, "from_beginning", w.cfg.StartFromBeginning)
+	case err != nil:
+		return Position{}, fmt.Errorf("read token table %s: %w", w.cfg.TokenTable, err)
+	default:
+		pos, err = decodeToken([]byte(raw))
+		if errors.Is(err, errTokenNeedsLookup) {
+			pos, err = w.tokenRowPosition(ctx, pos.ID)
+		}
+		if err != nil {
+			return Position{}, fmt.Errorf("load saved token: %w", err)
+		}
+		if pos, save, err = w.resumePosition(pos, skipFree, now); err != nil {
+			return Position{}, err
+		}
+		if !rewinding {
+			w.log.Info("resuming after the saved token", "position", pos)
+		}
+	}
+	if pos.span != nil { // the snapshots were read in (or, for a saved token, survived into) inc
+		s := *pos.span
+		s.inc = inc
+		pos.span = &s
+	}
+	if save && !w.cfg.Ephemeral {
+		if err := w.writeToken(ctx, pos); err != nil {
+			return Position{}, fmt.Errorf("save start position to token table %s: %w", w.cfg.TokenTable, err)
+		}
+		w.ckWrites.Add(1)
+	}
+	w.skipFree.Store(skipFree)
+	if skipFree {
+		w.takeHints() // noted before the load: snapshot deltas need no ids
+	}
+	return pos, nil
+}
+
+// writeToken writes p as the saved token. A position read in a server incarnation is written
+// only if the server is still in it; otherwise nothing is written and the error wraps
+// [ErrServerRecovered].
+func (w *Watcher) writeToken(ctx context.Context, p Position) error {
+	tok := string(encodeToken(p))
+	if p.span == nil || p.span.inc == "" {
+		_, err := w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, tok)
+		return err
+	}
+	res, err := w.cfg.DB.ExecContext(ctx, w.q.saveTokenInc, w.cfg.ClientName, tok, p.span.inc)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return err
+	} else if n == 0 {
+		return ErrServerRecovered
+	}
+	return nil
+}
+
 // changelogReadError is a failure to read the changelog while loading: health counts it as a
 // read failure, not as one of the token table.
 type changelogReadError struct{ error }
 
 func (e changelogReadError) Unwrap() error { return e.error }
 
-// transactionCounter returns the current snapshot of an upgraded changelog, after checking that
-// no transaction id stored for the table is at or beyond it (a restored database).
-func (w *Watcher) transactionCounter(ctx context.Context) (pgSnapshot, error) {
+// transactionCounter returns the current snapshot of an upgraded changelog and the server's
+// incarnation ("" without an incarnation table), after checking that no transaction id stored
+// for the table is at or beyond it (a restored database).
+func (w *Watcher) transactionCounter(ctx context.Context) (pgSnapshot, string, error) {
 	var (
-		text   string
-		newest sql.NullString
+		text, inc string
+		newest    sql.NullString
+		err       error
 	)
-	if err := w.cfg.DB.QueryRowContext(ctx, w.q.deltaStart, w.cfg.TableName).Scan(&text, &newest); err != nil {
-		return pgSnapshot{}, changelogReadError{fmt.Errorf("read changelog: take snapshot: %w", err)}
+	if w.hasInc {
+		err = w.queryIncarnation(ctx, w.q.deltaStartInc, []any{w.cfg.TableName}, &text, &newest, &inc)
+	} else {
+		err = w.cfg.DB.QueryRowContext(ctx, w.q.deltaStart, w.cfg.TableName).Scan(&text, &newest)
+	}
+	if err != nil {
+		return pgSnapshot{}, "", changelogReadError{fmt.Errorf("read changelog: take snapshot: %w", err)}
 	}
 	now, err := parseSnapshot(text)
 	if err != nil {
-		return pgSnapshot{}, err
+		return pgSnapshot{}, "", err
 	}
 	if newest.Valid {
 		x, err := strconv.ParseUint(newest.String, 10, 64)
 		if err != nil {
-			return pgSnapshot{}, fmt.Errorf("read changelog: newest txid %q: %w", newest.String, err)
+			return pgSnapshot{}, "", fmt.Errorf("read changelog: newest txid %q: %w", newest.String, err)
 		}
 		if x >= now.xmax {
-			return pgSnapshot{}, fmt.Errorf("%w: the changelog holds txid %d, the current snapshot is %s",
+			return pgSnapshot{}, "", fmt.Errorf("%w: the changelog holds txid %d, the current snapshot is %s",
 				ErrRestoredDatabase, x, now)
 		}
 	}
-	return now, nil
+	return now, inc, nil
 }
 
 // resumePosition adapts a saved token to the changelog: a legacy token on an upgraded changelog
@@ -179,10 +239,7 @@ func (w *Watcher) resumePosition(pos Position, skipFree bool, now pgSnapshot) (_
 // of transactions still open are ahead of it), or at the beginning.
 func (w *Watcher) startPosition(ctx context.Context, skipFree bool, now pgSnapshot) (Position, error) {
 	if w.cfg.StartFromBeginning {
-		if skipFree { // every visible row in legacy order, then deltas from now
-			return Position{span: &span{base: now}}, nil
-		}
-		return Position{}, nil
+		return w.beginning(skipFree, now), nil
 	}
 	var (
 		ts  time.Time
@@ -201,6 +258,15 @@ func (w *Watcher) startPosition(ctx context.Context, skipFree bool, now pgSnapsh
 		pos.span = &span{seq: 1, base: now}
 	}
 	return pos, nil
+}
+
+// beginning is the position before every row of the table: on an upgraded changelog, every row
+// visible in now in legacy order, then deltas from now.
+func (w *Watcher) beginning(skipFree bool, now pgSnapshot) Position {
+	if skipFree {
+		return Position{span: &span{base: now}}
+	}
+	return Position{}
 }
 
 // tokenRowPosition converts an id-only saved token by looking up its row's changed_at. If the
@@ -256,9 +322,11 @@ func (w *Watcher) writeCheckpoint(ctx context.Context, idleOnly bool) (saved boo
 	if err := w.excl.lostErr(); err != nil { // a standby may hold the lock now
 		return false, fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
 	}
-	_, err := w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, string(encodeToken(p)))
-	if err != nil {
+	if err := w.writeToken(ctx, p); err != nil {
 		w.ckErrors.Add(1)
+		if errors.Is(err, ErrServerRecovered) {
+			w.askRewind()
+		}
 		return false, fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
 	}
 	w.ckWrites.Add(1)

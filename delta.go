@@ -50,15 +50,6 @@ func (w *Watcher) endSpan(from Position) {
 	w.mu.Unlock()
 }
 
-// currentSnapshot returns the database's current snapshot.
-func (w *Watcher) currentSnapshot(ctx context.Context) (pgSnapshot, error) {
-	var text string
-	if err := w.cfg.DB.QueryRowContext(ctx, w.q.snapshot).Scan(&text); err != nil {
-		return pgSnapshot{}, err
-	}
-	return parseSnapshot(text)
-}
-
 // ErrRestoredDatabase is returned through [Watcher.Err] when transaction ids stored in the
 // changelog or in the saved token are ahead of the database's transaction counter, as after a
 // logical dump and restore. The watcher refuses to start rather than skip or replay rows;

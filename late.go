@@ -97,7 +97,8 @@ func (w *Watcher) noticeUpgrade(ctx context.Context) error {
 	}
 	w.upgradeChecked = time.Now()
 	var skipFree bool
-	if err := w.cfg.DB.QueryRowContext(ctx, w.q.detect, quoteIdentifier(w.cfg.ChangelogTable)).Scan(&skipFree); err != nil {
+	if err := w.cfg.DB.QueryRowContext(ctx, w.q.detect, quoteIdentifier(w.cfg.ChangelogTable),
+		quoteIdentifier(incarnationTable(w.cfg.ChangelogTable))).Scan(&skipFree, &w.hasInc); err != nil {
 		return fmt.Errorf("inspect changelog %s: %w", w.cfg.ChangelogTable, err)
 	}
 	if !skipFree {
@@ -108,7 +109,7 @@ func (w *Watcher) noticeUpgrade(ctx context.Context) error {
 		w.skipFree.Store(false)
 		return err
 	}
-	now, err := w.transactionCounter(ctx)
+	now, inc, err := w.transactionCounter(ctx)
 	if err != nil {
 		w.skipFree.Store(false)
 		return err
@@ -116,7 +117,7 @@ func (w *Watcher) noticeUpgrade(ctx context.Context) error {
 	w.mu.Lock()
 	idle := w.ring.Len() == 0 && !w.ring.HasFloor()
 	if idle {
-		w.cursor.span = &span{base: now}
+		w.cursor.span = &span{base: now, inc: inc}
 	}
 	w.mu.Unlock()
 	if !idle { // pending legacy positions cannot mix with the switch-over's: try again later

@@ -34,6 +34,9 @@ type span struct {
 	// end is the delta's end snapshot, once the reader has taken it (hasEnd).
 	end    pgSnapshot
 	hasEnd bool
+	// inc is the server incarnation the snapshots were taken in (see rewind.go); "" when the
+	// changelog has no incarnation table. It is not saved: a loaded token takes the current one.
+	inc string
 }
 
 // makePosition returns a legacy position with the time cut to microseconds, in UTC and without
@@ -95,13 +98,17 @@ func (p Position) predecessor() Position {
 // nextDelta returns the start of the delta after p's, whose base is b. ChangedAt and ID stay
 // those of the last row read.
 func (p Position) nextDelta(b pgSnapshot) Position {
-	return Position{ChangedAt: p.ChangedAt, ID: p.ID, span: &span{seq: p.seq() + 1, base: b}}
+	next := &span{seq: p.seq() + 1, base: b}
+	if p.span != nil {
+		next.inc = p.span.inc
+	}
+	return Position{ChangedAt: p.ChangedAt, ID: p.ID, span: next}
 }
 
-// withEnd returns p, a delta start, in the delta that ends at e.
-func (p Position) withEnd(e pgSnapshot) Position {
+// withEnd returns p, a delta start, in the delta that ends at e, taken in incarnation inc.
+func (p Position) withEnd(e pgSnapshot, inc string) Position {
 	s := *p.span
-	s.end, s.hasEnd = e, true
+	s.end, s.hasEnd, s.inc = e, true, inc
 	p.span = &s
 	return p
 }

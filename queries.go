@@ -27,14 +27,22 @@ type queries struct {
 	// the base snapshot ended), with its keys as scalars: one index range scan, whose order
 	// is the result's, with no sort.
 	deltaRange string
-	// snapshot: the current snapshot, the end of the next delta.
-	snapshot string
+	// snapshot: the current snapshot, the end of the next delta. snapshotInc adds the
+	// server's incarnation (NULL while its row is missing).
+	snapshot, snapshotInc string
 	// detect: whether the changelog ($1, quoted) has the txid column with its default, on
-	// PostgreSQL 13 or later.
+	// PostgreSQL 13 or later, and whether the incarnation table ($2, quoted) exists.
 	detect string
 	// deltaStart: the current snapshot and the highest txid stored for the table, checked at
-	// Start against each other and against the saved token.
-	deltaStart string
+	// Start against each other and against the saved token. deltaStartInc adds the
+	// incarnation.
+	deltaStart, deltaStartInc string
+	// claimIncarnation inserts the incarnation row if it is missing (after a crash).
+	claimIncarnation string
+	// saveTokenInc is saveToken for a position read in the server incarnation $3: it writes
+	// nothing (no row affected) if the incarnation changed since, so that a position read before
+	// a crash is never saved after it.
+	saveTokenInc string
 	// byID: one row, for late rows named by NOTIFY (legacy changelogs).
 	byID string
 	// newest: the start position of a client without a saved token.
@@ -66,8 +74,13 @@ func buildQueries(cfg Config) queries {
 	cl := quoteIdentifier(cfg.ChangelogTable)
 	tok := quoteIdentifier(cfg.TokenTable)
 	limit := strconv.Itoa(cfg.BatchSize)
-	upsert := `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
+	inc := quoteIdentifier(incarnationTable(cfg.ChangelogTable))
+	incarnation := `(SELECT incarnation::text FROM ` + inc + `)`
+	onConflict := `
 	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`
+	upsert := `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())` + onConflict
+	newestTxid := `(SELECT c.txid::text AS newest_txid FROM ` + cl + ` c
+		WHERE c.table_name = $1 AND c.txid IS NOT NULL ORDER BY c.txid DESC LIMIT 1)`
 	seesOrOld := `(txid IS NULL OR pg_visible_in_snapshot(txid, $6::pg_snapshot))`
 	mark := func(ids string) string {
 		return `UPDATE ` + cl + ` SET processed = TRUE WHERE id = ANY(ARRAY(
@@ -100,13 +113,18 @@ func buildQueries(cfg Config) queries {
 		deltaRange: `SELECT ` + changelogColumns + `, txid FROM ` + cl + `
 	WHERE table_name = $1 AND (txid, id) > ($2::xid8, $3) AND (txid, id) <= ($4::xid8, $5) AND pg_visible_in_snapshot(txid, $6::pg_snapshot)
 	ORDER BY txid, id LIMIT ` + limit,
-		snapshot: `SELECT pg_current_snapshot()::text`,
+		snapshot:    `SELECT pg_current_snapshot()::text`,
+		snapshotInc: `SELECT pg_current_snapshot()::text, ` + incarnation,
 		detect: `SELECT current_setting('server_version_num')::int >= 130000 AND EXISTS (
 		SELECT FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 		WHERE a.attrelid = to_regclass($1) AND a.attname = '` + txidColumn + `' AND NOT a.attisdropped
-			AND format_type(a.atttypid, NULL) = 'xid8' AND pg_get_expr(d.adbin, d.adrelid) = 'pg_current_xact_id()')`,
-		deltaStart: `SELECT pg_current_snapshot()::text, (SELECT c.txid::text AS newest_txid FROM ` + cl + ` c
-		WHERE c.table_name = $1 AND c.txid IS NOT NULL ORDER BY c.txid DESC LIMIT 1)`,
+			AND format_type(a.atttypid, NULL) = 'xid8' AND pg_get_expr(d.adbin, d.adrelid) = 'pg_current_xact_id()'),
+		to_regclass($2) IS NOT NULL`,
+		deltaStart:       `SELECT pg_current_snapshot()::text, ` + newestTxid,
+		deltaStartInc:    `SELECT pg_current_snapshot()::text, ` + newestTxid + `, ` + incarnation,
+		claimIncarnation: `INSERT INTO ` + inc + ` DEFAULT VALUES ON CONFLICT DO NOTHING`,
+		saveTokenInc: `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated)
+	SELECT $1, $2::jsonb, now() WHERE ` + incarnation + ` = $3` + onConflict,
 		byID:       `SELECT ` + changelogColumns + ` FROM ` + cl + ` WHERE table_name = $1 AND id = $2`,
 		newest:     `SELECT changed_at, id FROM ` + cl + ` WHERE table_name = $1 ORDER BY changed_at DESC, id DESC LIMIT 1`,
 		rowTime:    `SELECT changed_at FROM ` + cl + ` WHERE id = $1`,

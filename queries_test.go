@@ -24,7 +24,8 @@ const (
 	wantDetect = `SELECT current_setting('server_version_num')::int >= 130000 AND EXISTS (
 		SELECT FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 		WHERE a.attrelid = to_regclass($1) AND a.attname = 'txid' AND NOT a.attisdropped
-			AND format_type(a.atttypid, NULL) = 'xid8' AND pg_get_expr(d.adbin, d.adrelid) = 'pg_current_xact_id()')`
+			AND format_type(a.atttypid, NULL) = 'xid8' AND pg_get_expr(d.adbin, d.adrelid) = 'pg_current_xact_id()'),
+		to_regclass($2) IS NOT NULL`
 	wantLoad   = `SELECT resume_token::text FROM "resume_tokens" WHERE client_name = $1`
 	wantNewest = `SELECT changed_at, id FROM "datastore_changelog" WHERE table_name = $1 ORDER BY changed_at DESC, id DESC LIMIT 1`
 	wantByID   = `SELECT id, record_id::text, operation, old_values::text, new_values::text, changed_at FROM "datastore_changelog" WHERE table_name = $1 AND id = $2`
@@ -35,8 +36,8 @@ var changelogCols = []string{"id", "record_id", "operation", "old_values", "new_
 // expectLegacyChangelog expects the load's look for the txid column, and answers that the
 // changelog has none.
 func expectLegacyChangelog(mock sqlmock.Sqlmock) {
-	mock.ExpectQuery(wantDetect).WithArgs(`"datastore_changelog"`).
-		WillReturnRows(sqlmock.NewRows([]string{"skip_free"}).AddRow(false))
+	mock.ExpectQuery(wantDetect).WithArgs(`"datastore_changelog"`, `"datastore_changelog_incarnation"`).
+		WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation"}).AddRow(false, false))
 }
 
 func newMockWatcher(t *testing.T, cfg Config) (*Watcher, sqlmock.Sqlmock) {

@@ -2,6 +2,7 @@ package pgchangestream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -71,6 +72,9 @@ func (w *Watcher) run(ctx context.Context) {
 func (w *Watcher) readOnce(ctx context.Context) (full bool, err error) {
 	if w.skipFree.Load() {
 		n, err := w.readBatch(ctx)
+		if errors.Is(err, errRewound) {
+			return true, nil
+		}
 		return err == nil && n == w.cfg.BatchSize, err
 	}
 	hints := w.takeHints()
@@ -121,27 +125,33 @@ func (w *Watcher) sleep(ctx context.Context, d time.Duration) bool {
 // On an upgraded changelog a read at the start of a delta first takes the delta's end snapshot,
 // and a short batch ends the delta (or the legacy part of a switch-over).
 func (w *Watcher) readBatch(ctx context.Context) (int, error) {
+	if w.rewindAsked.Load() { // a save found that the server recovered
+		if err := w.rewind(ctx, "a save found the server's incarnation changed"); err != nil {
+			return 0, err
+		}
+	}
 	w.mu.Lock()
 	from := w.cursor
 	w.mu.Unlock()
 	if from.atDeltaStart() {
-		var (
-			end pgSnapshot
-			err error
-		)
-		if end, err = w.currentSnapshot(ctx); err != nil {
+		end, inc, err := w.currentSnapshot(ctx)
+		if err != nil {
 			return 0, fmt.Errorf("read changelog: take snapshot: %w", err)
+		}
+		if why := serverRecovered(from.span, end, inc); why != "" {
+			if err := w.rewind(ctx, why); err != nil {
+				return 0, err
+			}
+			return 0, errRewound
 		}
 		if emptyDelta(from.span.base, end) {
 			w.noteEmptyRead()
 			return 0, nil
 		}
-		from = from.withEnd(end)
+		from = from.withEnd(end, inc)
 	}
 	fresh := true
-	if p := w.next; p != nil {
-		w.next = nil
-		<-p.done
+	if p := w.takePrefetch(); p != nil {
 		if p.err == nil && p.from.Compare(from) == 0 {
 			w.batch, w.spare, fresh = p.rows, w.batch, false
 		} else {
@@ -187,6 +197,19 @@ type nextBatch struct {
 	rows []changelogRow
 	err  error
 }
+
+// takePrefetch waits for the prefetch of the next batch, if one was started, and returns it.
+func (w *Watcher) takePrefetch() *nextBatch {
+	p := w.next
+	if p != nil {
+		w.next = nil
+		<-p.done
+	}
+	return p
+}
+
+// errRewound is returned by readBatch after it went back to the saved token: read again at once.
+var errRewound = errors.New("rewound to the saved token")
 
 // prefetch starts reading the batch after from into the spare buffer.
 func (w *Watcher) prefetch(ctx context.Context, from Position) *nextBatch {

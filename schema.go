@@ -106,6 +106,13 @@ func triggerName(table string) string {
 	return name[:min(len(name), maxIdentifierLen)]
 }
 
+// incarnationTable is the unlogged one-row table beside changelog (same schema, name
+// "<name>_incarnation") whose row crash recovery and promotion lose: watchers compare its value
+// to notice that transaction ids they saw may have been handed out again.
+func incarnationTable(changelog string) string {
+	return changelog + "_incarnation"
+}
+
 // checkSchemaName validates one name for the schema statements, naming field in the error.
 func checkSchemaName(field, name string, check func(string) error) error {
 	err := check(name)
@@ -225,11 +232,11 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 		LockKey                                                    int64
 		Changelog, ChangelogLiteral, TokenTable, Function, Channel string
 		Indexes, TxidIndexes                                       []string
-		TxidColumn, LockTimeout                                    string
+		TxidColumn, LockTimeout, Incarnation                       string
 	}{
 		ddlLockKey, p.changelog, quoteLiteral(p.changelog), quoteIdentifier(opts.TokenTable),
 		quoteIdentifier(opts.FunctionName), quoteLiteral(opts.NotifyChannel), inTx, txidInTx,
-		txidColumn, alterLockTimeout.String(),
+		txidColumn, alterLockTimeout.String(), quoteIdentifier(incarnationTable(opts.ChangelogTable)),
 	})
 	if err != nil {
 		return installPlan{}, err

@@ -158,7 +158,7 @@ func (d *deltaReader) read(m *deltaModel, limit int) {
 		if emptyDelta(from.span.base, end) {
 			return
 		}
-		from = from.withEnd(end)
+		from = from.withEnd(end, "")
 	}
 	rows := m.page(deltaRanges(from.span.base, from.span.end, from.Xid, from.ID), from.span.end, limit)
 	for _, r := range rows {

@@ -26,6 +26,9 @@ type Stats struct {
 	Lag time.Duration
 	// Active is false while an exclusive watcher waits as a standby (see [Config.Exclusive]).
 	Active bool
+	// Rewinds counts the times the watcher went back to its saved token because the server
+	// recovered from a crash, failed over or was restored (see [ErrServerRecovered]).
+	Rewinds uint64
 }
 
 // Stats returns the watcher's counters.
@@ -46,6 +49,7 @@ func (w *Watcher) Stats() Stats {
 		Cursor:           w.cursor,
 		Lag:              w.lagLocked(time.Now(), caughtUp),
 		Active:           w.excl.isActive(),
+		Rewinds:          w.rewinds.Load(),
 	}
 	w.health.fill(&s)
 	return s

@@ -25,7 +25,8 @@ func testStatements(cfg Config) testhooks.Statements {
 	cfg = cfg.withDefaults()
 	q := buildQueries(cfg)
 	return testhooks.Statements{
-		Detect: q.detect, DetectArg: quoteIdentifier(cfg.ChangelogTable), DeltaStart: q.deltaStart,
+		Detect: q.detect, DetectArg: quoteIdentifier(cfg.ChangelogTable),
+		DetectIncArg: quoteIdentifier(incarnationTable(cfg.ChangelogTable)), DeltaStart: q.deltaStart,
 		LoadToken: q.loadToken, SaveToken: q.saveToken, Newest: q.newest,
 		TableCheck: tableCheckQuery(cfg.ChangelogTable), Read: q.read, Snapshot: q.snapshot,
 		DeltaRange: q.deltaRange, Unprocessed: q.unprocessed,

@@ -73,7 +73,7 @@ func TestDeltaPositionOrder(t *testing.T) {
 	require.True(t, a.Before(b), "txid orders before id inside a delta")
 	require.True(t, b.Before(next), "the next delta is after every row of this one")
 	require.True(t, switchOver.Before(start), "the legacy part of a switch-over is before every delta")
-	require.Equal(t, 0, start.Compare(start.withEnd(end)), "taking the end snapshot does not move the start")
+	require.Equal(t, 0, start.Compare(start.withEnd(end, "")), "taking the end snapshot does not move the start")
 	require.Equal(t, Position{ID: 4, Xid: 100, span: d1}, a.predecessor())
 	require.True(t, unchanged(next, Position{ID: 3, span: &span{seq: 9, base: end}}),
 		"only snapshots moved on: nothing to save")

@@ -136,8 +136,8 @@ func (m *Mock) ExpectStart(s Start) {
 	m.t.Helper()
 	m.upgraded = s.Schema == Upgraded
 	m.xmax = firstXid
-	m.ExpectQuery(m.st.Detect).WithArgs(m.st.DetectArg).
-		WillReturnRows(sqlmock.NewRows([]string{"skip_free"}).AddRow(m.upgraded))
+	m.ExpectQuery(m.st.Detect).WithArgs(m.st.DetectArg, m.st.DetectIncArg). // no incarnation table
+		WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation"}).AddRow(m.upgraded, false))
 	if m.upgraded {
 		m.ExpectQuery(m.st.DeltaStart).WithArgs(m.cfg.TableName).
 			WillReturnRows(sqlmock.NewRows([]string{"snapshot", "newest_txid"}).AddRow(m.snapshot(), nil))

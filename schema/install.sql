@@ -50,6 +50,15 @@ BEGIN
             ALTER TABLE {{.Changelog}} ALTER COLUMN {{.TxidColumn}} SET DEFAULT pg_current_xact_id();
         END IF;
         PERFORM set_config('lock_timeout', timeout, true);
+        -- One row, which crash recovery empties (the table is unlogged) and a promoted standby or
+        -- a restored backup does not have: watchers compare its value with the one they saw, to
+        -- notice that the transaction counter may have gone back below ids they saw finish.
+        -- Any watcher role reads it and inserts it again after a crash.
+        CREATE UNLOGGED TABLE IF NOT EXISTS {{.Incarnation}} (
+            one         boolean PRIMARY KEY DEFAULT TRUE CHECK (one),
+            incarnation uuid NOT NULL DEFAULT gen_random_uuid()
+        );
+        GRANT SELECT, INSERT ON {{.Incarnation}} TO PUBLIC;
 {{- range .TxidIndexes}}
         IF created THEN
             {{.}};

@@ -130,6 +130,26 @@ func (r *Ring[P]) Ack(id int64) int {
 	return 0
 }
 
+// Rebase moves every tracked delivery, and the floor, to pos: from here on they hold the
+// checkpoint at pos's predecessor until they are acknowledged, whatever positions they had. The
+// owner rebases when the positions tracked so far can no longer be trusted and reading starts
+// again from pos; later pushes must be at or after pos.
+func (r *Ring[P]) Rebase(pos P) {
+	i := r.head
+	for range r.n {
+		r.buf[i].pos, r.buf[i].late = pos, false
+		i++
+		if i == len(r.buf) {
+			i = 0
+		}
+	}
+	r.late = 0
+	r.maxPushed, r.pushedAny = pos, true
+	if r.hasFloor {
+		r.floor = r.predecessor(pos)
+	}
+}
+
 // MinPredecessor returns the lowest of the floor and the predecessors of tracked deliveries.
 // ok is false when nothing is tracked and there is no floor.
 func (r *Ring[P]) MinPredecessor() (p P, ok bool) {

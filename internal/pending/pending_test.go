@@ -70,6 +70,30 @@ func TestMinPredecessorWithLateEntries(t *testing.T) {
 	require.Zero(t, r.late)
 }
 
+func TestRebaseHoldsEveryEntryAtThePosition(t *testing.T) {
+	r := newRing(4)
+	for i := int64(1); i <= 5; i++ { // the fifth push evicts the first into the floor
+		r.Push(uint64(i), i, pos{10 + i, i})
+	}
+	r.Push(6, 3, pos{2, 3}) // late, and evicts the second: [3 4 5 3]
+	r.Rebase(pos{5, 50})
+	p, ok := r.MinPredecessor()
+	require.True(t, ok)
+	require.Equal(t, pos{5, 49}, p, "entries and floor alike hold the checkpoint at the new position")
+	require.Zero(t, r.late, "no entry is late any more")
+
+	require.Equal(t, 1, r.Ack(3), "acknowledgements still match the old deliveries by id, in delivery order")
+	r.Push(7, 51, pos{5, 51}) // [4 5 3 51]
+	p, _ = r.MinPredecessor()
+	require.Equal(t, pos{5, 49}, p, "the old deliveries not acknowledged still hold it")
+	require.Equal(t, 3, r.Ack(3))
+	p, _ = r.MinPredecessor()
+	require.Equal(t, pos{5, 50}, p, "then the first delivery after the rebase holds it")
+	require.Equal(t, 1, r.Ack(51))
+	_, ok = r.MinPredecessor()
+	require.False(t, ok)
+}
+
 func TestEvictionFloor(t *testing.T) {
 	r := newRing(3)
 	for i := int64(1); i <= 5; i++ {

@@ -10,9 +10,10 @@ import "time"
 // Statements are the SQL statements of one watcher configuration, exactly as the watcher sends
 // them.
 type Statements struct {
-	// Detect asks whether the changelog has the txid column; its argument is DetectArg, the
-	// changelog's quoted name.
-	Detect, DetectArg string
+	// Detect asks whether the changelog has the txid column and whether its incarnation table
+	// exists; its arguments are DetectArg, the changelog's quoted name, and DetectIncArg, the
+	// incarnation table's.
+	Detect, DetectArg, DetectIncArg string
 	// DeltaStart returns the current snapshot and the newest txid of the table (upgraded
 	// changelogs, at start-up).
 	DeltaStart string
