@@ -47,6 +47,13 @@ func (w *Watcher) run(ctx context.Context) {
 		}
 		var wait time.Duration
 		switch {
+		case errors.Is(err, ErrRestoredDatabase): // found by a rewind: an operator must act
+			w.health.fail(opRead, err)
+			w.log.Error("stopping", "error", err)
+			w.lifeMu.Lock()
+			w.stopErr = err
+			w.lifeMu.Unlock()
+			return
 		case err != nil:
 			w.health.fail(opRead, err)
 			wait = retry.next()
