@@ -81,7 +81,12 @@ func (w *Watcher) load(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("read token table %s: %w", w.cfg.TokenTable, err)
 	default:
-		pos, err = decodeToken([]byte(raw))
+		var table string
+		pos, table, err = decodeTableToken([]byte(raw))
+		if table != "" && table != w.cfg.TableName {
+			w.log.Warn("the saved token was written by a watcher of another table; Prune keeps this table's rows "+
+				"for it only once it saves its own", "token_table", table)
+		}
 		if errors.Is(err, errTokenNeedsLookup) {
 			pos, err = w.tokenRowPosition(ctx, pos.ID)
 		}
@@ -94,7 +99,7 @@ func (w *Watcher) load(ctx context.Context) error {
 		w.log.Info("resuming after the saved token", "position", pos)
 	}
 	if save && !w.cfg.Ephemeral {
-		if _, err := w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, string(encodeToken(pos))); err != nil {
+		if _, err := w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, string(encodeToken(pos, w.cfg.TableName))); err != nil {
 			return fmt.Errorf("save start position to token table %s: %w", w.cfg.TokenTable, err)
 		}
 		w.ckWrites.Add(1)
@@ -272,7 +277,7 @@ func (w *Watcher) writeCheckpoint(ctx context.Context, rule saveRule) (saved boo
 	if err := w.excl.lostErr(); err != nil { // a standby may hold the lock now
 		return false, fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
 	}
-	_, err := w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, string(encodeToken(p)))
+	_, err := w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, string(encodeToken(p, w.cfg.TableName)))
 	if err != nil {
 		w.ckErrors.Add(1)
 		return false, fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
