@@ -30,7 +30,7 @@ func (w *Watcher) MarkProcessed(ctx context.Context, token []byte) error {
 	if w.cfg.CheckpointInterval > 0 && !w.isClosed() {
 		return joinErrors(tokenErr, w.takeBackgroundError())
 	}
-	return joinErrors(tokenErr, w.saveCheckpoint(ctx, false))
+	return joinErrors(tokenErr, w.saveCheckpoint(ctx, saveChanged))
 }
 
 func (w *Watcher) isClosed() bool {

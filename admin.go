@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 )
 
@@ -132,14 +133,43 @@ func ResetPosition(ctx context.Context, db *sql.DB, target ResetTarget, opts Adm
 var ErrClientActive = errors.New("pgchangestream: a watcher of the client is running")
 
 // ResetToken saves pos as the client's token, in the form every schema state accepts:
-// {"timestamp", "eventID"}. It refuses (ErrClientActive) while a watcher of the client runs.
+// {"timestamp", "eventID"}, keeping the table the client's current token records. It refuses
+// (ErrClientActive) while a watcher of the client runs. A client without a token gets one that
+// records no table, which [Prune] counts for every table: use [ResetTableToken] for it.
 func ResetToken(ctx context.Context, db *sql.DB, client string, pos Position, opts AdminOptions) error {
+	return resetToken(ctx, db, client, "", pos, opts)
+}
+
+// ResetTableToken is [ResetToken] for the client of table (the changelog's table_name, which
+// its watcher reads): the token records table, so [Prune] keeps only that table's rows for it.
+func ResetTableToken(ctx context.Context, db *sql.DB, client, table string, pos Position, opts AdminOptions) error {
+	if err := checkText(table, MaxTableNameLen); err != nil || strings.TrimSpace(table) == "" {
+		if err == nil {
+			err = errors.New("is empty")
+		}
+		return fmt.Errorf("%w: table: %v", ErrInvalidConfig, err)
+	}
+	return resetToken(ctx, db, client, table, pos, opts)
+}
+
+// resetToken saves pos as the client's token for table; "" keeps the table of its token.
+func resetToken(ctx context.Context, db *sql.DB, client, table string, pos Position, opts AdminOptions) error {
 	t, err := opts.resolve()
 	if err != nil {
 		return err
 	}
 	return withClientLock(ctx, db, client, t, func(conn *sql.Conn) error {
-		if _, err := conn.ExecContext(ctx, t.q.saveToken, client, string(encodeToken(pos))); err != nil {
+		if table == "" {
+			var raw string
+			err := conn.QueryRowContext(ctx, t.q.loadToken, client).Scan(&raw)
+			if err != nil && !errors.Is(err, sql.ErrNoRows) {
+				return fmt.Errorf("read token table %s: %w", t.tokens, err)
+			}
+			if err == nil {
+				_, table, _ = decodeTableToken([]byte(raw)) // a token that does not load keeps its table all the same
+			}
+		}
+		if _, err := conn.ExecContext(ctx, t.q.saveToken, client, string(encodeToken(pos, table))); err != nil {
 			return fmt.Errorf("write token table %s: %w", t.tokens, err)
 		}
 		return nil

@@ -24,6 +24,15 @@ func (e *liveEnv) consume(client string, ids []int64, acked int) {
 	require.NoError(e.t, w.Close(context.Background()))
 }
 
+// holdersOf returns the client and row count of each holder.
+func holdersOf(res PruneResult) [][2]any {
+	var out [][2]any
+	for _, h := range res.Holders {
+		out = append(out, [2]any{h.Client, h.Rows})
+	}
+	return out
+}
+
 // requireResumes requires client's next watcher to deliver exactly want.
 func (e *liveEnv) requireResumes(client string, want []int64) {
 	e.t.Helper()
@@ -45,7 +54,9 @@ func TestLivePruneKeepsEveryRowAClientHasNotPassed(t *testing.T) {
 
 	res, err := Prune(ctx, e.db, PruneOptions{DryRun: true})
 	require.NoError(t, err)
-	require.Equal(t, PruneResult{Deleted: 3, Clients: []string{"ahead", "behind"}}, res)
+	require.Equal(t, int64(3), res.Deleted)
+	require.Equal(t, []string{"ahead", "behind"}, res.Clients)
+	require.Equal(t, [][2]any{{"behind", int64(5)}, {"ahead", int64(2)}}, holdersOf(res), "the rows each has not passed")
 	require.Equal(t, ids, e.idsInOrder(), "a dry run deletes nothing")
 
 	res, err = Prune(ctx, e.db, PruneOptions{OlderThan: time.Hour})

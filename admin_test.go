@@ -51,10 +51,19 @@ func TestResetTokenHoldsTheClientLock(t *testing.T) {
 	key := lockKey("resume_tokens", "c")
 	mock.ExpectQuery(`SELECT pg_try_advisory_lock($1)`).WithArgs(key).
 		WillReturnRows(sqlmock.NewRows([]string{"ok"}).AddRow(true))
-	mock.ExpectExec(wantSaveToken).WithArgs("c", string(encodeToken(makePosition(t0, 3)))).
+	mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(savedTokenRows(`{"eventID": 1, "table": "items"}`))
+	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2026-01-02T03:04:05Z","eventID":3,"table":"items"}`).
 		WillReturnResult(sqlmock.NewResult(0, 1))
 	mock.ExpectExec(`SELECT pg_advisory_unlock_all()`).WillReturnResult(sqlmock.NewResult(0, 0))
-	require.NoError(t, ResetToken(ctx, db, "c", makePosition(t0, 3), AdminOptions{}))
+	require.NoError(t, ResetToken(ctx, db, "c", makePosition(t0, 3), AdminOptions{}), "the token keeps its table")
+
+	mock.ExpectQuery(`SELECT pg_try_advisory_lock($1)`).WithArgs(key).
+		WillReturnRows(sqlmock.NewRows([]string{"ok"}).AddRow(true))
+	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2026-01-02T03:04:05Z","eventID":3,"table":"other"}`).
+		WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(`SELECT pg_advisory_unlock_all()`).WillReturnResult(sqlmock.NewResult(0, 0))
+	require.NoError(t, ResetTableToken(ctx, db, "c", "other", makePosition(t0, 3), AdminOptions{}))
+	require.ErrorIs(t, ResetTableToken(ctx, db, "c", " ", makePosition(t0, 3), AdminOptions{}), ErrInvalidConfig)
 
 	mock.ExpectQuery(`SELECT pg_try_advisory_lock($1)`).WithArgs(key).
 		WillReturnRows(sqlmock.NewRows([]string{"ok"}).AddRow(false))

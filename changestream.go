@@ -72,6 +72,7 @@ type Watcher struct {
 	ckMu     sync.Mutex
 	saved    Position
 	hasSaved bool
+	savedAt  time.Time // when saved was loaded or last written
 
 	// The last background save failure, returned once, guarded by errMu: not ckMu, so that an
 	// acknowledgement in batched mode never waits for a save it did not ask for.

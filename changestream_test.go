@@ -357,7 +357,7 @@ func TestLoadRetriesInsteadOfGuessing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeDB(testConfig(Config{}))
 		f.insert("t", t0, 2)
-		f.tokens["c"] = string(encodeToken(rowPos(f, 1)))
+		f.tokens["c"] = string(encodeToken(rowPos(f, 1), "t"))
 		f.failLoads = 3
 		start := time.Now()
 		w := startOn(t, t.Context(), f, Config{})

@@ -49,7 +49,7 @@ func (w *Watcher) load(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w.saved, w.hasSaved = pos, true
+	w.saved, w.hasSaved, w.savedAt = pos, true, time.Now()
 	w.setMarked(pos)
 	w.mu.Lock()
 	w.cursor = pos
@@ -113,7 +113,12 @@ func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, e
 	case err != nil:
 		return Position{}, fmt.Errorf("read token table %s: %w", w.cfg.TokenTable, err)
 	default:
-		pos, err = decodeToken([]byte(raw))
+		var table string
+		pos, table, err = decodeTableToken([]byte(raw))
+		if table != "" && table != w.cfg.TableName && !rewinding {
+			w.log.Warn("the saved token was written by a watcher of another table; Prune keeps this table's rows "+
+				"for it only once it saves its own", "token_table", table)
+		}
 		if errors.Is(err, errTokenNeedsLookup) {
 			pos, err = w.tokenRowPosition(ctx, pos.ID)
 		}
@@ -149,7 +154,7 @@ func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, e
 // only if the server is still in it; otherwise nothing is written and the error wraps
 // [ErrServerRecovered].
 func (w *Watcher) writeToken(ctx context.Context, p Position) error {
-	tok := string(encodeToken(p))
+	tok := string(encodeToken(p, w.cfg.TableName))
 	if p.span == nil || p.span.inc == "" {
 		_, err := w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, tok)
 		return err
@@ -297,11 +302,24 @@ func (w *Watcher) checkpointLocked() (p Position, ok bool) {
 	return p, true
 }
 
-// saveCheckpoint computes the checkpoint and persists it if it differs from the last one saved.
-// Compute and write happen under ckMu, so saves are ordered; mu is held only to compute.
-// idleOnly skips the save while deliveries are pending.
-func (w *Watcher) saveCheckpoint(ctx context.Context, idleOnly bool) error {
-	saved, err := w.writeCheckpoint(ctx, idleOnly)
+// saveRule says when a save writes.
+type saveRule uint8
+
+const (
+	// saveChanged writes a checkpoint that differs from the last one saved (MarkProcessed,
+	// Flush, late rows, the switch-over).
+	saveChanged saveRule = iota
+	// saveBatched is the batched saver's: saveChanged, and also a checkpoint that no read
+	// moved once CheckpointRefreshInterval passed since the last save, with nothing pending.
+	saveBatched
+	// saveIdle is the idle saver's: saveBatched, but only with nothing pending.
+	saveIdle
+)
+
+// saveCheckpoint computes the checkpoint and persists it if rule says so. Compute and write
+// happen under ckMu, so saves are ordered; mu is held only to compute.
+func (w *Watcher) saveCheckpoint(ctx context.Context, rule saveRule) error {
+	saved, err := w.writeCheckpoint(ctx, rule)
 	if saved {
 		w.afterSave(ctx) // outside ckMu: marking must not hold up the next save
 	}
@@ -309,14 +327,17 @@ func (w *Watcher) saveCheckpoint(ctx context.Context, idleOnly bool) error {
 }
 
 // writeCheckpoint is saveCheckpoint's compute-and-save under ckMu. saved reports a write.
-func (w *Watcher) writeCheckpoint(ctx context.Context, idleOnly bool) (saved bool, _ error) {
+func (w *Watcher) writeCheckpoint(ctx context.Context, rule saveRule) (saved bool, _ error) {
 	w.ckMu.Lock()
 	defer w.ckMu.Unlock()
 	w.mu.Lock()
 	p, ok := w.checkpointLocked()
 	busy := w.ring.Len() > 0 || w.ring.HasFloor()
 	w.mu.Unlock()
-	if !ok || (idleOnly && busy) || (w.hasSaved && unchanged(p, w.saved)) || w.cfg.Ephemeral {
+	// With nothing pending the checkpoint is the cursor: a refresh saves the newest snapshot
+	// read (or the same position again), and passes no delivery.
+	refresh := rule != saveChanged && !busy && time.Since(w.savedAt) >= w.cfg.CheckpointRefreshInterval
+	if !ok || (rule == saveIdle && busy) || (w.hasSaved && unchanged(p, w.saved) && !refresh) || w.cfg.Ephemeral {
 		return false, nil
 	}
 	if err := w.excl.lostErr(); err != nil { // a standby may hold the lock now
@@ -330,7 +351,7 @@ func (w *Watcher) writeCheckpoint(ctx context.Context, idleOnly bool) (saved boo
 		return false, fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
 	}
 	w.ckWrites.Add(1)
-	w.saved, w.hasSaved = p, true
+	w.saved, w.hasSaved, w.savedAt = p, true, time.Now()
 	w.mu.Lock()
 	w.savedMirror = p
 	w.mu.Unlock()
@@ -357,7 +378,7 @@ func (w *Watcher) Flush(ctx context.Context) error {
 		return w.cfgErr
 	}
 	prev := w.takeBackgroundError()
-	return joinErrors(prev, w.saveCheckpoint(ctx, false))
+	return joinErrors(prev, w.saveCheckpoint(ctx, saveChanged))
 }
 
 // takeBackgroundError returns and clears the last background save failure.
@@ -371,13 +392,15 @@ func (w *Watcher) takeBackgroundError() error {
 
 // saveLoop is the saver goroutine. With a batched CheckpointInterval it saves the checkpoint at
 // most once per interval when it changed; otherwise it saves only a checkpoint that moved with
-// nothing pending (rows skipped by the filter), at most once per IdleCheckpointInterval.
+// nothing pending (rows skipped by the filter), at most once per IdleCheckpointInterval. Either
+// way, with nothing pending, it saves a checkpoint no read moved once CheckpointRefreshInterval
+// passed since the last save.
 func (w *Watcher) saveLoop(ctx context.Context) {
 	defer w.wg.Done()
 	batched := w.cfg.CheckpointInterval > 0
-	interval := w.cfg.IdleCheckpointInterval
+	interval, rule := w.cfg.IdleCheckpointInterval, saveIdle
 	if batched {
-		interval = w.cfg.CheckpointInterval
+		interval, rule = w.cfg.CheckpointInterval, saveBatched
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -390,7 +413,7 @@ func (w *Watcher) saveLoop(ctx context.Context) {
 		if ctx.Err() != nil { // stopping: a tick that raced the stop starts no new save
 			return
 		}
-		err := w.saveInBackground(ctx, !batched)
+		err := w.saveInBackground(ctx, rule)
 		if err == nil {
 			continue
 		}
@@ -409,10 +432,10 @@ const backgroundSaveTimeout = 30 * time.Second
 // saveInBackground is a save the watcher starts by itself (idle, batched, or behind a late
 // row). Stopping the watcher does not cancel it mid-statement, so its outcome is known: either
 // it committed and is recorded, or it failed. Only the timeout bounds it.
-func (w *Watcher) saveInBackground(ctx context.Context, idleOnly bool) error {
+func (w *Watcher) saveInBackground(ctx context.Context, rule saveRule) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backgroundSaveTimeout)
 	defer cancel()
-	return w.saveCheckpoint(ctx, idleOnly)
+	return w.saveCheckpoint(ctx, rule)
 }
 
 // GetUnprocessedEventCount counts the changelog rows of the watched table after lastProcessedID

@@ -176,3 +176,90 @@ func TestPollWaitByMode(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, w.pollWait(), "notify mode waits for a NOTIFY only")
 }
+
+// loadedAt puts w in the state of a load that saved p, without a reader: the test moves the
+// cursor itself.
+func loadedAt(w *Watcher, p Position) {
+	w.ckMu.Lock()
+	w.saved, w.hasSaved, w.savedAt = p, true, time.Now()
+	w.ckMu.Unlock()
+	w.mu.Lock()
+	w.cursor, w.savedMirror, w.loaded = p, p, true
+	w.mu.Unlock()
+}
+
+// A caught-up watcher whose table gets no writes still saves the newer snapshot its reads moved
+// on to (so Prune can delete what other transactions wrote), at most once per
+// CheckpointRefreshInterval, and never past a pending delivery.
+func TestCaughtUpWatcherSavesItsNewerSnapshot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeDB(testConfig(Config{}))
+		cfg := testConfig(Config{CheckpointRefreshInterval: time.Minute})
+		cfg.DB = f.open(t)
+		w, err := New(cfg)
+		require.NoError(t, err)
+		start := Position{ChangedAt: t0, ID: 9, span: &span{seq: 1, base: mustSnapshot(t, "100:105:")}}
+		loadedAt(w, start)
+		moveOn := func(s string) Position { // a delta without a row of the table
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			w.cursor = w.cursor.nextDelta(mustSnapshot(t, s))
+			return w.cursor
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		w.wg.Add(1)
+		go w.saveLoop(ctx)
+
+		second := moveOn("106:110:")
+		time.Sleep(59 * time.Second)
+		synctest.Wait()
+		require.Empty(t, f.savedPositions(), "only the snapshot moved: no save before the interval")
+		time.Sleep(time.Second)
+		synctest.Wait()
+		require.Len(t, f.savedPositions(), 1, "the newer snapshot is saved after the interval")
+		require.Equal(t, second.String(), f.token(t, "c").String())
+
+		third := moveOn("111:115:")
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		require.Len(t, f.savedPositions(), 1, "at most one such save per interval")
+
+		// A delivery pending in the next delta holds the token back, however long it waits.
+		d := third.withEnd(mustSnapshot(t, "116:120:"), "")
+		d.Xid, d.ID = 112, 10
+		w.mu.Lock()
+		w.seq++
+		w.ring.Push(w.seq, d.ID, d)
+		w.cursor = d.nextDelta(mustSnapshot(t, "121:125:"))
+		w.mu.Unlock()
+		time.Sleep(5 * time.Minute)
+		synctest.Wait()
+		for _, p := range f.savedPositions() {
+			require.False(t, d.predecessor().Before(p), "saved %s past the pending delivery %s", p, d)
+		}
+		require.Len(t, f.savedPositions(), 1, "nothing is saved while a delivery is pending")
+
+		cancel()
+		w.wg.Wait()
+	})
+}
+
+// On a legacy changelog a caught-up watcher's position does not move; it is saved again once
+// per CheckpointRefreshInterval, so the token's saved time tells a running client from an
+// abandoned token.
+func TestCaughtUpWatcherRefreshesItsToken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeDB(testConfig(Config{}))
+		f.insert("t", t0, 1)
+		w := startOn(t, t.Context(), f, Config{CheckpointRefreshInterval: time.Minute})
+		synctest.Wait()
+		require.Len(t, f.savedPositions(), 1, "the start is saved")
+		time.Sleep(time.Minute + time.Second)
+		synctest.Wait()
+		require.Equal(t, []Position{rowPos(f, 1), rowPos(f, 1)}, f.savedPositions(), "the token is saved again")
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		require.Len(t, f.savedPositions(), 2)
+		closeWatcher(t, w)
+	})
+}

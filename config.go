@@ -25,6 +25,8 @@ const (
 	DefaultBufferSize             = 100
 	DefaultMaxPending             = 4096
 	DefaultIdleCheckpointInterval = time.Second
+	// DefaultCheckpointRefreshInterval is the default [Config.CheckpointRefreshInterval].
+	DefaultCheckpointRefreshInterval = time.Minute
 )
 
 // Limits of [Config]: larger sizes, shorter intervals and longer names are invalid. The sizes
@@ -37,8 +39,8 @@ const (
 	MaxBufferSize = 100_000
 	// MaxMaxPending is the largest MaxPending.
 	MaxMaxPending = 1 << 20
-	// MinInterval is the shortest PollInterval, FallbackPollInterval, IdleCheckpointInterval and
-	// positive CheckpointInterval.
+	// MinInterval is the shortest PollInterval, FallbackPollInterval, IdleCheckpointInterval,
+	// CheckpointRefreshInterval and positive CheckpointInterval.
 	MinInterval = time.Millisecond
 	// MaxClientNameLen is the length, in characters, of the token table's client_name column
 	// (VARCHAR(255)).
@@ -99,6 +101,15 @@ type Config struct {
 	// interval when it changed; Flush and Close save at once. After a crash, acknowledged events
 	// since the last save are delivered again.
 	CheckpointInterval time.Duration
+	// CheckpointRefreshInterval is how often, at most, a watcher with nothing pending saves a
+	// checkpoint that no read moved: its saves are otherwise skipped. A watcher caught up on a
+	// table without writes thereby keeps its token's snapshot recent (on an upgraded changelog
+	// the snapshot moves with every other transaction, and [Prune] keeps every row the saved
+	// snapshot does not see) and its saved time fresh (so a token not saved for much longer
+	// belongs to no running watcher). The background saver checks it on its ticks (every
+	// IdleCheckpointInterval, or CheckpointInterval when batched). Default 1m; at least
+	// [MinInterval].
+	CheckpointRefreshInterval time.Duration
 
 	// Exclusive makes at most one watcher per ClientName deliver at a time. Each holds a
 	// session advisory lock (keyed by TokenTable and ClientName) on a connection of its own
@@ -165,6 +176,9 @@ func (cfg Config) withDefaults() Config {
 	if cfg.IdleCheckpointInterval == 0 {
 		cfg.IdleCheckpointInterval = DefaultIdleCheckpointInterval
 	}
+	if cfg.CheckpointRefreshInterval == 0 {
+		cfg.CheckpointRefreshInterval = DefaultCheckpointRefreshInterval
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -224,6 +238,7 @@ func (cfg Config) validate() error {
 		{"Config.PollInterval", cfg.PollInterval},
 		{"Config.FallbackPollInterval", cfg.FallbackPollInterval},
 		{"Config.IdleCheckpointInterval", cfg.IdleCheckpointInterval},
+		{"Config.CheckpointRefreshInterval", cfg.CheckpointRefreshInterval},
 	} {
 		if f.value < MinInterval {
 			return invalid("%s must be at least %v, got %v", f.name, MinInterval, f.value)

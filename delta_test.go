@@ -52,7 +52,7 @@ func TestDeltaReadsFollowSnapshots(t *testing.T) {
 	expectUpgradedLoad(w, mock, "100:105:100,103", "104", savedTokenRows())
 	mock.ExpectQuery(wantNewest).WithArgs("t").WillReturnRows(sqlmock.NewRows([]string{"changed_at", "id"}).AddRow(ts, int64(9)))
 	mock.ExpectExec(wantSaveToken).WithArgs("c",
-		`{"timestamp":"2025-05-06T07:08:09Z","eventID":9,"snapshot":"100:105:100,103"}`).WillReturnResult(sqlmock.NewResult(0, 1))
+		`{"timestamp":"2025-05-06T07:08:09Z","eventID":9,"snapshot":"100:105:100,103","table":"t"}`).WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.load(ctx))
 	require.True(t, w.skipFree.Load())
 
@@ -83,7 +83,7 @@ func TestDeltaReadsFollowSnapshots(t *testing.T) {
 	// The ack certifies row 8: the saved token is inside the delta, before row 12, and the
 	// processed flag is set through the ranges from the start position to it.
 	mock.ExpectExec(wantSaveToken).WithArgs("c",
-		`{"timestamp":"2025-05-06T07:08:09Z","eventID":11,"snapshot":"100:105:100,103","deltaEnd":"100:110:100,107","deltaXid":"106","deltaID":11}`).
+		`{"timestamp":"2025-05-06T07:08:09Z","eventID":11,"snapshot":"100:105:100,103","deltaEnd":"100:110:100,107","deltaXid":"106","deltaID":11,"table":"t"}`).
 		WillReturnResult(sqlmock.NewResult(0, 1))
 	mock.ExpectExec(w.q.markDelta).WithArgs("t", "{103,104}", "{-9223372036854775808,9223372036854775807}", "{103,106}", "{9223372036854775807,11}",
 		"100:105:100,103", "100:110:100,107", "106", int64(11)).
@@ -97,7 +97,7 @@ func TestLegacyTokenSwitchesOver(t *testing.T) {
 	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
 	w, mock := newMockWatcher(t, Config{BatchSize: 2})
 	expectUpgradedLoad(w, mock, "100:105:", nil, savedTokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5}`))
-	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"switchover":"100:105:"}`).
+	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"switchover":"100:105:","table":"t"}`).
 		WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.load(ctx), "the switch-over snapshot is saved at once, so a restart keeps it")
 
@@ -113,7 +113,7 @@ func TestLegacyTokenSwitchesOver(t *testing.T) {
 	require.Equal(t, "100:105:", cur.span.base.String())
 
 	// The first save after the switch-over also marks the rest of the legacy part.
-	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2025-05-06T07:08:09Z","eventID":6,"snapshot":"100:105:"}`).
+	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2025-05-06T07:08:09Z","eventID":6,"snapshot":"100:105:","table":"t"}`).
 		WillReturnResult(sqlmock.NewResult(0, 1))
 	mock.ExpectExec(w.q.markSwitch).WithArgs("t", "{}", "{}", "{}", "{}",
 		"100:105:", "100:105:", "0", int64(6), ts, int64(5)).

@@ -125,5 +125,5 @@ func (w *Watcher) noticeUpgrade(ctx context.Context) error {
 		return nil
 	}
 	w.log.Info("the changelog was upgraded: switching over to snapshot deltas", "snapshot", now)
-	return w.saveInBackground(ctx, false)
+	return w.saveInBackground(ctx, saveChanged)
 }

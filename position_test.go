@@ -29,7 +29,7 @@ func TestPositionOrder(t *testing.T) {
 
 func TestTokenRoundTrip(t *testing.T) {
 	p := makePosition(time.Date(2025, 5, 6, 7, 8, 9, 123456000, time.UTC), 452)
-	data := encodeToken(p)
+	data := encodeToken(p, "")
 	require.JSONEq(t, `{"timestamp":"2025-05-06T07:08:09.123456Z","eventID":452}`, string(data))
 	got, err := decodeToken(data)
 	require.NoError(t, err)

@@ -43,18 +43,47 @@ type PruneResult struct {
 	// Unresolved are clients whose token names a changelog row that no longer exists: their
 	// watcher replays from the beginning, so they hold every row back and nothing is deleted.
 	Unresolved []string
+	// Holders are the clients whose tokens kept rows that are old enough (and of Table, when
+	// set), the most rows first.
+	Holders []PruneHolder
 }
 
-// Prune deletes the changelog rows that every client has passed: a row is deleted only if the
-// saved token of every client in the token table (but those in IgnoreClients) certifies it.
-// The token table does not record a client's table, so every token counts for every table: a
-// client that never reads a table still holds back that table's rows after its position.
-// Prune never uses the legacy processed flag, which is shared by all clients. It refuses when
-// a token cannot be parsed, and deletes nothing when there is no token or when a token's row
+// PruneHolder is a client whose token kept rows [Prune] would otherwise have deleted.
+type PruneHolder struct {
+	Client string
+	// Table is the table its token records; "" for a token that records none, which counts
+	// for every table.
+	Table string
+	// Rows is the number of rows, old enough and of Table (and of PruneOptions.Table), that
+	// its token has not passed.
+	Rows int64
+	// SavedAt is when its token was last saved, and Age how long ago, by the database's clock.
+	// A running watcher saves at least once per [Config.CheckpointRefreshInterval] while it has
+	// nothing pending: a much older token often belongs to a client that no longer runs.
+	SavedAt time.Time
+	Age     time.Duration
+}
+
+// pruneToken is a token that counts for the rows [Prune] may delete.
+type pruneToken struct {
+	SavedToken
+	pos   Position
+	table string // the table it records; "" for every table
+}
+
+// Prune deletes the changelog rows that every client of their table has passed: a row is
+// deleted only if it is older than OlderThan, some saved token counts for its table, and every
+// such token (but those in IgnoreClients) certifies it. A token counts for the table it
+// records ([Config.TableName] of the watcher that saved it); a token that records none (saved
+// by an older watcher, or by [ResetToken] for a client without a token) counts for every
+// table. So the rows of a table that no token counts for are kept, and so is everything when
+// there is no token. Prune never uses the legacy processed flag, which is shared by all
+// clients. It refuses when a token cannot be parsed, and deletes nothing when a token's row
 // cannot be found. A row whose transaction was still open when a legacy token passed its
 // position is certified by that token too, but its watcher may not have fetched it yet:
 // OlderThan keeps a margin against that. The tokens are read once, before the first batch: do
-// not move a token back ([ResetToken]) while Prune runs.
+// not move a token back ([ResetToken]) while Prune runs. The result names the clients whose
+// tokens kept rows back, with the age of their tokens.
 func Prune(ctx context.Context, db *sql.DB, opts PruneOptions) (PruneResult, error) {
 	tables, err := opts.resolve()
 	if err != nil {
@@ -64,25 +93,83 @@ func Prune(ctx context.Context, db *sql.DB, opts PruneOptions) (PruneResult, err
 	if opts.BatchSize <= 0 {
 		opts.BatchSize = DefaultPruneBatch
 	}
-	tokens, err := ListTokens(ctx, db, opts.AdminOptions)
-	if err != nil {
-		return PruneResult{}, err
-	}
 	var res PruneResult
-	var args []any
-	arg := func(v any) string {
-		args = append(args, v)
-		return "$" + strconv.Itoa(len(args))
+	tokens, err := pruneTokens(ctx, db, tables, opts, &res)
+	if err != nil || len(tokens) == 0 || len(res.Unresolved) > 0 {
+		return res, err
 	}
+	var args params
+	conds := opts.reach(args.add)
+	everyTable := false
+	var tokenTables []string
+	for _, t := range tokens {
+		switch {
+		case t.table == "":
+			everyTable = true
+		case opts.Table == "": // it holds back only the rows of its table
+			tokenTables = append(tokenTables, t.table)
+			other := args.add(t.table)
+			conds = append(conds, "(c.table_name <> "+other+" OR "+certifiedBy(t.pos, args.add)+")")
+			continue
+		}
+		conds = append(conds, certifiedBy(t.pos, args.add))
+	}
+	if !everyTable && opts.Table == "" { // keep the rows of tables no token counts for
+		slices.Sort(tokenTables)
+		in := make([]string, 0, len(tokenTables))
+		for _, table := range slices.Compact(tokenTables) {
+			in = append(in, args.add(table))
+		}
+		conds = append(conds, "c.table_name IN ("+strings.Join(in, ", ")+")")
+	}
+	where := strings.Join(conds, "\n\tAND ")
+	if opts.DryRun {
+		err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+cl+` c WHERE `+where, args...).Scan(&res.Deleted)
+		if err != nil {
+			return res, fmt.Errorf("count passed rows of changelog %s: %w", tables.changelog, err)
+		}
+	} else if err := deletePassed(ctx, db, tables, where, args, opts, &res); err != nil {
+		return res, err
+	}
+	return res, findHolders(ctx, db, tables, opts, tokens, &res)
+}
+
+// params collects the parameters of one statement.
+type params []any
+
+// add appends a parameter and returns its placeholder.
+func (p *params) add(v any) string {
+	*p = append(*p, v)
+	return "$" + strconv.Itoa(len(*p))
+}
+
+// reach returns the conditions, on changelog row c, of the rows Prune may delete whatever the
+// tokens: old enough, and of Table when set.
+func (opts PruneOptions) reach(arg func(any) string) []string {
 	conds := []string{"c.changed_at < now() - make_interval(secs => " + arg(opts.OlderThan.Seconds()) + "::float8)"}
 	if opts.Table != "" {
 		conds = append(conds, "c.table_name = "+arg(opts.Table))
 	}
-	for _, t := range tokens {
+	return conds
+}
+
+// pruneTokens returns the tokens that count for the rows Prune may delete: all but the ignored
+// ones and, with Table set, those of other tables. It adds their clients to res.Clients, or to
+// res.Unresolved for those whose row is gone.
+func pruneTokens(ctx context.Context, db *sql.DB, tables adminTables, opts PruneOptions, res *PruneResult) ([]pruneToken, error) {
+	saved, err := ListTokens(ctx, db, opts.AdminOptions)
+	if err != nil {
+		return nil, err
+	}
+	var out []pruneToken
+	for _, t := range saved {
 		if slices.Contains(opts.IgnoreClients, t.Client) {
 			continue
 		}
-		pos, err := decodeToken([]byte(t.Token))
+		pos, table, err := decodeTableToken([]byte(t.Token))
+		if opts.Table != "" && table != "" && table != opts.Table {
+			continue
+		}
 		if errors.Is(err, errTokenNeedsLookup) {
 			pos, err = lookUpTokenRow(ctx, db, tables.q.rowTime, pos.ID)
 			if errors.Is(err, sql.ErrNoRows) {
@@ -91,33 +178,27 @@ func Prune(ctx context.Context, db *sql.DB, opts PruneOptions) (PruneResult, err
 			}
 		}
 		if err != nil {
-			return PruneResult{}, fmt.Errorf("client %s: %w", t.Client, err)
+			return nil, fmt.Errorf("client %s: %w", t.Client, err)
 		}
 		res.Clients = append(res.Clients, t.Client)
-		conds = append(conds, certifiedBy(pos, arg))
+		out = append(out, pruneToken{SavedToken: t, pos: pos, table: table})
 	}
-	if len(res.Clients) == 0 || len(res.Unresolved) > 0 {
-		return res, nil
-	}
-	where := strings.Join(conds, "\n\tAND ")
-	if opts.DryRun {
-		err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+cl+` c WHERE `+where, args...).Scan(&res.Deleted)
-		if err != nil {
-			return res, fmt.Errorf("count passed rows of changelog %s: %w", tables.changelog, err)
-		}
-		return res, nil
-	}
-	del := `WITH doomed AS (SELECT c.id FROM ` + cl + ` c WHERE ` + where + ` ORDER BY c.id LIMIT ` +
+	return out, nil
+}
+
+// deletePassed deletes the rows matching where, in batches.
+func deletePassed(ctx context.Context, db *sql.DB, tables adminTables, where string, args params, opts PruneOptions, res *PruneResult) error {
+	del := `WITH doomed AS (SELECT c.id FROM ` + tables.cl + ` c WHERE ` + where + ` ORDER BY c.id LIMIT ` +
 		strconv.Itoa(opts.BatchSize) + `)
-	DELETE FROM ` + cl + ` WHERE id IN (SELECT id FROM doomed)`
+	DELETE FROM ` + tables.cl + ` WHERE id IN (SELECT id FROM doomed)`
 	for {
 		r, err := db.ExecContext(ctx, del, args...)
 		if err != nil {
-			return res, fmt.Errorf("delete passed rows of changelog %s: %w", tables.changelog, err)
+			return fmt.Errorf("delete passed rows of changelog %s: %w", tables.changelog, err)
 		}
 		n, err := r.RowsAffected()
 		if err != nil {
-			return res, err
+			return err
 		}
 		res.Deleted += n
 		res.Batches++
@@ -125,9 +206,38 @@ func Prune(ctx context.Context, db *sql.DB, opts PruneOptions) (PruneResult, err
 			opts.Progress(res.Deleted)
 		}
 		if n < int64(opts.BatchSize) {
-			return res, nil
+			return nil
 		}
 	}
+}
+
+// findHolders counts, for each token, the rows in reach of the prune that it has not passed,
+// and lists the tokens that kept some in res.Holders.
+func findHolders(ctx context.Context, db *sql.DB, tables adminTables, opts PruneOptions, tokens []pruneToken, res *PruneResult) error {
+	for _, t := range tokens {
+		var args params
+		conds := opts.reach(args.add)
+		if t.table != "" && opts.Table == "" {
+			conds = append(conds, "c.table_name = "+args.add(t.table))
+		}
+		conds = append(conds, notCertifiedBy(t.pos, args.add))
+		h := PruneHolder{Client: t.Client, Table: t.table, SavedAt: t.UpdatedAt}
+		var now time.Time
+		err := db.QueryRowContext(ctx, `SELECT count(*), now() FROM `+tables.cl+` c WHERE `+
+			strings.Join(conds, "\n\tAND "), args...).Scan(&h.Rows, &now)
+		if err != nil {
+			return fmt.Errorf("count the rows client %s holds back in changelog %s: %w", t.Client, tables.changelog, err)
+		}
+		if h.Rows == 0 {
+			continue
+		}
+		if !h.SavedAt.IsZero() {
+			h.Age = now.Sub(h.SavedAt)
+		}
+		res.Holders = append(res.Holders, h)
+	}
+	slices.SortStableFunc(res.Holders, func(a, b PruneHolder) int { return cmpOrdered(b.Rows, a.Rows) })
+	return nil
 }
 
 // lookUpTokenRow returns the legacy position of an id-only token, whose changed_at is its row's

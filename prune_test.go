@@ -5,6 +5,7 @@ import (
 	"database/sql/driver"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/stretchr/testify/require"
@@ -59,6 +60,11 @@ func tokenRows(kv ...string) *sqlmock.Rows {
 	return rows
 }
 
+// holderRows is the answer of a holder count: n rows, an hour after t0.
+func holderRows(n int64) *sqlmock.Rows {
+	return sqlmock.NewRows([]string{"count", "now"}).AddRow(n, t0.Add(time.Hour))
+}
+
 func TestPruneDeletesInBatchesBelowEveryToken(t *testing.T) {
 	db, mock := mockDB(t)
 	mock.ExpectQuery(wantListTokens).WillReturnRows(tokenRows(
@@ -73,11 +79,20 @@ func TestPruneDeletesInBatchesBelowEveryToken(t *testing.T) {
 	args := []driver.Value{float64(60), "items", t0, int64(9), "10:20:"}
 	mock.ExpectExec(del).WithArgs(args...).WillReturnResult(sqlmock.NewResult(0, 2))
 	mock.ExpectExec(del).WithArgs(args...).WillReturnResult(sqlmock.NewResult(0, 1))
+	holds := `SELECT count(*), now() FROM "datastore_changelog" c WHERE c.changed_at < now() - make_interval(secs => $1::float8)
+	AND c.table_name = $2
+	AND `
+	mock.ExpectQuery(holds+`(c.changed_at, c.id) > ($3::timestamptz, $4::bigint) AND NOT (c.changed_at, c.id) <= ($5::timestamptz, $6::bigint)`).
+		WithArgs(float64(60), "items", t0, int64(9), t0, int64(9)).WillReturnRows(holderRows(0))
+	mock.ExpectQuery(holds+`c.txid >= $3::xid8 AND NOT (c.txid IS NULL OR pg_visible_in_snapshot(c.txid, $4::pg_snapshot))`).
+		WithArgs(float64(60), "items", "10", "10:20:").WillReturnRows(holderRows(4))
 	var progress []int64
 	res, err := Prune(context.Background(), db, PruneOptions{OlderThan: 60e9, Table: "items", BatchSize: 2,
 		IgnoreClients: []string{"old"}, Progress: func(n int64) { progress = append(progress, n) }})
 	require.NoError(t, err)
-	require.Equal(t, PruneResult{Deleted: 3, Batches: 2, Clients: []string{"a", "b"}}, res)
+	require.Equal(t, PruneResult{Deleted: 3, Batches: 2, Clients: []string{"a", "b"},
+		Holders: []PruneHolder{{Client: "b", Rows: 4, SavedAt: t0, Age: time.Hour}}}, res,
+		"b's token keeps 4 rows; a's none")
 	require.Equal(t, []int64{2, 3}, progress)
 	require.NoError(t, mock.ExpectationsWereMet())
 }
@@ -112,9 +127,65 @@ func TestPruneDryRunCounts(t *testing.T) {
 	mock.ExpectQuery(`SELECT count(*) FROM "datastore_changelog" c WHERE c.changed_at < now() - make_interval(secs => $1::float8)
 	AND (c.changed_at, c.id) <= ($2::timestamptz, $3::bigint)`).WithArgs(float64(0), t0, int64(9)).
 		WillReturnRows(sqlmock.NewRows([]string{"count"}).AddRow(int64(12)))
+	mock.ExpectQuery(`SELECT count(*), now() FROM "datastore_changelog" c WHERE c.changed_at < now() - make_interval(secs => $1::float8)
+	AND (c.changed_at, c.id) > ($2::timestamptz, $3::bigint) AND NOT (c.changed_at, c.id) <= ($4::timestamptz, $5::bigint)`).
+		WithArgs(float64(0), t0, int64(9), t0, int64(9)).WillReturnRows(holderRows(0))
 	res, err := Prune(context.Background(), db, PruneOptions{DryRun: true})
 	require.NoError(t, err)
 	require.Equal(t, int64(12), res.Deleted)
 	require.Zero(t, res.Batches)
+	require.NoError(t, mock.ExpectationsWereMet())
+}
+
+// A token counts only for the table it records: with Table set, tokens of other tables are left
+// out; without it, each holds back only its own table's rows, and rows of a table no token
+// counts for are kept.
+func TestPruneCountsATokenForItsTableOnly(t *testing.T) {
+	const legacy = `{"timestamp":"2026-01-02T03:04:05Z","eventID":9`
+	listed := func() *sqlmock.Rows {
+		return tokenRows("items1", legacy+`,"table":"items"}`, "items2", legacy+`,"table":"items"}`,
+			"other", legacy+`,"table":"other"}`)
+	}
+	count := `SELECT count(*) FROM "datastore_changelog" c WHERE c.changed_at < now() - make_interval(secs => $1::float8)
+	AND `
+	held := `SELECT count(*), now() FROM "datastore_changelog" c WHERE c.changed_at < now() - make_interval(secs => $1::float8)
+	AND c.table_name = $2
+	AND (c.changed_at, c.id) > ($3::timestamptz, $4::bigint) AND NOT (c.changed_at, c.id) <= ($5::timestamptz, $6::bigint)`
+
+	db, mock := mockDB(t)
+	mock.ExpectQuery(wantListTokens).WillReturnRows(listed())
+	mock.ExpectQuery(count+`c.table_name = $2
+	AND (c.changed_at, c.id) <= ($3::timestamptz, $4::bigint)
+	AND (c.changed_at, c.id) <= ($5::timestamptz, $6::bigint)`).WithArgs(float64(0), "items", t0, int64(9), t0, int64(9)).
+		WillReturnRows(sqlmock.NewRows([]string{"count"}).AddRow(int64(5)))
+	for range 2 {
+		mock.ExpectQuery(held).WithArgs(float64(0), "items", t0, int64(9), t0, int64(9)).WillReturnRows(holderRows(0))
+	}
+	res, err := Prune(context.Background(), db, PruneOptions{DryRun: true, Table: "items"})
+	require.NoError(t, err)
+	require.Equal(t, PruneResult{Deleted: 5, Clients: []string{"items1", "items2"}}, res, "the token of other is left out")
+	require.NoError(t, mock.ExpectationsWereMet())
+
+	db, mock = mockDB(t)
+	mock.ExpectQuery(wantListTokens).WillReturnRows(listed())
+	tableToken := func(n int) string {
+		return `(c.table_name <> $` + strconv.Itoa(n) + ` OR (c.changed_at, c.id) <= ($` + strconv.Itoa(n+1) +
+			`::timestamptz, $` + strconv.Itoa(n+2) + `::bigint))`
+	}
+	mock.ExpectQuery(count+tableToken(2)+`
+	AND `+tableToken(5)+`
+	AND `+tableToken(8)+`
+	AND c.table_name IN ($11, $12)`).
+		WithArgs(float64(0), "items", t0, int64(9), "items", t0, int64(9), "other", t0, int64(9), "items", "other").
+		WillReturnRows(sqlmock.NewRows([]string{"count"}).AddRow(int64(7)))
+	mock.ExpectQuery(held).WithArgs(float64(0), "items", t0, int64(9), t0, int64(9)).WillReturnRows(holderRows(0))
+	mock.ExpectQuery(held).WithArgs(float64(0), "items", t0, int64(9), t0, int64(9)).WillReturnRows(holderRows(2))
+	mock.ExpectQuery(held).WithArgs(float64(0), "other", t0, int64(9), t0, int64(9)).WillReturnRows(holderRows(3))
+	res, err = Prune(context.Background(), db, PruneOptions{DryRun: true})
+	require.NoError(t, err)
+	require.Equal(t, PruneResult{Deleted: 7, Clients: []string{"items1", "items2", "other"}, Holders: []PruneHolder{
+		{Client: "other", Table: "other", Rows: 3, SavedAt: t0, Age: time.Hour},
+		{Client: "items2", Table: "items", Rows: 2, SavedAt: t0, Age: time.Hour},
+	}}, res)
 	require.NoError(t, mock.ExpectationsWereMet())
 }

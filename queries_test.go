@@ -102,7 +102,7 @@ func TestLoadSavedTokenFormats(t *testing.T) {
 		mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(sqlmock.NewRows([]string{"resume_token"}))
 		mock.ExpectQuery(wantNewest).WithArgs("t").
 			WillReturnRows(sqlmock.NewRows([]string{"changed_at", "id"}).AddRow(ts, int64(9)))
-		mock.ExpectExec(wantSaveToken).WithArgs("c", string(encodeToken(makePosition(ts, 9)))).
+		mock.ExpectExec(wantSaveToken).WithArgs("c", string(encodeToken(makePosition(ts, 9), "t"))).
 			WillReturnResult(sqlmock.NewResult(0, 1))
 		require.NoError(t, w.load(context.Background()))
 		require.Equal(t, makePosition(ts, 9), w.Stats().Checkpoint)
@@ -117,7 +117,7 @@ func TestSaveThenMark(t *testing.T) {
 	w, mock := newMockWatcher(t, Config{})
 	expectLegacyChangelog(mock)
 	mock.ExpectQuery(wantLoad).WithArgs("c").
-		WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(string(encodeToken(makePosition(ts, 1)))))
+		WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(string(encodeToken(makePosition(ts, 1), "t"))))
 	require.NoError(t, w.load(context.Background()))
 	mock.ExpectQuery(wantRead).WithArgs("t", ts, int64(1)).WillReturnRows(sqlmock.NewRows(changelogCols).
 		AddRow(int64(2), "r2", "INSERT", nil, []byte(`{"a":1}`), ts).
@@ -127,7 +127,7 @@ func TestSaveThenMark(t *testing.T) {
 	require.Equal(t, 2, n)
 
 	want := makePosition(ts, 3).predecessor()
-	mock.ExpectExec(wantSaveToken).WithArgs("c", string(encodeToken(want))).WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(wantSaveToken).WithArgs("c", string(encodeToken(want, "t"))).WillReturnResult(sqlmock.NewResult(0, 1))
 	mock.ExpectExec(wantMark).WithArgs("t", ts, int64(1), want.ChangedAt, want.ID).WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.MarkProcessed(context.Background(), tok(2)))
 

@@ -252,7 +252,7 @@ func (w *Watcher) deliver(ctx context.Context, row *changelogRow, pos Position, 
 		return nil
 	}
 	if behindSaved {
-		if err := w.saveInBackground(ctx, false); err != nil {
+		if err := w.saveInBackground(ctx, saveChanged); err != nil {
 			w.log.Warn("cannot move the saved token back behind a late row; the next save retries", "id", row.ID, "error", err)
 		}
 	}

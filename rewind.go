@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Server recoveries. PostgreSQL restarts its transaction counter after the last id found in
@@ -112,7 +113,7 @@ func (w *Watcher) rewind(ctx context.Context, why string) error {
 		return fmt.Errorf("go back to the saved token after a server recovery: %w", err)
 	}
 	w.rewindAsked.Store(false)
-	w.saved, w.hasSaved = pos, true
+	w.saved, w.hasSaved, w.savedAt = pos, true, time.Now()
 	w.setMarked(pos)
 	w.mu.Lock()
 	w.ring.Rebase(pos)

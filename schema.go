@@ -33,6 +33,14 @@ type SchemaOptions struct {
 	NotifyChannel string
 	// FunctionName is the trigger function. Default "log_table_changes".
 	FunctionName string
+	// WithoutNotify makes [CaptureChanges] attach the trigger function with the argument
+	// 'no_notify': it writes the changelog row and sends no NOTIFY. PostgreSQL refuses to
+	// PREPARE a transaction that sent a NOTIFY, so tables written by prepared (two-phase)
+	// transactions need it. Their rows are read by polling: a watcher in polling mode, or in
+	// hybrid mode through its fallback poll (FallbackPollInterval); notify mode sees them only
+	// at its catch-up reads. On a legacy changelog (no txid column) a row that commits behind
+	// the read position is then never seen. [InstallSchema] ignores it.
+	WithoutNotify bool
 }
 
 const (
@@ -407,6 +415,10 @@ func unlockInstall(ctx context.Context, conn *sql.Conn) {
 	}
 }
 
+// noNotifyArg is the trigger argument that makes the trigger function skip its NOTIFY
+// (schema/install.sql).
+const noNotifyArg = "no_notify"
+
 // CaptureChangesSQL returns the statements [CaptureChanges] runs: one DO block that checks the
 // table and attaches the trigger if it is missing.
 func CaptureChangesSQL(table string, opts SchemaOptions) ([]string, error) {
@@ -418,14 +430,19 @@ func CaptureChangesSQL(table string, opts SchemaOptions) ([]string, error) {
 		return nil, err
 	}
 	trigger := triggerName(table)
+	args := ""
+	if opts.WithoutNotify {
+		args = quoteLiteral(noNotifyArg)
+	}
 	stmt, err := renderSchema("capture.sql", struct {
 		LockKey                                                  int64
 		Table, TableLiteral, ChangelogLiteral, Trigger, Function string
-		TriggerLiteral                                           string
+		TriggerLiteral, Args                                     string
+		WithoutNotify                                            bool
 	}{
 		ddlLockKey, quoteIdentifier(table), quoteLiteral(quoteIdentifier(table)),
 		quoteLiteral(quoteIdentifier(opts.ChangelogTable)), quoteIdentifier(trigger),
-		quoteIdentifier(opts.FunctionName), quoteLiteral(trigger),
+		quoteIdentifier(opts.FunctionName), quoteLiteral(trigger), args, opts.WithoutNotify,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pgchangestream: capture changes of %s: %w", table, err)
@@ -438,7 +455,8 @@ func CaptureChangesSQL(table string, opts SchemaOptions) ([]string, error) {
 // or deleted row. The table must have a column named id, whose value becomes the changelog's
 // record_id; CaptureChanges fails if the table does not exist, has no id column, or has one
 // the changelog's record_id cannot store (an existing changelog's UUID record_id takes only
-// uuid ids). Run [InstallSchema] first.
+// uuid ids), or if the trigger exists and notifies while [SchemaOptions.WithoutNotify] is set
+// (or the other way round): drop it first to change. Run [InstallSchema] first.
 func CaptureChanges(ctx context.Context, db *sql.DB, table string, opts SchemaOptions) error {
 	stmts, err := CaptureChangesSQL(table, opts)
 	if err != nil {

@@ -67,7 +67,8 @@ func TestInstallSchemaSQLDefaults(t *testing.T) {
 		`CREATE OR REPLACE FUNCTION "log_table_changes"() RETURNS trigger`,
 		`INSERT INTO "datastore_changelog" (table_name, record_id, operation, new_values)`,
 		"VALUES (TG_TABLE_NAME, OLD.id, TG_OP, to_jsonb(OLD))",
-		"PERFORM pg_notify('nvsentinel_changes', json_build_object(\n        'id', changelog_id, 'table', TG_TABLE_NAME, 'operation', TG_OP)::text);",
+		"IF TG_NARGS = 0 OR TG_ARGV[0] <> 'no_notify' THEN\n        PERFORM pg_notify('nvsentinel_changes', json_build_object(\n" +
+			"            'id', changelog_id, 'table', TG_TABLE_NAME, 'operation', TG_OP)::text);",
 	} {
 		assert.Contains(t, stmts[0], want)
 	}
@@ -266,11 +267,19 @@ func TestCaptureChangesSQL(t *testing.T) {
 				"tgname = '" + tc.trigger + "'",
 				fmt.Sprintf(`CREATE TRIGGER "%s" AFTER INSERT OR UPDATE OR DELETE ON %s`, tc.trigger, tc.on),
 				"FOR EACH ROW EXECUTE FUNCTION " + quoteIdentifier(opts.FunctionName) + "();",
+				"ELSIF quiet <> false THEN",
 			} {
 				assert.Contains(t, stmts[0], want)
 			}
 		})
 	}
+}
+
+func TestCaptureChangesWithoutNotifySQL(t *testing.T) {
+	stmts, err := CaptureChangesSQL("orders", SchemaOptions{WithoutNotify: true})
+	require.NoError(t, err)
+	assert.Contains(t, stmts[0], `FOR EACH ROW EXECUTE FUNCTION "log_table_changes"('no_notify');`)
+	assert.Contains(t, stmts[0], "ELSIF quiet <> true THEN")
 }
 
 func TestCaptureChanges(t *testing.T) {

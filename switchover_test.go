@@ -57,7 +57,7 @@ func TestLiveSwitchOver(t *testing.T) {
 		token := e.rawToken("c")
 		var fields map[string]any
 		require.NoError(t, json.Unmarshal([]byte(token), &fields))
-		require.ElementsMatch(t, []string{"timestamp", "eventID"}, slices.Collect(maps.Keys(fields)), "a legacy token: %s", token)
+		require.ElementsMatch(t, []string{"timestamp", "eventID", "table"}, slices.Collect(maps.Keys(fields)), "a legacy token: %s", token)
 		acked := e.idsAtOrBefore(token)
 		require.Equal(t, ids[:6], acked)
 

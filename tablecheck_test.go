@@ -74,13 +74,14 @@ func TestCheckTableName(t *testing.T) {
 func TestLiveStartWarnsAboutTableName(t *testing.T) {
 	e := newLive(t)
 	for table, warning := range map[string]string{
-		"public." + liveTable: `msg="Config.TableName has a schema prefix, but the changelog records bare table names: no event will match" client=c table=public.items use=items`,
+		"public." + liveTable: `msg="Config.TableName has a schema prefix, but the changelog records bare table names: no event will match" client=public.items table=public.items use=items`,
 		"nothing":             "no changelog row and no table with a trigger has Config.TableName",
 		liveTable:             "",
 	} {
 		var logs syncBuffer
 		cfg := e.config(ModePolling)
 		cfg.TableName, cfg.Logger = table, slog.New(slog.NewTextHandler(&logs, nil))
+		cfg.ClientName = table // a client of its own: a token of another table is warned about
 		w := e.start(cfg)
 		require.Eventually(t, func() bool { empty, _ := w.LagState(); return !empty.IsZero() },
 			liveWait, 10*time.Millisecond, "the first read, which follows the check")

@@ -21,6 +21,10 @@ import (
 //   - "switchover": the client is switching over from a legacy token: of the rows this
 //     pg_snapshot sees (and those written before the upgrade), the ones up to the legacy
 //     position (timestamp, eventID) are passed; no row it does not see is passed.
+//
+// "table" names the table the client reads (the changelog's table_name): a token certifies
+// nothing about the rows of other tables, so [Prune] lets them go. Tokens without it (written
+// by older watchers) count for every table.
 type savedToken struct {
 	Timestamp  string      `json:"timestamp,omitempty"`
 	EventID    json.Number `json:"eventID"`
@@ -29,10 +33,12 @@ type savedToken struct {
 	DeltaXid   string      `json:"deltaXid,omitempty"`
 	DeltaID    json.Number `json:"deltaID,omitempty"`
 	Switchover string      `json:"switchover,omitempty"`
+	Table      string      `json:"table,omitempty"`
 }
 
-// encodeToken returns the saved-token JSON for p.
-func encodeToken(p Position) []byte {
+// encodeToken returns the saved-token JSON for p, a position of the client of table ("": none
+// recorded).
+func encodeToken(p Position, table string) []byte {
 	b := make([]byte, 0, 96)
 	b = append(b, `{"timestamp":"`...)
 	b = p.ChangedAt.AppendFormat(b, time.RFC3339Nano)
@@ -50,6 +56,11 @@ func encodeToken(p Position) []byte {
 			b = append(b, `,"deltaID":`...)
 			b = strconv.AppendInt(b, p.ID, 10)
 		}
+	}
+	if table != "" {
+		name, _ := json.Marshal(table) // a string always marshals
+		b = append(b, `,"table":`...)
+		b = append(b, name...)
 	}
 	return append(b, '}')
 }
@@ -70,12 +81,24 @@ var errTokenNeedsLookup = errors.New("token has no timestamp")
 // decodeToken parses saved-token JSON. For an id-only token it returns the id with
 // errTokenNeedsLookup.
 func decodeToken(data []byte) (Position, error) {
+	p, _, err := decodeTableToken(data)
+	return p, err
+}
+
+// decodeTableToken is decodeToken that also returns the table the token records ("" for none).
+func decodeTableToken(data []byte) (Position, string, error) {
 	var t savedToken
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	if err := dec.Decode(&t); err != nil {
-		return Position{}, fmt.Errorf("saved token %q is not valid JSON: %w", data, err)
+		return Position{}, "", fmt.Errorf("saved token %q is not valid JSON: %w", data, err)
 	}
+	p, err := t.position(data)
+	return p, t.Table, err
+}
+
+// position returns the position of a decoded token; data is its JSON, for messages.
+func (t savedToken) position(data []byte) (Position, error) {
 	if t.EventID == "" {
 		return Position{}, fmt.Errorf("saved token %q has no eventID", data)
 	}

@@ -31,7 +31,7 @@ func TestDeltaTokenRoundTrip(t *testing.T) {
 				`"deltaEnd":"103:120:103,110","deltaXid":"107","deltaID":41}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			data := encodeToken(tc.pos)
+			data := encodeToken(tc.pos, "")
 			require.JSONEq(t, tc.json, string(data))
 			got, err := decodeToken(data)
 			require.NoError(t, err)
@@ -42,6 +42,26 @@ func TestDeltaTokenRoundTrip(t *testing.T) {
 			require.True(t, tc.pos.span.end.equal(got.span.end))
 		})
 	}
+}
+
+// A token records its client's table, escaped as JSON; tokens without one still load.
+func TestTokenRecordsItsTable(t *testing.T) {
+	p := makePosition(time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC), 7)
+	data := encodeToken(p, `odd "name" é`)
+	require.Equal(t, `{"timestamp":"2025-05-06T07:08:09Z","eventID":7,"table":"odd \"name\" é"}`, string(data))
+	got, table, err := decodeTableToken(data)
+	require.NoError(t, err)
+	require.Equal(t, p, got)
+	require.Equal(t, `odd "name" é`, table)
+
+	got, table, err = decodeTableToken([]byte(`{"timestamp":"2025-05-06T07:08:09Z","eventID":7}`))
+	require.NoError(t, err)
+	require.Equal(t, p, got)
+	require.Empty(t, table, "an older token records no table")
+
+	_, table, err = decodeTableToken([]byte(`{"eventID":4.5,"table":"items"}`))
+	require.Error(t, err)
+	require.Equal(t, "items", table, "a token that does not load still names its table")
 }
 
 func TestDecodeTokenRejectsBadSnapshots(t *testing.T) {

@@ -2,7 +2,9 @@
 Attaches the trigger function to a table, checking first that the table exists and has an id
 column whose type the changelog's record_id can take (an existing changelog has a UUID
 record_id). The advisory lock makes the check-then-create safe against a concurrent run. The
-trigger is created only when missing: no DROP TRIGGER, which would lock out readers.
+trigger is created only when missing: no DROP TRIGGER, which would lock out readers. Args is the
+trigger's argument list: empty (notify) or 'no_notify' (WithoutNotify); an existing trigger of
+the other kind is reported, not replaced.
 */ -}}
 DO $capture$
 DECLARE
@@ -10,6 +12,7 @@ DECLARE
     changelog   regclass := to_regclass({{.ChangelogLiteral}});
     id_type     oid;
     record_type oid;
+    quiet       boolean;
 BEGIN
     PERFORM pg_advisory_xact_lock({{.LockKey}});
     IF target IS NULL THEN
@@ -40,10 +43,16 @@ BEGIN
             target, id_type::regtype, changelog, record_type::regtype
             USING ERRCODE = 'datatype_mismatch';
     END IF;
-    IF NOT EXISTS (SELECT FROM pg_trigger
-                   WHERE tgrelid = target AND tgname = {{.TriggerLiteral}}) THEN
+    SELECT tgnargs > 0 INTO quiet FROM pg_trigger WHERE tgrelid = target AND tgname = {{.TriggerLiteral}};
+    IF quiet IS NULL THEN
         CREATE TRIGGER {{.Trigger}} AFTER INSERT OR UPDATE OR DELETE ON {{.Table}}
-            FOR EACH ROW EXECUTE FUNCTION {{.Function}}();
+            FOR EACH ROW EXECUTE FUNCTION {{.Function}}({{.Args}});
+    ELSIF quiet <> {{.WithoutNotify}} THEN
+        RAISE EXCEPTION 'trigger % on % exists and %: drop it to capture changes %',
+            {{.TriggerLiteral}}, target,
+            CASE WHEN quiet THEN 'does not notify' ELSE 'notifies' END,
+            CASE WHEN quiet THEN 'with NOTIFY' ELSE 'without NOTIFY' END
+            USING ERRCODE = 'duplicate_object';
     END IF;
 END
 $capture$

@@ -76,7 +76,9 @@ CREATE TABLE IF NOT EXISTS {{.TokenTable}} (
 
 {{/*
 record_id takes NEW.id / OLD.id without a cast: the assignment cast to TEXT covers uuid, integer
-and text ids, and an existing UUID record_id still takes uuid ids.
+and text ids, and an existing UUID record_id still takes uuid ids. A trigger created with the
+argument 'no_notify' (SchemaOptions.WithoutNotify) writes the row without the NOTIFY, which a
+transaction that is to be prepared (PREPARE TRANSACTION) must not send.
 */ -}}
 CREATE OR REPLACE FUNCTION {{.Function}}() RETURNS trigger
 LANGUAGE plpgsql AS $body$
@@ -96,8 +98,10 @@ BEGIN
         VALUES (TG_TABLE_NAME, OLD.id, TG_OP, to_jsonb(OLD))
         RETURNING id INTO changelog_id;
     END IF;
-    PERFORM pg_notify({{.Channel}}, json_build_object(
-        'id', changelog_id, 'table', TG_TABLE_NAME, 'operation', TG_OP)::text);
+    IF TG_NARGS = 0 OR TG_ARGV[0] <> 'no_notify' THEN
+        PERFORM pg_notify({{.Channel}}, json_build_object(
+            'id', changelog_id, 'table', TG_TABLE_NAME, 'operation', TG_OP)::text);
+    END IF;
     RETURN NULL;
 END
 $body$;

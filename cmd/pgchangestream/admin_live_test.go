@@ -18,6 +18,14 @@ func savedTokens(t *testing.T, db *sql.DB) int {
 	return n
 }
 
+// tokenTable returns the table client's saved token records.
+func tokenTable(t *testing.T, db *sql.DB, client string) string {
+	t.Helper()
+	var table sql.NullString
+	require.NoError(t, db.QueryRow(`SELECT resume_token->>'table' FROM resume_tokens WHERE client_name = $1`, client).Scan(&table))
+	return table.String
+}
+
 // tailLines runs tail to its end and returns its output lines.
 func tailLines(t *testing.T, args ...string) []string {
 	t.Helper()
@@ -71,7 +79,7 @@ func TestTokenCommands(t *testing.T) {
 	assert.Contains(t, tokens[0]["token"], `"eventID": 3`)
 	code, stdout, _ = runCmd(t, "token", "list", "--dsn", dsn)
 	require.Equal(t, exitOK, code)
-	assert.Regexp(t, `(?m)^CLIENT +SAVED +TOKEN\nc1 +\S+ +\{"eventID": 3, "snapshot": "[0-9:,]+", "timestamp": `, stdout)
+	assert.Regexp(t, `(?m)^CLIENT +SAVED +TOKEN\nc1 +\S+ +\{"table": "items", "eventID": 3, "snapshot": "[0-9:,]+", "timestamp": `, stdout)
 
 	code, stdout, stderr = runCmd(t, "token", "reset", "c1", "--to", "1", "--dsn", dsn, "--dry-run")
 	require.Equal(t, exitOK, code, stderr)
@@ -86,6 +94,21 @@ func TestTokenCommands(t *testing.T) {
 	code, _, stderr = runCmd(t, "token", "reset", "c1", "--to", "99", "--dsn", dsn, "--yes")
 	assert.Equal(t, exitFailure, code)
 	assert.Equal(t, "pgchangestream: token reset: changelog row 99 does not exist\n", stderr, "one prefix")
+
+	// A mistyped client would leave a token that holds back prune: reset needs --table for it.
+	code, _, stderr = runCmd(t, "token", "reset", "c2", "--to", "beginning", "--dsn", dsn, "--yes")
+	assert.Equal(t, exitFailure, code)
+	assert.Equal(t, "pgchangestream: token reset: client c2 has no saved token (is the name right?): "+
+		"pass --table, the table its watcher reads, to create one\n", stderr)
+	assert.Equal(t, 1, savedTokens(t, db), "nothing created")
+	code, _, stderr = runCmd(t, "token", "reset", "c2", "--to", "beginning", "--table", "items", "--dsn", dsn, "--yes")
+	require.Equal(t, exitOK, code, stderr)
+	assert.Equal(t, "items", tokenTable(t, db, "c2"))
+	code, _, stderr = runCmd(t, "token", "reset", "c1", "--to", "2", "--dsn", dsn, "--yes")
+	require.Equal(t, exitOK, code, stderr)
+	assert.Equal(t, "items", tokenTable(t, db, "c1"), "a reset keeps the table of the token")
+	code, _, stderr = runCmd(t, "token", "delete", "c2", "--dsn", dsn, "--yes")
+	require.Equal(t, exitOK, code, stderr)
 
 	code, stdout, stderr = runCmd(t, "token", "delete", "c1", "--dsn", dsn, "--yes")
 	require.Equal(t, exitOK, code, stderr)
@@ -104,20 +127,46 @@ func TestPruneCommand(t *testing.T) {
 	require.Len(t, tailLines(t, append(base, "--client", "fast", "-n", "3")...), 3)
 	require.Len(t, tailLines(t, append(base, "--client", "slow", "-n", "1")...), 1)
 
+	// A tail of a table that does not exist leaves a token of that table: it holds back nothing.
+	require.Empty(t, tailLines(t, "--dsn", dsn, "--table", "nosuch", "--client", "typo", "--exit-at-end"))
+	assert.Equal(t, "nosuch", tokenTable(t, db, "typo"))
+
 	code, stdout, stderr := runCmd(t, "prune", "--dsn", dsn, "--dry-run", "--older-than", "0s")
 	require.Equal(t, exitOK, code, stderr)
-	assert.Equal(t, "would delete 1 changelog rows older than 0s, passed by clients: fast, slow\n", stdout)
+	assert.Regexp(t, `^would delete 1 changelog rows older than 0s, passed by clients: fast, slow, typo
+held back by client slow \(table items\): 3 rows; token saved \d+(ms|s) ago
+held back by client fast \(table items\): 1 rows; token saved \d+(ms|s) ago
+$`, stdout)
 
 	code, stdout, stderr = runCmd(t, "prune", "--dsn", dsn, "--older-than", "0s", "--ignore-client", "slow", "--format", "json")
 	require.Equal(t, exitOK, code, stderr)
 	var summary pruneSummary
 	require.NoError(t, json.Unmarshal([]byte(stdout), &summary), stdout)
-	assert.Equal(t, pruneSummary{Deleted: 3, Batches: 1, Clients: []string{"fast"}, Unresolved: []string{}}, summary)
+	require.Len(t, summary.HeldBy, 1, stdout)
+	fast := summary.HeldBy[0]
+	assert.Equal(t, pruneHolder{Client: "fast", Table: fast.Table, Rows: 1, SavedAt: fast.SavedAt, AgeSeconds: fast.AgeSeconds}, fast)
+	require.NotNil(t, fast.Table)
+	assert.Equal(t, "items", *fast.Table)
+	assert.Less(t, fast.AgeSeconds, 60.0)
+	summary.HeldBy = nil
+	assert.Equal(t, pruneSummary{Deleted: 3, Batches: 1, Clients: []string{"fast", "typo"}, Unresolved: []string{}}, summary)
 	var left int
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM datastore_changelog`).Scan(&left))
 	assert.Equal(t, 1, left)
 
 	code, stdout, stderr = runCmd(t, "prune", "--dsn", dsn)
 	require.Equal(t, exitOK, code, stderr)
-	assert.Equal(t, "deleted 0 changelog rows older than 1h0m0s, passed by clients: fast, slow\n", stdout)
+	assert.Equal(t, "deleted 0 changelog rows older than 1h0m0s, passed by clients: fast, slow, typo\n", stdout,
+		"no row is old enough: none held back")
+
+	// A token not saved for --stale-after is flagged.
+	execSQL(t, db, `UPDATE resume_tokens SET last_updated = now() - interval '3 days' WHERE client_name = 'slow'`)
+	code, stdout, stderr = runCmd(t, "prune", "--dsn", dsn, "--dry-run", "--older-than", "0s", "--ignore-client", "fast")
+	require.Equal(t, exitOK, code, stderr)
+	assert.Contains(t, stdout, "\nheld back by client slow (table items): 1 rows; token saved 72h0m0s ago; stale: "+
+		"is its watcher still running? ('token delete' it, or pass --ignore-client)\n")
+	code, stdout, stderr = runCmd(t, "prune", "--dsn", dsn, "--dry-run", "--older-than", "0s", "--ignore-client", "fast",
+		"--stale-after", "100h")
+	require.Equal(t, exitOK, code, stderr)
+	assert.NotContains(t, stdout, "stale")
 }

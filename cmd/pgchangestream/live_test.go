@@ -171,12 +171,31 @@ func TestStatus(t *testing.T) {
 	require.NoError(t, db.QueryRow(`SELECT now()`).Scan(&dbNow))
 	require.NotNil(t, a.LagSeconds)
 	assert.InDelta(t, dbNow.Sub(oldest).Seconds(), *a.LagSeconds, 1, "the age of the oldest row not passed")
+	assert.Nil(t, a.Table, "the token records no table")
+	assert.False(t, a.Stale)
 	assert.Equal(t, tokenIDOnly, rows[1].TokenFormat)
 	assert.Equal(t, int64(1), *rows[1].Backlog, "b-old's own table: the one row of other")
 	assert.Equal(t, "other", *rows[1].BacklogTable)
 	assert.Equal(t, tokenRowGone, rows[2].TokenFormat)
 	assert.Equal(t, tokenInvalid, rows[3].TokenFormat)
 	assert.NotEmpty(t, rows[3].Error)
+
+	// A token not saved for --stale-after is flagged; a token's own table counts its backlog.
+	execSQL(t, db, `UPDATE resume_tokens SET last_updated = now() - interval '2 days' WHERE client_name = 'b-old'`,
+		`UPDATE resume_tokens SET resume_token = resume_token || '{"table": "other"}' WHERE client_name = 'a-new'`)
+	code, stdout, stderr = runCmd(t, "status", "--dsn", dsn)
+	require.Equal(t, exitOK, code, stderr)
+	lines = strings.Split(strings.TrimSuffix(stdout, "\n"), "\n")
+	assert.Regexp(t, `^a-new .* 1 \(other\)$`, lines[1], "the row of other after row 2")
+	assert.Regexp(t, `^b-old +1 +\S+ +id-only +\S+ \(stale\) `, lines[2])
+	assert.NotContains(t, lines[1], "stale")
+	code, stdout, stderr = runCmd(t, "status", "--dsn", dsn, "--stale-after", "72h", "--format", "json")
+	require.Equal(t, exitOK, code, stderr)
+	rows = nil
+	require.NoError(t, json.Unmarshal([]byte(stdout), &rows), stdout)
+	require.NotNil(t, rows[0].Table)
+	assert.Equal(t, "other", *rows[0].Table)
+	assert.False(t, rows[1].Stale, "2 days is not 72h")
 }
 
 // summaryLine is the last line of the demo's output.

@@ -158,8 +158,14 @@ func runSchemaCapture(ctx context.Context, args []string, stdout, stderr io.Writ
 Attaches the trigger function to TABLE (name or schema.name) as the trigger "<name>_changes",
 after every inserted, updated or deleted row, unless it is attached already. TABLE needs an id
 column (it becomes the changelog's record_id). Run 'schema install' first. With --print, writes
-the SQL to stdout instead.`, stdout, stderr)
+the SQL to stdout instead.
+
+--no-notify attaches it so that it writes the changelog row without a NOTIFY: PostgreSQL refuses
+PREPARE TRANSACTION after a NOTIFY, so a table written by prepared (two-phase) transactions
+needs it. Its changes are then read by polling (watchers in polling or hybrid mode).`, stdout, stderr)
 	f := addSchemaFlags(c, false)
+	c.fs.BoolVar(&f.opts.WithoutNotify, "no-notify", false, "write changelog rows without NOTIFY "+
+		"(for tables written by PREPARE TRANSACTION)")
 	return c.exit(func() error {
 		args, err := c.parse(args)
 		if err != nil {

@@ -31,6 +31,8 @@ type clientStatus struct {
 	Client       string     `json:"client"`
 	Token        string     `json:"token"`
 	TokenFormat  string     `json:"token_format"`
+	Table        *string    `json:"table"` // the table the token records; null: none
+	Stale        bool       `json:"stale"` // not saved for --stale-after
 	PositionID   *int64     `json:"position_id"`
 	PositionTime *time.Time `json:"position_time"`
 	SavedAt      *time.Time `json:"saved_at"`
@@ -49,9 +51,15 @@ it was saved, the age of the position (the database's now() minus the position's
 the lag and the backlog. The backlog is the number of changelog rows after the position; the
 lag is the age of the oldest of them, from its changed_at (the start of the transaction that
 wrote it), 0 when there is none: the same lag as the library's Stats.Lag, seen from the saved
-position. The token table does not record a client's table: --client-table CLIENT=TABLE names
-it (repeatable), --table names it for the other clients, and a client with neither counts the
-rows of every table (the backlog_table field is then null).
+position. The backlog counts the rows of the table the client's token records (saved by its
+watcher); --client-table CLIENT=TABLE names another (repeatable), --table names it for clients
+whose token records none, and a client with neither counts the rows of every table (the
+backlog_table field is then null).
+
+A token not saved for --stale-after is flagged stale: a running watcher saves its token at
+least once a minute (Config.CheckpointRefreshInterval) while it has nothing pending, so a stale
+token is often one no watcher runs for any more (a mistyped --client, a retired client), and it
+holds back 'prune' for its table.
 
 Tokens that hold only an id are shown with the changed_at of their row, looked up in the
 changelog; if that row is gone, the watcher replays the table from its beginning, and the
@@ -63,9 +71,13 @@ backlog counts every row.`, stdout, stderr)
 	c.fs.Var(&clientTables, "client-table", "CLIENT=TABLE: the table of CLIENT's watcher (repeatable)")
 	changelog := c.fs.String("changelog-table", pgchangestream.DefaultChangelogTable, "changelog table")
 	tokens := c.fs.String("token-table", pgchangestream.DefaultTokenTable, "table of saved positions")
+	staleAfter := staleAfterFlag(c)
 	return c.exit(func() error {
 		if err := c.parseNoArgs(args); err != nil {
 			return err
+		}
+		if *staleAfter <= 0 {
+			return usagef("--stale-after must be positive, got %v", *staleAfter)
 		}
 		if err := checkChoice("format", *format, "table", "json"); err != nil {
 			return err
@@ -92,7 +104,9 @@ backlog counts every row.`, stdout, stderr)
 				return err
 			}
 		}
-		rows, err := loadStatus(ctx, db, cl, tok, func(client string) string { return cmp.Or(tables[client], *table) })
+		rows, err := loadStatus(ctx, db, cl, tok, *staleAfter, func(client, recorded string) string {
+			return cmp.Or(tables[client], recorded, *table)
+		})
 		if err != nil {
 			return err
 		}
@@ -116,9 +130,11 @@ func parseClientTables(values []string) (map[string]string, error) {
 	return m, nil
 }
 
-// loadStatus reads every client's token and computes its position, age, lag and backlog;
-// tableOf names a client's table ("" for every table).
-func loadStatus(ctx context.Context, db *sql.DB, changelog, tokens string, tableOf func(string) string) ([]clientStatus, error) {
+// loadStatus reads every client's token and computes its position, age, lag and backlog, and
+// whether it is stale; tableOf names a client's table ("" for every table) from its name and
+// the table its token records.
+func loadStatus(ctx context.Context, db *sql.DB, changelog, tokens string, staleAfter time.Duration,
+	tableOf func(client, recorded string) string) ([]clientStatus, error) {
 	rows, err := db.QueryContext(ctx, `SELECT client_name, resume_token::text, last_updated, now() FROM `+
 		tokens+` ORDER BY client_name`)
 	if err != nil {
@@ -139,6 +155,7 @@ func loadStatus(ctx context.Context, db *sql.DB, changelog, tokens string, table
 		}
 		if saved.Valid {
 			s.SavedAt = &saved.Time
+			s.Stale = now.Sub(saved.Time) >= staleAfter
 		}
 		out = append(out, s)
 	}
@@ -161,7 +178,7 @@ func loadStatus(ctx context.Context, db *sql.DB, changelog, tokens string, table
 			s.AgeSeconds = &age
 		}
 		q, args := backlogSQL, []any{pos.ChangedAt, pos.ID}
-		if table := tableOf(s.Client); table != "" {
+		if table := tableOf(s.Client, deref(s.Table)); table != "" {
 			q, args = q+` AND table_name = $3`, append(args, table)
 			s.BacklogTable = &table
 		}
@@ -184,10 +201,14 @@ func resolvePosition(ctx context.Context, db *sql.DB, changelog string, s *clien
 	var t struct {
 		Timestamp string      `json:"timestamp"`
 		EventID   json.Number `json:"eventID"`
+		Table     string      `json:"table"`
 	}
 	dec := json.NewDecoder(bytes.NewReader([]byte(s.Token)))
 	dec.UseNumber()
 	err := dec.Decode(&t)
+	if t.Table != "" {
+		s.Table = &t.Table
+	}
 	var id int64
 	if err == nil {
 		id, err = parseEventID(t.EventID)
@@ -252,6 +273,9 @@ func writeStatusTable(w io.Writer, rows []clientStatus) error {
 		if s.SavedAt != nil {
 			saved = s.SavedAt.UTC().Format(time.RFC3339)
 		}
+		if s.Stale {
+			saved += " (stale)"
+		}
 		if s.AgeSeconds != nil {
 			age = formatAge(time.Duration(*s.AgeSeconds * float64(time.Second)))
 		}
@@ -271,6 +295,14 @@ func writeStatusTable(w io.Writer, rows []clientStatus) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Client, id, posTime, format, saved, age, lag, backlog)
 	}
 	return tw.Flush()
+}
+
+// deref returns *s, or "" for nil.
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // formatAge rounds an age for display: milliseconds under a second, seconds above.

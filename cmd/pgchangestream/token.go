@@ -199,12 +199,15 @@ Sets CLIENT's saved position, so that its next watcher resumes there:
   newest     after the newest row (of --table, when given): the watcher skips what exists
   TIME       an RFC 3339 time: before the first row whose changed_at is at or after TIME
   ID         a changelog id: after that row
-The token is written as {"timestamp", "eventID"}, which every schema state accepts. The reset
-refuses while a watcher of CLIENT runs. It needs --yes, or --dry-run to print the old and new
-token only.`, stdout, stderr)
+The token is written as {"timestamp", "eventID"}, which every schema state accepts, with the
+table of CLIENT's watcher: --table, else the table its current token records. A client without
+a saved token needs --table (a mistyped CLIENT would otherwise leave a token that holds back
+'prune' of every table). The reset refuses while a watcher of CLIENT runs. It needs --yes, or
+--dry-run to print the old and new token only.`, stdout, stderr)
 	f := addAdminFlags(c)
 	to := c.fs.String("to", "", "beginning, newest, an RFC 3339 time or a changelog id (required)")
-	table := c.fs.String("table", "", "with --to newest: the table whose newest row counts (default: any table)")
+	table := c.fs.String("table", "", "the table CLIENT's watcher reads, recorded in the token; "+
+		"with --to newest also the table whose newest row counts (default: any table)")
 	dryRun, yes := confirmFlags(c)
 	return c.exit(func() error {
 		client, err := clientArg(c, args)
@@ -232,13 +235,22 @@ token only.`, stdout, stderr)
 			return err
 		}
 		if old == "" {
+			if *table == "" {
+				return fmt.Errorf("client %s has no saved token (is the name right?): pass --table, the table its watcher "+
+					"reads, to create one", client)
+			}
 			old = "none"
 		}
 		if *dryRun {
 			_, err := fmt.Fprintf(stdout, "would reset client %s to %s (token now %s)\n", client, pos, old)
 			return err
 		}
-		if err := pgchangestream.ResetToken(ctx, db, client, pos, f.opts); err != nil {
+		if *table != "" {
+			err = pgchangestream.ResetTableToken(ctx, db, client, *table, pos, f.opts)
+		} else {
+			err = pgchangestream.ResetToken(ctx, db, client, pos, f.opts)
+		}
+		if err != nil {
 			return activeError(err)
 		}
 		_, err = fmt.Fprintf(stdout, "reset client %s to %s (token was %s)\n", client, pos, old)

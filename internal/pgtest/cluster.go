@@ -188,6 +188,7 @@ func (c *cluster) args() []string {
 		"-c", "shared_buffers=128MB",
 		"-c", "fsync=" + durable,
 		"-c", "full_page_writes=" + durable,
+		"-c", "max_prepared_transactions=10", // for tests of two-phase commit
 	}
 }
 
