@@ -30,6 +30,11 @@ type marker struct {
 	marked Position   // the rows this position certifies are marked
 	ok     bool       // marked is set (by the load)
 
+	// switched is the span of an in-place switch-over (seq 0, its snapshot as base), set by the
+	// reader when it switches; guarded by the watcher's mu, not by mu here, so that the reader
+	// never waits for a marking statement (one held up by a row lock, say).
+	switched *span
+
 	wake    chan struct{} // capacity 1: a save happened; created by newWatcher
 	running atomic.Bool   // the marker goroutine runs; saves wake it instead of marking
 }
@@ -98,12 +103,17 @@ func (w *Watcher) markSaved(ctx context.Context) error {
 	w.mark.mu.Lock()
 	defer w.mark.mu.Unlock()
 	w.mu.Lock()
-	target, loaded := w.savedMirror, w.loaded
+	target, loaded, switched := w.savedMirror, w.loaded, w.mark.switched
 	w.mu.Unlock()
 	if !loaded || !w.mark.ok {
 		return nil
 	}
 	prev := w.mark.marked
+	if prev.span == nil && target.span != nil && switched != nil {
+		// The watcher switched over in place since this pass last ran. In the switch-over's form
+		// the rows marked certify no more than before, and marking goes on from its snapshot.
+		prev.span = switched
+	}
 	if !prev.Before(target) {
 		// Equal, or the token moved back behind a late row: mark from there on next time.
 		w.mark.marked = target
@@ -137,7 +147,13 @@ func (w *Watcher) markStatement(prev, p Position) (string, []any) {
 	}
 	q, from := w.q.markDelta, prev
 	if !prev.inDelta() { // the legacy part of the switch-over ended since
-		q, from = w.q.markSwitch, Position{span: &span{seq: 1, base: prev.span.base}}
+		// A legacy prev has no switch-over snapshot (markSaved gives it one): p's base, which
+		// sees no less, marks only rows p certifies, and may leave some of the rest unmarked.
+		base := p.span.base
+		if prev.span != nil {
+			base = prev.span.base
+		}
+		q, from = w.q.markSwitch, Position{span: &span{seq: 1, base: base}}
 	}
 	lo, loID, hi, hiID := rangeArgs(certifyRanges(from, p))
 	end := p.span.base
