@@ -231,6 +231,15 @@ func (w *Watcher) checkpointLocked() (p Position, ok bool) {
 	return p, true
 }
 
+// checkpoint computes the position to save under mu (see checkpointLocked); busy reports
+// deliveries pending or a floor.
+func (w *Watcher) checkpoint() (p Position, ok, busy bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock() // the ring's code runs under mu: a panic in it must not leave mu held
+	p, ok = w.checkpointLocked()
+	return p, ok, w.ring.Len() > 0 || w.ring.HasFloor()
+}
+
 // saveCheckpoint computes the checkpoint and persists it if it differs from the last one saved.
 // Compute and write happen under ckMu, so saves are ordered; mu is held only to compute.
 // idleOnly skips the save while deliveries are pending.
@@ -246,10 +255,7 @@ func (w *Watcher) saveCheckpoint(ctx context.Context, idleOnly bool) error {
 func (w *Watcher) writeCheckpoint(ctx context.Context, idleOnly bool) (saved bool, _ error) {
 	w.ckMu.Lock()
 	defer w.ckMu.Unlock()
-	w.mu.Lock()
-	p, ok := w.checkpointLocked()
-	busy := w.ring.Len() > 0 || w.ring.HasFloor()
-	w.mu.Unlock()
+	p, ok, busy := w.checkpoint()
 	if !ok || (idleOnly && busy) || (w.hasSaved && unchanged(p, w.saved)) || w.cfg.Ephemeral {
 		return false, nil
 	}
@@ -306,6 +312,7 @@ func (w *Watcher) takeBackgroundError() error {
 // nothing pending (rows skipped by the filter), at most once per IdleCheckpointInterval.
 func (w *Watcher) saveLoop(ctx context.Context) {
 	defer w.wg.Done()
+	defer w.recoverPanic(opPanic, "saver", w.stopWith)
 	batched := w.cfg.CheckpointInterval > 0
 	interval := w.cfg.IdleCheckpointInterval
 	if batched {

@@ -15,6 +15,7 @@ const (
 	opRead   = "read changelog"
 	opListen = "LISTEN connection"
 	opLock   = "exclusive lock"
+	opMark   = "set processed flag" // the changelog's legacy flag, after saves
 )
 
 // firstReadTimeout is how long a watcher may work (after Start, or after taking over as the

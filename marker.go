@@ -51,7 +51,7 @@ func (w *Watcher) markLoop(ctx context.Context) {
 			return
 		case <-w.mark.wake:
 		}
-		err := w.markSaved(ctx)
+		err := w.markPass(ctx)
 		if err == nil {
 			retry.reset()
 			if !sleepCtx(ctx, markInterval) { // saves meanwhile wake the next pass
@@ -89,9 +89,19 @@ func (w *Watcher) afterSave(ctx context.Context) {
 		w.wakeMarker()
 		return
 	}
-	if err := w.markSaved(ctx); err != nil {
+	if err := w.markPass(ctx); err != nil {
 		w.log.Warn("cannot set the processed flag; the next save retries", "error", err)
 	}
+}
+
+// markPass runs markSaved, turning a panic in it into a failed pass (reported by Health until a
+// pass succeeds): the flag may lag, so marking goes on.
+func (w *Watcher) markPass(ctx context.Context) (err error) {
+	defer w.recoverPanic(opMark, "processed-flag marker", func(e error) { err = e })
+	if err = w.markSaved(ctx); err == nil {
+		w.health.ok(opMark)
+	}
+	return err
 }
 
 // markSaved sets the processed flag of the rows the saved token certifies that are not marked
