@@ -265,9 +265,14 @@ func (w *Watcher) writeCheckpoint(ctx context.Context, idleOnly bool) (saved boo
 	_, err := w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, string(encodeToken(p)))
 	if err != nil {
 		w.ckErrors.Add(1)
-		return false, fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
+		err = fmt.Errorf("pgchangestream: %s %s to token table %s: %w", opSave, p, w.cfg.TokenTable, err)
+		if !errors.Is(ctx.Err(), context.Canceled) { // the caller gave up: no fault of the database's
+			w.health.fail(opSave, err)
+		}
+		return false, err
 	}
 	w.ckWrites.Add(1)
+	w.health.ok(opSave)
 	w.saved, w.hasSaved = p, true
 	w.mu.Lock()
 	w.savedMirror = p

@@ -16,6 +16,7 @@ const (
 	opListen = "LISTEN connection"
 	opLock   = "exclusive lock"
 	opMark   = "set processed flag" // the changelog's legacy flag, after saves
+	opSave   = "save checkpoint"    // the token table, inline or in the background
 )
 
 // firstReadTimeout is how long a watcher may work (after Start, or after taking over as the
