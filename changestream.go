@@ -248,7 +248,7 @@ func (w *Watcher) Close(ctx context.Context) error {
 	if err := w.Flush(ctx); err != nil {
 		return err
 	}
-	if err := w.markSaved(ctx); err != nil { // what the marker had not got to
+	if err := w.markPass(ctx); err != nil { // what the marker had not got to
 		w.log.Warn("cannot set the processed flag at Close; it lags the saved token", "error", err)
 	}
 	return nil

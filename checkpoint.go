@@ -302,6 +302,15 @@ func (w *Watcher) checkpointLocked() (p Position, ok bool) {
 	return p, true
 }
 
+// checkpoint computes the position to save under mu (see checkpointLocked); busy reports
+// deliveries pending or a floor.
+func (w *Watcher) checkpoint() (p Position, ok, busy bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock() // the ring's code runs under mu: a panic in it must not leave mu held
+	p, ok = w.checkpointLocked()
+	return p, ok, w.ring.Len() > 0 || w.ring.HasFloor()
+}
+
 // saveRule says when a save writes.
 type saveRule uint8
 
@@ -330,10 +339,7 @@ func (w *Watcher) saveCheckpoint(ctx context.Context, rule saveRule) error {
 func (w *Watcher) writeCheckpoint(ctx context.Context, rule saveRule) (saved bool, _ error) {
 	w.ckMu.Lock()
 	defer w.ckMu.Unlock()
-	w.mu.Lock()
-	p, ok := w.checkpointLocked()
-	busy := w.ring.Len() > 0 || w.ring.HasFloor()
-	w.mu.Unlock()
+	p, ok, busy := w.checkpoint()
 	// With nothing pending the checkpoint is the cursor: a refresh saves the newest snapshot
 	// read (or the same position again), and passes no delivery.
 	refresh := rule != saveChanged && !busy && time.Since(w.savedAt) >= w.cfg.CheckpointRefreshInterval
@@ -348,9 +354,14 @@ func (w *Watcher) writeCheckpoint(ctx context.Context, rule saveRule) (saved boo
 		if errors.Is(err, ErrServerRecovered) {
 			w.askRewind()
 		}
-		return false, fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
+		err = fmt.Errorf("pgchangestream: %s %s to token table %s: %w", opSave, p, w.cfg.TokenTable, err)
+		if !errors.Is(ctx.Err(), context.Canceled) { // the caller gave up: no fault of the database's
+			w.health.fail(opSave, err)
+		}
+		return false, err
 	}
 	w.ckWrites.Add(1)
+	w.health.ok(opSave)
 	w.saved, w.hasSaved, w.savedAt = p, true, time.Now()
 	w.mu.Lock()
 	w.savedMirror = p
@@ -397,6 +408,7 @@ func (w *Watcher) takeBackgroundError() error {
 // passed since the last save.
 func (w *Watcher) saveLoop(ctx context.Context) {
 	defer w.wg.Done()
+	defer w.recoverPanic(opPanic, "saver", w.stopWith)
 	batched := w.cfg.CheckpointInterval > 0
 	interval, rule := w.cfg.IdleCheckpointInterval, saveIdle
 	if batched {

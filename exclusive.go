@@ -174,6 +174,7 @@ func (w *Watcher) waitForLock(ctx context.Context) lockSession {
 // the watcher.
 func (w *Watcher) keepLock(ctx context.Context, s lockSession) {
 	defer w.wg.Done()
+	defer w.recoverPanic(opLock, "exclusive lock check", w.loseLock) // the session can no longer be vouched for
 	t := time.NewTicker(lockCheckInterval)
 	defer t.Stop()
 	for {

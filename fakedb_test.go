@@ -32,6 +32,7 @@ type fakeDB struct {
 	failSaves      int // fail this many saves
 	saveDelay      time.Duration
 	markDelay      time.Duration  // delays statements that set the processed flag
+	markPanic      any            // while set, statements that set the processed flag panic with it
 	readErr        error          // returned by failing reads and saves
 	failLoads      int            // fail this many token loads
 	failReadNumber int            // fail the read with this number (1 is the first)
@@ -199,11 +200,14 @@ func (c fakeConn) QueryContext(ctx context.Context, query string, args []driver.
 func (c fakeConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	f := c.f
 	f.mu.Lock()
-	delay := f.saveDelay
+	delay, fault := f.saveDelay, any(nil)
 	if query == f.q.markLegacy {
-		delay = f.markDelay
+		delay, fault = f.markDelay, f.markPanic
 	}
 	f.mu.Unlock()
+	if fault != nil {
+		panic(fault)
+	}
 	if delay > 0 {
 		select {
 		case <-time.After(delay):

@@ -15,6 +15,8 @@ const (
 	opRead   = "read changelog"
 	opListen = "LISTEN connection"
 	opLock   = "exclusive lock"
+	opMark   = "set processed flag" // the changelog's legacy flag, after saves
+	opSave   = "save checkpoint"    // the token table, inline or in the background
 )
 
 // firstReadTimeout is how long a watcher may work (after Start, or after taking over as the
@@ -157,6 +159,8 @@ func roundAge(d time.Duration) time.Duration {
 // Health returns nil while the watcher does its work. Otherwise it describes each current
 // failure and how long it has lasted, for example "read changelog: permission denied for table
 // datastore_changelog (failing for 12s)". A failure clears when the operation next succeeds.
+// Failing checkpoint saves, inline or in the background, are a failure ("save checkpoint"), and
+// so is a recovered panic (see [ErrPanic]).
 // When nothing failed, it also reports a watcher that has not completed a read within 30s of
 // starting (or of taking over as the exclusive watcher), naming the step it is stuck in. In
 // hybrid and polling modes a lost LISTEN connection is not a failure (reads go on;

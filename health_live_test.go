@@ -77,3 +77,34 @@ func TestLiveHealthNamesAMistypedTable(t *testing.T) {
 		require.NoError(t, w.Close(context.Background()))
 	}
 }
+
+// TestLiveHealthFailingSaves proves that background saves failing on the token table's grants
+// are a Health failure, and Stats().LastError, until the grant comes back.
+func TestLiveHealthFailingSaves(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	role, db := e.withRole("saver")
+	_, err := e.db.Exec(`GRANT SELECT, UPDATE ON datastore_changelog TO ` + role + `;
+		GRANT SELECT, INSERT, UPDATE ON resume_tokens TO ` + role)
+	require.NoError(t, err)
+	cfg := e.config(ModePolling)
+	cfg.DB, cfg.CheckpointInterval = db, 50*time.Millisecond
+	w := e.start(cfg)
+	waitStartSaved(t, w)
+	_, err = e.db.Exec(`REVOKE INSERT, UPDATE ON resume_tokens FROM ` + role)
+	require.NoError(t, err)
+	ids := e.insert(2)
+	require.Equal(t, ids, receiveWithin(t, w, 2, liveWait))
+	require.NoError(t, w.MarkProcessed(context.Background(), tok(ids[1])))
+	require.Eventually(t, func() bool { return w.Health() != nil }, liveWait, 10*time.Millisecond)
+	require.ErrorContains(t, w.Health(), "save checkpoint")
+	require.ErrorContains(t, w.Health(), "to token table resume_tokens: ")
+	require.ErrorContains(t, w.Health(), "permission denied for table resume_tokens")
+	require.ErrorContains(t, w.Stats().LastError, "permission denied for table resume_tokens")
+
+	_, err = e.db.Exec(`GRANT INSERT, UPDATE ON resume_tokens TO ` + role)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return w.Health() == nil }, liveWait, 10*time.Millisecond,
+		"the failure clears with the next save")
+	require.Equal(t, e.position(ids[1]), legacyView(e.savedToken("c")))
+}

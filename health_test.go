@@ -98,3 +98,71 @@ func TestLagWhileRowsAreUnread(t *testing.T) {
 	w.cursor = Position{}
 	require.Zero(t, w.lagLocked(now, false), "unknown before the first row")
 }
+
+// A failing save, in the background (batched saves) or inline (MarkProcessed), is a Health
+// failure naming the token table, and Stats().LastError, until a save succeeds.
+func TestHealthReportsFailingSaves(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeDB(testConfig(Config{}))
+		f.insert("t", t0, 3)
+		f.tokens["c"] = string(encodeToken(makePosition(t0.Add(-time.Second), 0), "t"))
+		f.readErr = errors.New("permission denied for table resume_tokens")
+		f.failSaves = 1 << 30
+		w := startOn(t, t.Context(), f, Config{CheckpointInterval: 50 * time.Millisecond})
+		require.Equal(t, []int64{1, 2, 3}, receive(t, w, 3))
+		require.NoError(t, w.MarkProcessed(context.Background(), tok(2)), "batched: the save is the saver's")
+		time.Sleep(time.Second)
+		require.Regexp(t, `^pgchangestream: save checkpoint \(.*, 2\) to token table resume_tokens: `+
+			`permission denied for table resume_tokens \(failing for 950ms\)$`, w.Health(), "failing since the first tick")
+		s := w.Stats()
+		require.ErrorContains(t, s.LastError, "permission denied for table resume_tokens")
+		require.Greater(t, s.CheckpointErrors, uint64(10))
+
+		f.mu.Lock()
+		f.failSaves = 0
+		f.mu.Unlock()
+		time.Sleep(100 * time.Millisecond)
+		require.NoError(t, w.Health(), "the failure clears with the next save")
+		require.Equal(t, rowPos(f, 2), f.token(t, "c"))
+		require.ErrorContains(t, w.MarkProcessed(context.Background(), nil), "permission denied",
+			"the background failure is still returned once")
+		closeWatcher(t, w)
+	})
+}
+
+func TestHealthReportsAFailingInlineSave(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeDB(testConfig(Config{}))
+		f.insert("t", t0, 2)
+		w := startOn(t, t.Context(), f, Config{StartFromBeginning: true})
+		require.Equal(t, []int64{1, 2}, receive(t, w, 2))
+		f.mu.Lock()
+		f.failSaves = 1
+		f.mu.Unlock()
+		require.ErrorContains(t, w.MarkProcessed(context.Background(), tok(1)), "connection refused")
+		require.ErrorContains(t, w.Health(), "save checkpoint")
+		require.ErrorContains(t, w.Stats().LastError, "to token table resume_tokens: fake: connection refused")
+		require.NoError(t, w.MarkProcessed(context.Background(), tok(2)))
+		require.NoError(t, w.Health(), "the failure clears with the next save")
+		closeWatcher(t, w)
+	})
+}
+
+// The save of a new client's start position is part of the load: while it fails the load is
+// retried and Health says so.
+func TestHealthReportsAFailingStartSave(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeDB(testConfig(Config{}))
+		f.failSaves = 1 << 30
+		w := startOn(t, t.Context(), f, Config{})
+		time.Sleep(time.Second)
+		require.ErrorContains(t, w.Health(), "save start position to token table resume_tokens: fake: connection refused (failing for")
+		require.ErrorContains(t, w.Stats().LastError, "save start position")
+		f.mu.Lock()
+		f.failSaves = 0
+		f.mu.Unlock()
+		time.Sleep(loadRetryMax + time.Second)
+		require.NoError(t, w.Health())
+		closeWatcher(t, w)
+	})
+}

@@ -118,6 +118,7 @@ func (w *Watcher) noticeUpgrade(ctx context.Context) error {
 	idle := w.ring.Len() == 0 && !w.ring.HasFloor()
 	if idle {
 		w.cursor.span = &span{base: now, inc: inc}
+		w.mark.switched = w.cursor.span
 	}
 	w.mu.Unlock()
 	if !idle { // pending legacy positions cannot mix with the switch-over's: try again later

@@ -51,6 +51,7 @@ func (w *Watcher) listenLoop(ctx context.Context) {
 		}
 	}
 	defer firstAttemptDone()
+	defer w.recoverPanic(opPanic, "LISTEN connection", w.stopWith)
 	retry := backoff{min: listenRetryMin, max: listenRetryMax}
 	for {
 		conn, err := w.connectListener(ctx)

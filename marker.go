@@ -30,6 +30,11 @@ type marker struct {
 	marked Position   // the rows this position certifies are marked
 	ok     bool       // marked is set (by the load)
 
+	// switched is the span of an in-place switch-over (seq 0, its snapshot as base), set by the
+	// reader when it switches; guarded by the watcher's mu, not by mu here, so that the reader
+	// never waits for a marking statement (one held up by a row lock, say).
+	switched *span
+
 	wake    chan struct{} // capacity 1: a save happened; created by newWatcher
 	running atomic.Bool   // the marker goroutine runs; saves wake it instead of marking
 }
@@ -46,7 +51,7 @@ func (w *Watcher) markLoop(ctx context.Context) {
 			return
 		case <-w.mark.wake:
 		}
-		err := w.markSaved(ctx)
+		err := w.markPass(ctx)
 		if err == nil {
 			retry.reset()
 			if !sleepCtx(ctx, markInterval) { // saves meanwhile wake the next pass
@@ -84,9 +89,19 @@ func (w *Watcher) afterSave(ctx context.Context) {
 		w.wakeMarker()
 		return
 	}
-	if err := w.markSaved(ctx); err != nil {
+	if err := w.markPass(ctx); err != nil {
 		w.log.Warn("cannot set the processed flag; the next save retries", "error", err)
 	}
+}
+
+// markPass runs markSaved, turning a panic in it into a failed pass (reported by Health until a
+// pass succeeds): the flag may lag, so marking goes on.
+func (w *Watcher) markPass(ctx context.Context) (err error) {
+	defer w.recoverPanic(opMark, "processed-flag marker", func(e error) { err = e })
+	if err = w.markSaved(ctx); err == nil {
+		w.health.ok(opMark)
+	}
+	return err
 }
 
 // markSaved sets the processed flag of the rows the saved token certifies that are not marked
@@ -98,12 +113,17 @@ func (w *Watcher) markSaved(ctx context.Context) error {
 	w.mark.mu.Lock()
 	defer w.mark.mu.Unlock()
 	w.mu.Lock()
-	target, loaded := w.savedMirror, w.loaded
+	target, loaded, switched := w.savedMirror, w.loaded, w.mark.switched
 	w.mu.Unlock()
 	if !loaded || !w.mark.ok {
 		return nil
 	}
 	prev := w.mark.marked
+	if prev.span == nil && target.span != nil && switched != nil {
+		// The watcher switched over in place since this pass last ran. In the switch-over's form
+		// the rows marked certify no more than before, and marking goes on from its snapshot.
+		prev.span = switched
+	}
 	if !prev.Before(target) {
 		// Equal, or the token moved back behind a late row: mark from there on next time.
 		w.mark.marked = target
@@ -137,7 +157,13 @@ func (w *Watcher) markStatement(prev, p Position) (string, []any) {
 	}
 	q, from := w.q.markDelta, prev
 	if !prev.inDelta() { // the legacy part of the switch-over ended since
-		q, from = w.q.markSwitch, Position{span: &span{seq: 1, base: prev.span.base}}
+		// A legacy prev has no switch-over snapshot (markSaved gives it one): p's base, which
+		// sees no less, marks only rows p certifies, and may leave some of the rest unmarked.
+		base := p.span.base
+		if prev.span != nil {
+			base = prev.span.base
+		}
+		q, from = w.q.markSwitch, Position{span: &span{seq: 1, base: base}}
 	}
 	lo, loID, hi, hiID := rangeArgs(certifyRanges(from, p))
 	end := p.span.base

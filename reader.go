@@ -19,6 +19,7 @@ func (w *Watcher) run(ctx context.Context) {
 		}
 		w.lifeMu.Unlock()
 	}()
+	defer w.recoverPanic(opPanic, "reader", w.stopWith)
 	if !w.becomeActive(ctx) { // Config.Exclusive: wait as a standby for the lock
 		return
 	}
@@ -227,6 +228,7 @@ func (w *Watcher) prefetch(ctx context.Context, from Position) *nextBatch {
 	go func() {
 		defer w.wg.Done()
 		defer close(p.done)
+		defer w.recoverPanic(opRead, "prefetched read", func(err error) { p.err = err }) // the reader reads again
 		p.rows, p.err = w.readPage(ctx, from, buf)
 	}()
 	return p
@@ -284,21 +286,27 @@ func (w *Watcher) register(row *changelogRow, pos Position, late bool) (ev Event
 		w.mu.Unlock()
 		return ev, false, false
 	}
-	w.mu.Lock()
-	w.seq++
-	evicted := w.ring.Push(w.seq, row.ID, pos)
-	if evicted {
-		w.evicted++
-	}
-	w.advanceLocked(pos)
-	behindSaved = late && pos.predecessor().Before(w.savedMirror)
-	w.mu.Unlock()
+	evicted, behindSaved := w.track(row, pos, late)
 	if evicted && !w.floorNoted {
 		w.floorNoted = true
 		w.log.Warn("more unacknowledged deliveries than Config.MaxPending; the oldest now hold the checkpoint through a floor",
 			"max_pending", w.cfg.MaxPending)
 	}
 	return ev, true, behindSaved
+}
+
+// track records the delivery of row at pos as pending and advances the cursor, in one locked
+// step; it reports an eviction, and a late row behind the token already saved.
+func (w *Watcher) track(row *changelogRow, pos Position, late bool) (evicted, behindSaved bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock() // the ring's code runs under mu: a panic in it must not leave mu held
+	w.seq++
+	evicted = w.ring.Push(w.seq, row.ID, pos)
+	if evicted {
+		w.evicted++
+	}
+	w.advanceLocked(pos)
+	return evicted, late && pos.predecessor().Before(w.savedMirror)
 }
 
 // advanceLocked moves the cursor forward to pos (never back). mu must be held.

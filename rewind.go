@@ -115,11 +115,13 @@ func (w *Watcher) rewind(ctx context.Context, why string) error {
 	w.rewindAsked.Store(false)
 	w.saved, w.hasSaved, w.savedAt = pos, true, time.Now()
 	w.setMarked(pos)
-	w.mu.Lock()
-	w.ring.Rebase(pos)
-	w.cursor = pos
-	w.savedMirror = pos
-	w.mu.Unlock()
+	func() {
+		w.mu.Lock()
+		defer w.mu.Unlock() // the ring's code runs under mu: a panic in it must not leave mu held
+		w.ring.Rebase(pos)
+		w.cursor = pos
+		w.savedMirror = pos
+	}()
 	w.rewinds.Add(1)
 	w.log.Warn("the server recovered since the last read: delivering again from the saved token",
 		"why", why, "position", pos)

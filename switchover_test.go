@@ -179,3 +179,47 @@ func TestLiveRunningWatcherSwitchesOver(t *testing.T) {
 	require.NoError(t, txA.Commit())
 	require.Equal(t, []int64{a}, receiveWithin(t, w, 1, liveWait), "the row that committed behind b")
 }
+
+// TestLiveSwitchOverWhileMarkerHeldBack proves that a watcher switching over in place while the
+// processed-flag marker is held back (its UPDATE waits on a row lock) goes on working: the
+// marker's next pass after the switch-over, from a legacy position to one inside a delta, does
+// not take the process down, every row is delivered, and once the lock is released the flag is
+// set on every certified row.
+func TestLiveSwitchOverWhileMarkerHeldBack(t *testing.T) {
+	t.Parallel()
+	e := newLegacy(t)
+	ctx := context.Background()
+	w := e.start(e.config(ModePolling))
+	waitStartSaved(t, w)
+	ids := e.insert(2)
+	require.Equal(t, ids, receiveWithin(t, w, 2, liveWait))
+	require.NoError(t, InstallSchema(ctx, e.db, SchemaOptions{})) // noticed upgradeCheckInterval after the start
+	lock := e.openTx()
+	_, err := lock.Exec(`SELECT FROM datastore_changelog WHERE id = $1 FOR UPDATE`, ids[1])
+	require.NoError(t, err)
+	require.NoError(t, w.MarkProcessed(ctx, tok(ids[1])))
+	require.NotContains(t, e.rawToken("c"), `"snapshot"`, "saved before the watcher switched over")
+	waitFor(t, func() bool {
+		var n int
+		return e.db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND query LIKE 'UPDATE "datastore_changelog" SET processed%'`).Scan(&n) == nil && n == 1
+	}, "the marker waits on the row lock")
+	require.Eventually(t, func() bool {
+		raw := e.rawToken("c")
+		return strings.Contains(raw, `"switchover"`) || strings.Contains(raw, `"snapshot"`)
+	}, 3*upgradeCheckInterval, 20*time.Millisecond, "the running watcher switches over")
+	after := e.insert(3)
+	require.Equal(t, after, receiveWithin(t, w, 3, liveWait))
+	require.NoError(t, w.MarkProcessed(ctx, tok(after[2])), "a save inside a delta")
+	require.Contains(t, e.rawToken("c"), `"snapshot"`)
+	require.NoError(t, lock.Rollback())
+	all := append(ids, after...)
+	waitFor(t, func() bool {
+		var n int
+		return e.db.QueryRow(`SELECT count(*) FROM datastore_changelog WHERE id = ANY($1) AND processed`, all).Scan(&n) == nil &&
+			n == len(all)
+	}, "the flag is set on every certified row")
+	more := e.insert(1)
+	require.Equal(t, more, receiveWithin(t, w, 1, liveWait), "the watcher still delivers")
+	require.NoError(t, w.Health())
+}

@@ -1,0 +1,366 @@
+package pgchangestream
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// markWorld is a changelog in memory for the marker's model test: legacy rows (no txid), then,
+// once upgraded, rows of transactions that begin, write, commit and abort in any order
+// (deltaModel). As a database driver it answers the load, the switch-over's statements, the
+// token saves, and the marking statements, which it evaluates as PostgreSQL would and checks
+// against the saved token: every row flagged must be one the token certifies (rule 12).
+type markWorld struct {
+	t        testing.TB
+	q        queries
+	m        *deltaModel
+	ts       map[int64]time.Time  // changed_at of each row
+	begun    map[uint64]time.Time // changed_at of each transaction's rows
+	clock    time.Time
+	upgraded bool
+	token    string
+	flagged  map[int64]bool
+}
+
+func newMarkWorld(t testing.TB, cfg Config) *markWorld {
+	start := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	return &markWorld{t: t, q: buildQueries(cfg.withDefaults()), m: newDeltaModel(), ts: map[int64]time.Time{},
+		begun: map[uint64]time.Time{}, clock: start, token: string(encodeToken(makePosition(start, 0), "t")),
+		flagged: map[int64]bool{}}
+}
+
+func (mw *markWorld) tick() time.Time {
+	mw.clock = mw.clock.Add(time.Millisecond)
+	return mw.clock
+}
+
+// writeLegacy adds a committed row without a txid (before the upgrade).
+func (mw *markWorld) writeLegacy() {
+	id := mw.m.nextID
+	mw.m.nextID++
+	mw.m.rows = append(mw.m.rows, modelRow{id: id})
+	mw.ts[id] = mw.tick()
+}
+
+func (mw *markWorld) begin() {
+	mw.begun[mw.m.nextXid] = mw.tick()
+	mw.m.begin()
+}
+
+func (mw *markWorld) write(i int) {
+	n := len(mw.m.rows)
+	mw.m.write(i)
+	if len(mw.m.rows) > n {
+		r := mw.m.rows[n]
+		mw.ts[r.id] = mw.begun[r.xid]
+	}
+}
+
+func (mw *markWorld) committed(r modelRow) bool { return r.xid == 0 || mw.m.committed[r.xid] }
+
+func (mw *markWorld) legacyPos(r modelRow) Position { return makePosition(mw.ts[r.id], r.id) }
+
+// sees is "txid IS NULL OR pg_visible_in_snapshot(txid, s)".
+func sees(s pgSnapshot, x uint64) bool { return x == 0 || !s.running(x) }
+
+// certified reports whether a saved token at p certifies row r, as certifiedBy says in SQL.
+func (mw *markWorld) certified(p Position, r modelRow) bool {
+	legacy := !makePosition(p.ChangedAt, p.ID).Before(mw.legacyPos(r))
+	switch {
+	case p.span == nil:
+		return legacy
+	case !p.inDelta():
+		return legacy && sees(p.span.base, r.xid)
+	}
+	return r.xid == 0 || certifies(p, r)
+}
+
+// readRow is the changelog row of r as a read returns it.
+func (mw *markWorld) readRow(r modelRow) changelogRow {
+	return changelogRow{ID: r.id, RecordID: "r" + strconv.FormatInt(r.id, 10), Operation: "INSERT",
+		NewValues: []byte(`{}`), ChangedAt: mw.ts[r.id], Xid: r.xid}
+}
+
+// read reads one page after the watcher's cursor as readBatch does (legacy order, the legacy
+// part of a switch-over, or a delta) and registers the rows as deliveries. It returns their ids.
+func (mw *markWorld) read(w *Watcher, limit int) []int64 {
+	w.mu.Lock()
+	from := w.cursor
+	w.mu.Unlock()
+	var rows []modelRow
+	if from.inDelta() {
+		if from.atDeltaStart() {
+			end := mw.m.snapshot()
+			if emptyDelta(from.span.base, end) {
+				return nil
+			}
+			from = from.withEnd(end, "")
+		}
+		rows = mw.m.page(deltaRanges(from.span.base, from.span.end, from.Xid, from.ID), from.span.end, limit)
+	} else {
+		after := makePosition(from.ChangedAt, from.ID)
+		for _, r := range mw.m.rows {
+			if mw.committed(r) && after.Before(mw.legacyPos(r)) && (from.span == nil || sees(from.span.base, r.xid)) {
+				rows = append(rows, r)
+			}
+		}
+		slices.SortFunc(rows, func(a, b modelRow) int { return mw.legacyPos(a).Compare(mw.legacyPos(b)) })
+		rows = rows[:min(len(rows), limit)]
+	}
+	var ids []int64
+	for _, r := range rows {
+		row := mw.readRow(r)
+		w.register(&row, rowPosition(from, &row), false)
+		ids = append(ids, r.id)
+	}
+	if len(rows) < limit && from.span != nil {
+		w.endSpan(from)
+	}
+	return ids
+}
+
+// markRows evaluates a marking statement: the committed rows it flags.
+func (mw *markWorld) markRows(query string, a []any) []modelRow {
+	snap := func(i int) pgSnapshot {
+		s, err := parseSnapshot(a[i].(string))
+		require.NoError(mw.t, err)
+		return s
+	}
+	legacyAfter := func(i int) func(modelRow) bool {
+		after := makePosition(a[i].(time.Time), a[i+1].(int64))
+		return func(r modelRow) bool { return after.Before(mw.legacyPos(r)) }
+	}
+	var match func(modelRow) bool
+	switch query {
+	case mw.q.markLegacy, mw.q.markPhase:
+		after, upTo := legacyAfter(1), makePosition(a[3].(time.Time), a[4].(int64))
+		match = func(r modelRow) bool { return after(r) && !upTo.Before(mw.legacyPos(r)) }
+		if query == mw.q.markPhase {
+			legacy, base := match, snap(5)
+			match = func(r modelRow) bool { return legacy(r) && sees(base, r.xid) }
+		}
+	case mw.q.markDelta, mw.q.markSwitch:
+		lo, loID, hi, hiID := uintArray(mw.t, a[1]), intArray(mw.t, a[2]), uintArray(mw.t, a[3]), intArray(mw.t, a[4])
+		base, end := snap(5), snap(6)
+		x, err := strconv.ParseUint(a[7].(string), 10, 64)
+		require.NoError(mw.t, err)
+		id := a[8].(int64)
+		inRanges := func(r modelRow) bool {
+			for i := range lo {
+				if keyAfter(r, lo[i], loID[i]) && !keyAfter(r, hi[i], hiID[i]) {
+					return true
+				}
+			}
+			return false
+		}
+		match = func(r modelRow) bool {
+			return r.xid != 0 && inRanges(r) && (sees(base, r.xid) || (sees(end, r.xid) && !keyAfter(r, x, id)))
+		}
+		if query == mw.q.markSwitch {
+			delta, after := match, legacyAfter(9)
+			match = func(r modelRow) bool { return delta(r) || (after(r) && sees(base, r.xid)) }
+		}
+	default:
+		mw.t.Fatalf("unexpected statement %q", query)
+	}
+	var out []modelRow
+	for _, r := range mw.m.rows {
+		if mw.committed(r) && match(r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func uintArray(t testing.TB, v any) []uint64 {
+	return parseArray(t, v, func(f string) (uint64, error) { return strconv.ParseUint(f, 10, 64) })
+}
+
+func intArray(t testing.TB, v any) []int64 {
+	return parseArray(t, v, func(f string) (int64, error) { return strconv.ParseInt(f, 10, 64) })
+}
+
+// parseArray parses a PostgreSQL array literal of numbers ("{1,2,3}").
+func parseArray[T any](t testing.TB, v any, parse func(string) (T, error)) []T {
+	var out []T
+	for _, f := range strings.FieldsFunc(strings.Trim(v.(string), "{}"), func(r rune) bool { return r == ',' }) {
+		x, err := parse(f)
+		require.NoError(t, err)
+		out = append(out, x)
+	}
+	return out
+}
+
+func (mw *markWorld) savedToken() Position {
+	p, err := decodeToken([]byte(mw.token))
+	require.NoError(mw.t, err)
+	return p
+}
+
+func (mw *markWorld) Connect(context.Context) (driver.Conn, error) { return markConn{mw}, nil }
+func (mw *markWorld) Driver() driver.Driver                        { return nil }
+
+type markConn struct{ mw *markWorld }
+
+func (markConn) Prepare(string) (driver.Stmt, error) { return nil, fmt.Errorf("no prepare") }
+func (markConn) Close() error                        { return nil }
+func (markConn) Begin() (driver.Tx, error)           { return nil, fmt.Errorf("no transactions") }
+
+func (c markConn) QueryContext(_ context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	mw := c.mw
+	switch query {
+	case mw.q.detect:
+		return &valueRows{cols: []string{"skip_free", "incarnation"}, vals: [][]driver.Value{{mw.upgraded, false}}}, nil
+	case mw.q.loadToken:
+		return &valueRows{cols: []string{"resume_token"}, vals: [][]driver.Value{{mw.token}}}, nil
+	case mw.q.deltaStart:
+		var newest driver.Value
+		for _, r := range mw.m.rows {
+			if r.xid != 0 && mw.committed(r) {
+				newest = strconv.FormatUint(max(r.xid, parseXid(newest)), 10)
+			}
+		}
+		return &valueRows{cols: []string{"snapshot", "newest"}, vals: [][]driver.Value{{mw.m.snapshot().String(), newest}}}, nil
+	}
+	return nil, fmt.Errorf("unexpected query %q", query)
+}
+
+func parseXid(v driver.Value) uint64 {
+	if v == nil {
+		return 0
+	}
+	x, _ := strconv.ParseUint(v.(string), 10, 64)
+	return x
+}
+
+func (c markConn) ExecContext(_ context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	mw := c.mw
+	if query == mw.q.saveToken {
+		mw.token = args[1].Value.(string)
+		return driver.RowsAffected(1), nil
+	}
+	a := make([]any, len(args))
+	for i, v := range args {
+		a[i] = v.Value
+	}
+	saved := mw.savedToken()
+	for _, r := range mw.markRows(query, a) {
+		require.True(mw.t, mw.certified(saved, r), "row %d (txid %d, changed_at %s) flagged by %q %v, but the saved token %v does not certify it",
+			r.id, r.xid, mw.ts[r.id].Format(time.StampMicro), query, a, saved)
+		mw.flagged[r.id] = true
+	}
+	return driver.RowsAffected(0), nil
+}
+
+// FuzzMarker drives the processed-flag marker through a legacy changelog, its upgrade, an
+// in-place switch-over and snapshot deltas, with reads, acknowledgements, saves and marker passes
+// in random order (a pass may be delayed across any number of saves, as a row lock holds it
+// back). It checks that nothing panics, that every statement flags only rows the saved token
+// certifies, that the marked position never passes the saved token, and that once everything is
+// acknowledged and the marker catches up, every delivered row is flagged. The statement for any
+// two saved positions, in any form (legacy, switch-over, delta), flags only rows the later one
+// certifies.
+func FuzzMarker(f *testing.F) {
+	for _, seed := range []uint64{1, 2, 3, 7, 42, 916, 1 << 33} {
+		f.Add(seed, uint8(0xab))
+	}
+	f.Fuzz(func(t *testing.T, seed uint64, limit uint8) {
+		rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b9))
+		pageSize := int(limit%6) + 1
+		mw := newMarkWorld(t, testConfig(Config{}))
+		cfg := testConfig(Config{DB: sql.OpenDB(mw)})
+		defer cfg.DB.Close()
+		w, err := New(cfg)
+		require.NoError(t, err)
+		ctx := context.Background()
+		require.NoError(t, w.load(ctx))
+		w.mark.running.Store(true) // saves only wake the marker: the test runs its passes
+		initial := mw.savedToken()
+
+		var delivered []int64
+		pass := func() {
+			require.NoError(t, w.markSaved(ctx))
+			w.mu.Lock()
+			saved := w.savedMirror // a decoded token's delta order is its own, so compare the watcher's
+			w.mu.Unlock()
+			require.False(t, saved.Before(w.mark.marked), "marked %v passes the saved token %v", w.mark.marked, saved)
+		}
+		step := func(op int) {
+			switch {
+			case op < 3 && !mw.upgraded:
+				mw.writeLegacy()
+			case op < 1:
+				mw.begin()
+			case op < 3:
+				mw.write(rng.IntN(8))
+			case op < 4:
+				mw.m.finish(rng.IntN(8), rng.IntN(4) > 0)
+			case op < 7:
+				delivered = append(delivered, mw.read(w, pageSize)...)
+			case op < 9 && len(delivered) > 0:
+				require.NoError(t, w.MarkProcessed(ctx, formatToken(delivered[rng.IntN(len(delivered))])))
+			case op < 10:
+				require.NoError(t, w.Flush(ctx))
+			case op < 11:
+				if !mw.upgraded && rng.IntN(4) == 0 {
+					mw.upgraded = true
+				}
+			case op < 12:
+				if mw.upgraded && !w.skipFree.Load() {
+					w.upgradeChecked = time.Now().Add(-upgradeCheckInterval)
+					require.NoError(t, w.noticeUpgrade(ctx))
+				}
+			default:
+				if rng.IntN(3) == 0 { // the marker is often held back
+					pass()
+				}
+			}
+		}
+		var saves []Position // the positions saved, in order
+		for range 400 {
+			step(rng.IntN(13))
+			w.mu.Lock()
+			if p := w.savedMirror; len(saves) == 0 || p.Compare(saves[len(saves)-1]) != 0 || (p.span == nil) != (saves[len(saves)-1].span == nil) {
+				saves = append(saves, p)
+			}
+			w.mu.Unlock()
+		}
+		for len(mw.m.running) > 0 {
+			mw.m.finish(0, true)
+		}
+		for range 200 {
+			delivered = append(delivered, mw.read(w, pageSize)...)
+		}
+		if len(delivered) > 0 {
+			require.NoError(t, w.MarkProcessed(ctx, formatToken(delivered[len(delivered)-1])))
+		}
+		pass()
+		for range 50 {
+			i, j := rng.IntN(len(saves)), rng.IntN(len(saves))
+			prev, p := saves[min(i, j)], saves[max(i, j)]
+			if !prev.Before(p) {
+				continue
+			}
+			q, args := w.markStatement(prev, p)
+			for _, r := range mw.markRows(q, args) {
+				require.True(t, mw.certified(p, r), "marking from %v to %v flags row %d (txid %d), which %v does not certify", prev, p, r.id, r.xid, p)
+			}
+		}
+		saved := mw.savedToken()
+		for _, r := range mw.m.rows {
+			if slices.Contains(delivered, r.id) && mw.certified(saved, r) && !mw.certified(initial, r) {
+				require.True(t, mw.flagged[r.id], "row %d (txid %d), delivered and certified by %v, is not flagged", r.id, r.xid, saved)
+			}
+		}
+	})
+}

@@ -1,0 +1,46 @@
+package pgchangestream
+
+import (
+	"errors"
+	"fmt"
+	"runtime/debug"
+)
+
+// ErrPanic is wrapped by the error a watcher reports when one of its goroutines panicked (a bug,
+// in this package or in a callback such as [Config.Filter]). The panic is recovered, logged with
+// its stack and reported by [Watcher.Health] and [Stats].LastError, so it never takes down the
+// process. A panic in the reader, the saver, the LISTEN connection or the exclusive lock's check
+// stops the watcher: [Watcher.Err] wraps ErrPanic (or [ErrExclusiveLost]) and Events closes. A
+// panic in a prefetched read or in the processed-flag marker fails that step only: the reader
+// reads again, and the marker retries (the flag may lag the token).
+var ErrPanic = errors.New("pgchangestream: panic")
+
+// opPanic is the Health failure of a goroutine that stopped the watcher after a panic.
+const opPanic = "panic"
+
+// recoverPanic, deferred in a watcher goroutine (or around one step of it), recovers a panic in
+// where: it logs it with its stack, reports it as a failure of op, and hands the error to then
+// (which stops the watcher, or fails the step). A panic leaves no lock held: the locked
+// sections that call code that could panic unlock by defer.
+func (w *Watcher) recoverPanic(op, where string, then func(error)) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	err := fmt.Errorf("%w in the %s: %v", ErrPanic, where, r)
+	w.log.Error("recovered from a panic", "in", where, "panic", r, "stack", string(debug.Stack()))
+	w.health.fail(op, err)
+	then(err)
+}
+
+// stopWith stops the watcher because of err, which Err then reports: its goroutines end and the
+// reader closes Events. The saved token stays where the last save put it.
+func (w *Watcher) stopWith(err error) {
+	w.lifeMu.Lock()
+	if w.stopErr == nil {
+		w.stopErr = err
+	}
+	cancel := w.cancel
+	w.lifeMu.Unlock()
+	cancel()
+}
