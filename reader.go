@@ -67,15 +67,15 @@ func (w *Watcher) run(ctx context.Context) {
 
 // readOnce reads one batch after the cursor and delivers it. On a legacy changelog, when the
 // read reached the end of the visible rows, it then recovers late rows named by NOTIFY. full
-// reports a full batch.
+// reports that more rows follow at once (the next batch is being read).
 func (w *Watcher) readOnce(ctx context.Context) (full bool, err error) {
 	if w.skipFree.Load() {
-		n, err := w.readBatch(ctx)
-		return err == nil && n == w.cfg.BatchSize, err
+		_, err := w.readBatch(ctx)
+		return err == nil && w.next != nil, err
 	}
 	hints := w.takeHints()
-	n, err := w.readBatch(ctx)
-	if err != nil || n == w.cfg.BatchSize {
+	_, err = w.readBatch(ctx)
+	if err != nil || w.next != nil {
 		w.returnHints(hints)
 		return err == nil, err
 	}
@@ -115,11 +115,12 @@ func (w *Watcher) sleep(ctx context.Context, d time.Duration) bool {
 	return true
 }
 
-// readBatch reads the rows after the cursor and delivers them in order. After a full batch it
-// starts reading the next one before delivering this one, so the query and the decoding of
-// events overlap; the prefetched batch is used only if the cursor ends exactly where it starts.
-// On an upgraded changelog a read at the start of a delta first takes the delta's end snapshot,
-// and a short batch ends the delta (or the legacy part of a switch-over).
+// readBatch reads the rows after the cursor and delivers them in order. When more rows may
+// follow (a full batch) it starts reading the next batch before delivering this one, so the
+// query and the decoding of events overlap; the prefetched batch is used only if the cursor ends
+// exactly where it starts. On an upgraded changelog a read at the start of a delta first takes
+// the delta's end snapshot, and a batch that the delta (or the legacy part of a switch-over)
+// does not follow ends it.
 func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 	w.mu.Lock()
 	from := w.cursor
@@ -138,19 +139,19 @@ func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 		}
 		from = from.withEnd(end)
 	}
-	fresh := true
+	fresh, more := true, false
 	if p := w.next; p != nil {
 		w.next = nil
 		<-p.done
 		if p.err == nil && p.from.Compare(from) == 0 {
-			w.batch, w.spare, fresh = p.rows, w.batch, false
+			w.batch, w.spare, fresh, more = p.rows, w.batch, false, p.more
 		} else {
 			w.spare = p.rows
 		}
 	}
 	if fresh {
 		var err error
-		if w.batch, err = w.readPage(ctx, from, w.batch[:0]); err != nil {
+		if w.batch, more, err = w.readPage(ctx, from, w.batch[:0]); err != nil {
 			return 0, fmt.Errorf("read changelog: %w", err)
 		}
 	}
@@ -158,7 +159,7 @@ func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 	if n == 0 {
 		w.noteEmptyRead()
 	}
-	if n == w.cfg.BatchSize {
+	if more {
 		w.next = w.prefetch(ctx, rowPosition(from, &w.batch[n-1]))
 	}
 	for i := range w.batch {
@@ -167,7 +168,7 @@ func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 			return i, err
 		}
 	}
-	if n < w.cfg.BatchSize && from.span != nil {
+	if !more && from.span != nil {
 		w.endSpan(from)
 	}
 	return n, nil
@@ -183,8 +184,9 @@ func (w *Watcher) noteEmptyRead() {
 // nextBatch is a read of the next batch running while the current one is delivered.
 type nextBatch struct {
 	from Position
-	done chan struct{} // closed when rows and err are set
+	done chan struct{} // closed when rows, more and err are set
 	rows []changelogRow
+	more bool
 	err  error
 }
 
@@ -197,7 +199,7 @@ func (w *Watcher) prefetch(ctx context.Context, from Position) *nextBatch {
 	go func() {
 		defer w.wg.Done()
 		defer close(p.done)
-		p.rows, p.err = w.readPage(ctx, from, buf)
+		p.rows, p.more, p.err = w.readPage(ctx, from, buf)
 	}()
 	return p
 }
