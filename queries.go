@@ -118,7 +118,7 @@ func buildQueries(cfg Config) queries {
 		ORDER BY txid, id) c
 	ORDER BY c.id LIMIT ` + strconv.Itoa(maxDeltaIDs),
 		deltaRows: `SELECT ` + changelogColumns + `, txid FROM ` + cl + ` WHERE id = ANY($1::int8[]) ORDER BY id`,
-		snapshot: `SELECT pg_current_snapshot()::text`,
+		snapshot:  `SELECT pg_current_snapshot()::text`,
 		detect: `SELECT current_setting('server_version_num')::int >= 130000 AND EXISTS (
 		SELECT FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 		WHERE a.attrelid = to_regclass($1) AND a.attname = '` + txidColumn + `' AND NOT a.attisdropped

@@ -55,7 +55,7 @@ func TestDeltaRanges(t *testing.T) {
 type deltaModel struct {
 	nextXid, latestDone uint64
 	nextID              int64
-	running             []uint64 // ascending
+	running             []uint64       // ascending
 	committed           map[uint64]int // the order of the commit: 1, 2, ...
 	aborted             map[uint64]bool
 	locks               map[int]uint64 // key -> the running transaction that wrote it
