@@ -112,13 +112,13 @@ func buildQueries(cfg Config) queries {
 		deltaRange: `SELECT ` + changelogColumns + `, txid FROM ` + cl + `
 	WHERE table_name = $1 AND (txid, id) > ($2::xid8, $3) AND (txid, id) <= ($4::xid8, $5) AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
 	ORDER BY txid, id LIMIT ` + pageLimit,
+		deltaRows: `SELECT ` + changelogColumns + `, txid FROM ` + cl + ` WHERE id = ANY($1::int8[]) ORDER BY id`,
 		deltaIDs: `SELECT c.id FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
 	CROSS JOIN LATERAL (SELECT id FROM ` + cl + ` WHERE table_name = $1
 		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id) AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
 		ORDER BY txid, id) c
 	ORDER BY c.id LIMIT ` + strconv.Itoa(maxDeltaIDs),
-		deltaRows: `SELECT ` + changelogColumns + `, txid FROM ` + cl + ` WHERE id = ANY($1::int8[]) ORDER BY id`,
-		snapshot:  `SELECT pg_current_snapshot()::text`,
+		snapshot: `SELECT pg_current_snapshot()::text`,
 		detect: `SELECT current_setting('server_version_num')::int >= 130000 AND EXISTS (
 		SELECT FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 		WHERE a.attrelid = to_regclass($1) AND a.attname = '` + txidColumn + `' AND NOT a.attisdropped
