@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -271,6 +272,8 @@ func TestLiveLargeDeltaInRowOrderAcrossRestart(t *testing.T) {
 	first := e.start(cfg)
 	waitStartSaved(t, first)
 	require.NoError(t, first.Close(context.Background()))
+	var before int64 // the rows up to it are behind the client's start: never marked by it
+	require.NoError(t, e.db.QueryRow(`SELECT max(id) FROM datastore_changelog`).Scan(&before))
 	written := e.sameRowWriters(8, 250, rows)
 	require.Greater(t, written, 20*100, "a delta of many pages")
 
@@ -283,13 +286,38 @@ func TestLiveLargeDeltaInRowOrderAcrossRestart(t *testing.T) {
 	var raw string
 	require.NoError(t, e.db.QueryRow(`SELECT resume_token::text FROM resume_tokens WHERE client_name = 'c'`).Scan(&raw))
 	require.Contains(t, raw, "deltaEnd", "stopped inside the delta")
+	var marked int
+	require.NoError(t, e.db.QueryRow(`SELECT count(*) FROM datastore_changelog WHERE processed`).Scan(&marked))
+	require.Positive(t, marked, "the marker ran inside the delta")
+	require.Zero(t, e.markedNotCertified(raw), "the processed flag is set only on rows the saved token certifies")
 	mid := got.count()
 
 	w = e.start(cfg)
 	got.consume(t, w)
 	got.waitCount(t, written, 30*time.Second)
 	require.Equal(t, written, got.count(), "every change")
-	t.Logf("%d changes in one delta, stopped after %d (token %s), %d out of order", written, mid,
-		strings.TrimSpace(raw), got.outOfOrder())
+	waitFor(t, func() bool {
+		var unmarked int
+		require.NoError(t, e.db.QueryRow(`SELECT count(*) FROM datastore_changelog WHERE id > $1 AND NOT processed`, before).Scan(&unmarked))
+		return unmarked == 0
+	}, "every row acknowledged is marked")
+	t.Logf("%d changes in one delta, stopped after %d (token %s, %d rows marked), %d out of order", written, mid,
+		strings.TrimSpace(raw), marked, got.outOfOrder())
 	require.Zero(t, got.outOfOrder(), "changes of one row delivered out of commit order")
+}
+
+// markedNotCertified counts the changelog rows marked processed that the saved token raw does
+// not certify (the predicate Prune deletes by).
+func (e *liveEnv) markedNotCertified(raw string) int {
+	e.t.Helper()
+	p, err := decodeToken([]byte(raw))
+	require.NoError(e.t, err)
+	var args []any
+	cond := certifiedBy(p, func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	})
+	var n int
+	require.NoError(e.t, e.db.QueryRow(`SELECT count(*) FROM datastore_changelog c WHERE processed AND NOT `+cond, args...).Scan(&n))
+	return n
 }
