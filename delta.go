@@ -33,17 +33,17 @@ type deltaReads interface {
 	// deltaPage returns, in any order, the rows of from's delta after from.afterID(), at most
 	// one more than a page.
 	deltaPage(ctx context.Context, from Position, buf []changelogRow) ([]changelogRow, error)
-	// deltaIDs returns, ascending, the ids of from's delta rows after the id after, at most
-	// maxDeltaIDs of them.
+	// deltaIDs returns, ascending, the ids of from's delta rows after the id after, at most the
+	// pager's maxIDs of them (maxDeltaIDs for the watcher).
 	deltaIDs(ctx context.Context, from Position, after int64) ([]int64, error)
 	// rowsByID returns the rows with the ids, ascending.
 	rowsByID(ctx context.Context, ids []int64, buf []changelogRow) ([]changelogRow, error)
 }
 
 // deltaPager reads snapshot deltas in changelog id order. A delta that fits one page is read
-// with one query, through its index ranges, and sorted. A larger one is listed: its ids, read
-// once in id order (one pass over its index ranges) and kept, are then read a page at a time by
-// primary key. Owned by the reader goroutine, or by its prefetch while one runs (the reader
+// with one query, through its index ranges, and sorted. A larger one is listed (the first page,
+// which only said so, is dropped): its ids, read once in id order (one pass over its index
+// ranges) and kept, are then read a page at a time by primary key. Owned by the reader goroutine, or by its prefetch while one runs (the reader
 // waits for the prefetch before it reads again).
 type deltaPager struct {
 	pageSize, maxIDs int
