@@ -94,6 +94,7 @@ type Watcher struct {
 	batch          []changelogRow // the rows being delivered
 	spare          []changelogRow // the other buffer; owned by the prefetch while one runs
 	next           *nextBatch     // the prefetch of the next batch, if one was started
+	pager          deltaPager     // the delta being read; owned by the prefetch while one runs
 	floorNoted     bool
 	legacyNoted    bool      // the legacy changelog was reported (by the load, which the reader runs)
 	upgradeChecked time.Time // when a legacy watcher last looked for the txid column
@@ -157,8 +158,9 @@ func newWatcher(cfg Config) *Watcher {
 		mark:   marker{wake: make(chan struct{}, 1)},
 		ring:   pending.New(cfg.MaxPending, Position.predecessor),
 		recent: newRecentIDs(recentCapacity),
-		batch:  make([]changelogRow, 0, cfg.BatchSize),
-		spare:  make([]changelogRow, 0, cfg.BatchSize),
+		batch:  make([]changelogRow, 0, cfg.BatchSize+1), // a delta's first page reads one more
+		spare:  make([]changelogRow, 0, cfg.BatchSize+1),
+		pager:  deltaPager{pageSize: cfg.BatchSize, maxIDs: maxDeltaIDs},
 		health: health{listenCritical: cfg.Mode == ModeNotify},
 	}
 }

@@ -378,7 +378,7 @@ func unchanged(p, saved Position) bool {
 	if p.Compare(saved) == 0 {
 		return true
 	}
-	return p.inDelta() && saved.inDelta() && p.Xid == 0 && saved.Xid == 0 &&
+	return p.inDelta() && saved.inDelta() && !p.inRows && !saved.inRows &&
 		p.ID == saved.ID && p.ChangedAt.Equal(saved.ChangedAt)
 }
 

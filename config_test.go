@@ -138,7 +138,7 @@ func TestNewAcceptsTheLimits(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, MaxMaxPending, w.ring.Cap())
 	require.Equal(t, MaxBufferSize, cap(w.events))
-	require.Equal(t, MaxBatchSize, cap(w.batch))
+	require.Equal(t, MaxBatchSize+1, cap(w.batch), "a delta's first page reads one row more than a batch")
 }
 
 // FuzzNew checks that no configuration makes New panic, and that an accepted one stays within

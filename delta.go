@@ -9,22 +9,126 @@ import (
 )
 
 // readPage reads the batch after from into buf: a legacy read, a read of the legacy part of a
-// switch-over, or a read of from's delta, whose end snapshot is taken.
-func (w *Watcher) readPage(ctx context.Context, from Position, buf []changelogRow) ([]changelogRow, error) {
+// switch-over, or a read of from's delta, whose end snapshot is taken. more reports that rows
+// may follow in the same span (a full batch, in legacy order); when it is false after a delta
+// read, the delta is done.
+func (w *Watcher) readPage(ctx context.Context, from Position, buf []changelogRow) (rows []changelogRow, more bool, err error) {
 	switch {
 	case from.span == nil:
-		return w.query(ctx, w.q.read, buf, false, w.cfg.TableName, from.ChangedAt, from.ID)
+		rows, err = w.query(ctx, w.q.read, buf, false, w.cfg.TableName, from.ChangedAt, from.ID)
 	case from.span.seq == 0:
-		return w.query(ctx, w.q.switchRead, buf, false, w.cfg.TableName, from.ChangedAt, from.ID, from.span.base.String())
+		rows, err = w.query(ctx, w.q.switchRead, buf, false, w.cfg.TableName, from.ChangedAt, from.ID, from.span.base.String())
+	default:
+		return w.pager.read(ctx, w, from, buf)
 	}
-	ranges := deltaRanges(from.span.base, from.span.end, from.Xid, from.ID)
+	return rows, len(rows) == w.cfg.BatchSize, err
+}
+
+// maxDeltaIDs bounds the ids of a large delta kept in memory (8 bytes each): a larger delta is
+// listed again, after the last id passed, each time its list is used up.
+const maxDeltaIDs = 1 << 20
+
+// deltaReads are the reads a deltaPager makes: SQL for the watcher, a model in tests.
+type deltaReads interface {
+	// deltaPage returns, in any order, the rows of from's delta after from.afterID(), at most
+	// one more than a page.
+	deltaPage(ctx context.Context, from Position, buf []changelogRow) ([]changelogRow, error)
+	// deltaIDs returns, ascending, the ids of from's delta rows after the id after, at most the
+	// pager's maxIDs of them (maxDeltaIDs for the watcher).
+	deltaIDs(ctx context.Context, from Position, after int64) ([]int64, error)
+	// rowsByID returns the rows with the ids, ascending.
+	rowsByID(ctx context.Context, ids []int64, buf []changelogRow) ([]changelogRow, error)
+}
+
+// deltaPager reads snapshot deltas in changelog id order. A delta that fits one page is read
+// with one query, through its index ranges, and sorted. A larger one is listed (the first page,
+// which only said so, is dropped): its ids, read once in id order (one pass over its index
+// ranges) and kept, are then read a page at a time by primary key. Owned by the reader goroutine, or by its prefetch while one runs (the reader
+// waits for the prefetch before it reads again).
+type deltaPager struct {
+	pageSize, maxIDs int
+
+	// The list of the large delta being read: its ids after the id after, ascending; cut
+	// reports that the list stopped at maxIDs ids, so more may follow its last.
+	span  *span
+	after int64
+	ids   []int64
+	cut   bool
+}
+
+// read returns the page of from's delta after from, in id order; more reports that the delta
+// has rows after it.
+func (d *deltaPager) read(ctx context.Context, src deltaReads, from Position, buf []changelogRow) (rows []changelogRow, more bool, err error) {
+	after := from.afterID()
+	if d.span != from.span || after < d.after {
+		rows, err := src.deltaPage(ctx, from, buf)
+		if err != nil || len(rows) <= d.pageSize { // the rest of the delta
+			slices.SortFunc(rows, func(a, b changelogRow) int { return cmpOrdered(a.ID, b.ID) })
+			d.drop()
+			return rows, false, err
+		}
+		d.span, d.after, d.ids, d.cut = from.span, after, nil, true
+		buf = rows[:0]
+	}
+	i, _ := slices.BinarySearch(d.ids, after+1)
+	if i == len(d.ids) && d.cut {
+		ids, err := src.deltaIDs(ctx, from, after)
+		if err != nil {
+			return buf, false, err
+		}
+		d.after, d.ids, d.cut, i = after, ids, len(ids) >= d.maxIDs, 0
+	}
+	page := d.ids[i:min(i+d.pageSize, len(d.ids))]
+	more = i+len(page) < len(d.ids) || d.cut
+	rows = buf
+	if len(page) > 0 {
+		if rows, err = src.rowsByID(ctx, page, buf); err != nil {
+			return rows, false, err
+		}
+	}
+	if !more {
+		d.drop()
+	}
+	return rows, more, nil
+}
+
+// drop forgets the list of a large delta.
+func (d *deltaPager) drop() { *d = deltaPager{pageSize: d.pageSize, maxIDs: d.maxIDs} }
+
+// deltaPage reads the first page of from's delta after from (deltaReads).
+func (w *Watcher) deltaPage(ctx context.Context, from Position, buf []changelogRow) ([]changelogRow, error) {
+	ranges := deltaRanges(from.span.base, from.span.end)
 	if len(ranges) == 1 {
 		r := ranges[0]
 		return w.query(ctx, w.q.deltaRange, buf, true, w.cfg.TableName, strconv.FormatUint(r.lo, 10), r.loID,
-			strconv.FormatUint(r.hi, 10), r.hiID, from.span.end.String())
+			strconv.FormatUint(r.hi, 10), r.hiID, from.span.end.String(), from.afterID())
 	}
 	lo, loID, hi, hiID := rangeArgs(ranges)
-	return w.query(ctx, w.q.deltaRead, buf, true, w.cfg.TableName, lo, loID, hi, hiID, from.span.end.String())
+	return w.query(ctx, w.q.deltaRead, buf, true, w.cfg.TableName, lo, loID, hi, hiID, from.span.end.String(), from.afterID())
+}
+
+// deltaIDs lists the ids of from's delta after after (deltaReads).
+func (w *Watcher) deltaIDs(ctx context.Context, from Position, after int64) ([]int64, error) {
+	lo, loID, hi, hiID := rangeArgs(deltaRanges(from.span.base, from.span.end))
+	rows, err := w.cfg.DB.QueryContext(ctx, w.q.deltaIDs, w.cfg.TableName, lo, loID, hi, hiID, from.span.end.String(), after)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}
+
+// rowsByID reads rows of a listed delta by primary key (deltaReads).
+func (w *Watcher) rowsByID(ctx context.Context, ids []int64, buf []changelogRow) ([]changelogRow, error) {
+	return w.query(ctx, w.q.deltaRows, buf, true, pgArray(ids))
 }
 
 // rowPosition is the position of a row read after from.
@@ -32,7 +136,7 @@ func rowPosition(from Position, row *changelogRow) Position {
 	p := makePosition(row.ChangedAt, row.ID)
 	p.span = from.span
 	if from.inDelta() {
-		p.Xid = row.Xid
+		p.Xid, p.inRows = row.Xid, true
 	}
 	return p
 }
@@ -68,58 +172,16 @@ func checkNotRestored(now pgSnapshot, what string, xid uint64) error {
 }
 
 // certifyRanges returns the (txid, id) index ranges holding the rows that delta position p
-// certifies and prev, an earlier delta position, does not: point ranges for the transactions
-// prev had not seen finish, then the range from prev up to p. The ranges may hold rows p does not
-// certify (the save filters them out); they leave out what prev certified and what lies beyond
-// p, so a save reads about as many index entries as it certifies.
+// certifies and prev, an earlier delta position, does not: the rows visible in p's top snapshot
+// and not in prev's base. They may hold rows p does not certify (the save filters them out). When
+// prev is past some rows of p's own delta, the rows between them are found by id instead
+// (certifiedByID).
 func certifyRanges(prev, p Position) []keyRange {
-	base := prev.span.base
-	// Transactions below the range part that prev has not passed: those running in its base
-	// and, when prev is inside its delta's range, those its end snapshot still saw running.
-	pending := base.xip
-	lo, loID := base.xmax-1, int64(maxID)
-	if prev.Xid >= base.xmax {
-		lo, loID = prev.Xid, prev.ID
-		for _, x := range prev.span.end.xip {
-			if x >= base.xmax && x < prev.Xid {
-				pending = append(slices.Clip(pending), x)
-			}
-		}
-	}
-	top, pBase := p.span.base, p.span.base
-	if p.Xid != 0 {
-		top = p.span.end
-	}
-	var out []keyRange
-	for _, x := range pending {
-		if top.running(x) {
-			continue
-		}
-		r := keyRange{lo: x, loID: minID, hi: x, hiID: maxID}
-		if prev.Xid != 0 && x < base.xmax && !prev.span.end.running(x) { // read in prev's delta
-			if x < prev.Xid {
-				continue
-			}
-			if x == prev.Xid {
-				r.loID = prev.ID
-			}
-		}
-		if p.Xid != 0 && pBase.running(x) { // read in p's delta
-			if x > p.Xid {
-				continue
-			}
-			if x == p.Xid {
-				r.hiID = p.ID
-			}
-		}
-		out = append(out, r)
-	}
-	r := keyRange{lo: lo, loID: loID, hi: pBase.xmax - 1, hiID: maxID}
-	if p.Xid >= pBase.xmax {
-		r.hi, r.hiID = p.Xid, p.ID
-	}
-	if r.lo < r.hi || (r.lo == r.hi && r.loID < r.hiID) {
-		out = append(out, r)
-	}
-	return out
+	return deltaRanges(prev.span.base, p.top())
+}
+
+// certifiedByID reports whether the rows p certifies and prev does not are the rows of p's
+// delta with ids from prev's (excluded) to p's: both are past rows of the same delta.
+func certifiedByID(prev, p Position) bool {
+	return prev.inRows && p.inRows && prev.span.seq == p.span.seq
 }

@@ -10,12 +10,13 @@ import (
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 )
 
-// explainDeltaRead returns the EXPLAIN (ANALYZE, BUFFERS) text of the watcher's delta read of
-// the delta from b to end, with its ranges as arrays, and the shared buffers its top node touched.
-func explainDeltaRead(t *testing.T, e *liveEnv, w *Watcher, b, end pgSnapshot) (string, int) {
+// explainDeltaRead returns the EXPLAIN (ANALYZE, BUFFERS) text of the watcher's query q (the
+// first page of a delta, or the list of its ids) for the delta from b to end, with its ranges as
+// arrays, and the shared buffers its top node touched.
+func explainDeltaRead(t *testing.T, e *liveEnv, q string, b, end pgSnapshot) (string, int) {
 	t.Helper()
-	lo, loID, hi, hiID := rangeArgs(deltaRanges(b, end, 0, 0))
-	return explainLive(t, e, w.q.deltaRead, liveTable, lo, loID, hi, hiID, end.String())
+	lo, loID, hi, hiID := rangeArgs(deltaRanges(b, end))
+	return explainLive(t, e, q, liveTable, lo, loID, hi, hiID, end.String(), int64(minID))
 }
 
 // explainLive returns the EXPLAIN (ANALYZE, BUFFERS) text of q and the shared buffers its top node
@@ -40,12 +41,13 @@ func (e *liveEnv) snapshot() pgSnapshot {
 }
 
 // TestLiveDeltaReadPlans proves that delta reads stay cheap however old the oldest open
-// transaction is: with a write transaction open since before 100,000 rows committed, the read
-// of a delta holding one new row is an index range scan of (table_name, txid, id) with both keys
-// in the index condition, touching a handful of buffers; when the old transaction commits, its
-// rows are one more such range. An idle poll, whose snapshot did not change, reads nothing at all.
-// It runs on a server of its own: snapshots are cluster-wide, and other tests' commits would move
-// them.
+// transaction is: with a write transaction open since before 100,000 rows committed, the first
+// page of a delta holding one new row is an index range scan of (table_name, txid, id) with both
+// keys in the index condition, touching a handful of buffers; so is the list of its ids, which a
+// delta larger than a page takes, and its pages are then read by primary key. When the old
+// transaction commits, its rows are one more such range. An idle poll, whose snapshot did not
+// change, reads nothing at all. It runs on a server of its own: snapshots are cluster-wide, and
+// other tests' commits would move them.
 func TestLiveDeltaReadPlans(t *testing.T) {
 	t.Parallel()
 	e := newLiveOn(t, pgtest.NewServer(t, pgtest.Options{}))
@@ -64,31 +66,43 @@ func TestLiveDeltaReadPlans(t *testing.T) {
 
 	b := e.snapshot()
 	require.True(t, emptyDelta(b, e.snapshot()), "an idle poll: no read at all")
-	e.insert(1)
+	one := e.insert(1)[0]
 	end := e.snapshot()
 	require.True(t, b.running(oldXid), "the old transaction is open in both snapshots")
 	require.True(t, end.running(oldXid))
 	require.Less(t, oldXid, b.xmin+1)
-	plan, buffers := explainDeltaRead(t, e, w, b, end)
-	require.Regexp(t, `Index (Only )?Scan using datastore_changelog_txid_idx on datastore_changelog`, plan)
-	require.Regexp(t, `Index Cond: .*\(ROW\(txid, id\) > ROW\(r\.lo, r\.lo_id\)\) AND \(ROW\(txid, id\) <= ROW\(r\.hi, r\.hi_id\)\)`, plan)
+	rangeScan := `Index (Only )?Scan using datastore_changelog_txid_idx on datastore_changelog`
+	rangeCond := `Index Cond: .*\(ROW\(txid, id\) > ROW\(r\.lo, r\.lo_id\)\) AND \(ROW\(txid, id\) <= ROW\(r\.hi, r\.hi_id\)\)`
+	plan, buffers := explainDeltaRead(t, e, w.q.deltaRead, b, end)
+	require.Regexp(t, rangeScan, plan)
+	require.Regexp(t, rangeCond, plan)
 	require.NotContains(t, plan, "Seq Scan")
 	require.NotContains(t, plan, "Bitmap")
 	require.LessOrEqual(t, buffers, 20, "one new row behind a transaction open since 100,000 rows ago:\n%s", plan)
+	// The id list reads each range whole, then sorts: an index range scan, or a bitmap of one.
+	plan, buffers = explainDeltaRead(t, e, w.q.deltaIDs, b, end)
+	require.Regexp(t, `(Bitmap Index Scan on|Index (Only )?Scan using) datastore_changelog_txid_idx`, plan)
+	require.Regexp(t, rangeCond, plan)
+	require.NotContains(t, plan, "Seq Scan")
+	require.LessOrEqual(t, buffers, 20, "the id list of one new row:\n%s", plan)
 
-	r := deltaRanges(b, end, 0, 0)
+	r := deltaRanges(b, end)
 	require.Len(t, r, 1, "no transaction of the base ended: one range, read by deltaRange")
 	plan, buffers = explainLive(t, e, w.q.deltaRange, liveTable, strconv.FormatUint(r[0].lo, 10), r[0].loID,
-		strconv.FormatUint(r[0].hi, 10), r[0].hiID, end.String())
+		strconv.FormatUint(r[0].hi, 10), r[0].hiID, end.String(), int64(minID))
 	require.Regexp(t, `^Limit.*\n.*\n  ->  Index Scan using datastore_changelog_txid_idx on datastore_changelog`, plan)
 	require.Regexp(t, `Index Cond: .*\(ROW\(txid, id\) > ROW\(.*\)\) AND \(ROW\(txid, id\) <= ROW\(.*\)\)`, plan)
 	require.NotContains(t, plan, "Sort")
 	require.LessOrEqual(t, buffers, 20, plan)
 
+	plan, buffers = explainLive(t, e, w.q.deltaRows, pgArray([]int64{one}))
+	require.Regexp(t, `Index Scan using datastore_changelog_pkey on datastore_changelog`, plan, "pages of a listed delta, by primary key")
+	require.LessOrEqual(t, buffers, 10, plan)
+
 	require.NoError(t, long.Commit())
 	next := e.snapshot()
 	require.Equal(t, []uint64{oldXid}, finishedBy(end, next), "the old transaction is looked up once, where it ends")
-	plan, buffers = explainDeltaRead(t, e, w, end, next)
-	require.Regexp(t, `Index (Only )?Scan using datastore_changelog_txid_idx on datastore_changelog`, plan)
+	plan, buffers = explainDeltaRead(t, e, w.q.deltaRead, end, next)
+	require.Regexp(t, rangeScan, plan)
 	require.LessOrEqual(t, buffers, 20, "the old transaction's one row:\n%s", plan)
 }

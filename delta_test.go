@@ -10,18 +10,19 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The delta read, exactly as PostgreSQL receives it: one index range scan per (txid, id) range.
+// The first page of a delta, exactly as PostgreSQL receives it: one index range scan per
+// (txid, id) range, at most one row more than a batch.
 const wantDeltaRead = `SELECT c.id, c.record_id::text, c.operation, c.old_values::text, c.new_values::text, c.changed_at, c.txid
 	FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
 	CROSS JOIN LATERAL (SELECT * FROM "datastore_changelog" WHERE table_name = $1
-		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id) AND pg_visible_in_snapshot(txid, $6::pg_snapshot)
-		ORDER BY txid, id LIMIT 100) c
-	ORDER BY c.txid, c.id LIMIT 100`
+		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id) AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
+		ORDER BY txid, id LIMIT 101) c
+	ORDER BY c.txid, c.id LIMIT 101`
 
-// The delta read of one range, exactly: an index range scan in the result's order.
+// The first page of a delta of one range, exactly: an index range scan in the result's order.
 const wantDeltaRange = `SELECT id, record_id::text, operation, old_values::text, new_values::text, changed_at, txid FROM "datastore_changelog"
-	WHERE table_name = $1 AND (txid, id) > ($2::xid8, $3) AND (txid, id) <= ($4::xid8, $5) AND pg_visible_in_snapshot(txid, $6::pg_snapshot)
-	ORDER BY txid, id LIMIT 100`
+	WHERE table_name = $1 AND (txid, id) > ($2::xid8, $3) AND (txid, id) <= ($4::xid8, $5) AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
+	ORDER BY txid, id LIMIT 101`
 
 var deltaCols = append(append([]string{}, changelogCols...), "txid")
 
@@ -67,29 +68,108 @@ func TestDeltaReadsFollowSnapshots(t *testing.T) {
 	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:110:100,107"))
 	mock.ExpectQuery(wantDeltaRead).WithArgs("t",
 		"{103,104}", "{-9223372036854775808,9223372036854775807}", "{103,109}", "{9223372036854775807,9223372036854775807}",
-		"100:110:100,107").
+		"100:110:100,107", int64(minID)).
 		WillReturnRows(sqlmock.NewRows(deltaCols).
-			AddRow(int64(8), "r8", "INSERT", nil, []byte(`{"a":1}`), ts, "103").
-			AddRow(int64(12), "r12", "INSERT", nil, []byte(`{"a":2}`), ts, "106"))
+			AddRow(int64(12), "r", "UPDATE", []byte(`{"a":0}`), []byte(`{"a":2}`), ts, "103").
+			AddRow(int64(8), "r", "UPDATE", []byte(`{"a":0}`), []byte(`{"a":1}`), ts, "106").
+			AddRow(int64(13), "r13", "INSERT", nil, []byte(`{"a":3}`), ts, "106"))
 	n, err = w.readBatch(ctx)
 	require.NoError(t, err)
-	require.Equal(t, 2, n)
-	first, second := <-w.Events(), <-w.Events()
-	require.Equal(t, "8", string(first.ResumeToken), "delta order is (txid, id), not id")
+	require.Equal(t, 3, n)
+	first, second, third := <-w.Events(), <-w.Events(), <-w.Events()
+	require.Equal(t, "8", string(first.ResumeToken), "delta order is id, not (txid, id)")
 	require.Equal(t, "12", string(second.ResumeToken))
-	require.True(t, w.Stats().Cursor.atDeltaStart(), "a short read ends the delta")
+	require.Equal(t, "13", string(third.ResumeToken))
+	require.True(t, w.Stats().Cursor.atDeltaStart(), "a read the delta does not follow ends it")
 	require.Equal(t, "100:110:100,107", w.Stats().Cursor.span.base.String())
 
-	// The ack certifies row 8: the saved token is inside the delta, before row 12, and the
-	// processed flag is set through the ranges from the start position to it.
+	// The ack certifies row 8: the saved token is inside the delta, before row 12 (at its
+	// predecessor), and the processed flag is set through the ranges from the start position to it.
 	mock.ExpectExec(wantSaveToken).WithArgs("c",
-		`{"timestamp":"2025-05-06T07:08:09Z","eventID":11,"snapshot":"100:105:100,103","deltaEnd":"100:110:100,107","deltaXid":"106","deltaID":11,"table":"t"}`).
+		`{"timestamp":"2025-05-06T07:08:09Z","eventID":11,"snapshot":"100:105:100,103","deltaEnd":"100:110:100,107","deltaAfterID":11,"table":"t"}`).
 		WillReturnResult(sqlmock.NewResult(0, 1))
-	mock.ExpectExec(w.q.markDelta).WithArgs("t", "{103,104}", "{-9223372036854775808,9223372036854775807}", "{103,106}", "{9223372036854775807,11}",
-		"100:105:100,103", "100:110:100,107", "106", int64(11)).
+	mock.ExpectExec(w.q.markDelta).WithArgs("t",
+		"{103,104}", "{-9223372036854775808,9223372036854775807}", "{103,109}", "{9223372036854775807,9223372036854775807}",
+		"100:105:100,103", "100:110:100,107", int64(11)).
 		WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.MarkProcessed(ctx, first.ResumeToken))
+
+	// The ack of row 12 moves the token on inside the delta: the flag is set by id, after 11.
+	mock.ExpectExec(wantSaveToken).WithArgs("c",
+		`{"timestamp":"2025-05-06T07:08:09Z","eventID":12,"snapshot":"100:105:100,103","deltaEnd":"100:110:100,107","deltaAfterID":12,"table":"t"}`).
+		WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(w.q.markInDelta).WithArgs("t", int64(11), int64(12), "100:110:100,107").
+		WillReturnResult(sqlmock.NewResult(0, 1))
+	require.NoError(t, w.MarkProcessed(ctx, second.ResumeToken))
 	require.NoError(t, mock.ExpectationsWereMet())
+}
+
+// A delta larger than a batch: the first page (one more row than a batch) says so, the ids of
+// the delta are listed once in id order, and its pages are read from the list by primary key,
+// each prefetched while the one before is delivered. The list ends the delta.
+func TestLargeDeltaIsListedThenReadByID(t *testing.T) {
+	ctx := context.Background()
+	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
+	w, mock := newMockWatcher(t, Config{BatchSize: 2})
+	expectUpgradedLoad(w, mock, "100:105:", nil, savedTokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"100:105:"}`))
+	require.NoError(t, w.load(ctx))
+	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:108:"))
+	rows := func(ids ...int64) *sqlmock.Rows {
+		r := sqlmock.NewRows(deltaCols)
+		for _, id := range ids {
+			r.AddRow(id, "r", "INSERT", nil, []byte(`{}`), ts, "106")
+		}
+		return r
+	}
+	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "104", int64(maxID), "107", int64(maxID), "100:108:", int64(minID)).
+		WillReturnRows(rows(9, 7, 8))
+	mock.ExpectQuery(w.q.deltaIDs).WithArgs("t", "{104}", "{9223372036854775807}", "{107}", "{9223372036854775807}", "100:108:", int64(minID)).
+		WillReturnRows(sqlmock.NewRows([]string{"id"}).AddRow(int64(6)).AddRow(int64(7)).AddRow(int64(8)).AddRow(int64(9)).AddRow(int64(10)))
+	mock.ExpectQuery(w.q.deltaRows).WithArgs("{6,7}").WillReturnRows(rows(6, 7))
+	mock.ExpectQuery(w.q.deltaRows).WithArgs("{8,9}").WillReturnRows(rows(8, 9))
+	mock.ExpectQuery(w.q.deltaRows).WithArgs("{10}").WillReturnRows(rows(10))
+	var got []string
+	for range 3 {
+		full, err := w.readOnce(ctx)
+		require.NoError(t, err)
+		for len(w.Events()) > 0 {
+			got = append(got, string((<-w.Events()).ResumeToken))
+		}
+		require.Equal(t, len(got) < 5, full, "more follows at once until the list is used up")
+	}
+	require.Equal(t, []string{"6", "7", "8", "9", "10"}, got)
+	require.True(t, w.Stats().Cursor.atDeltaStart(), "the list ended the delta")
+	require.Equal(t, "100:108:", w.Stats().Cursor.span.base.String())
+	require.Nil(t, w.pager.ids, "the list is dropped with its delta")
+	require.NoError(t, mock.ExpectationsWereMet())
+}
+
+// A token inside a delta resumes after its id, and one an earlier release saved in (txid, id)
+// order resumes at the start of its delta.
+func TestDeltaTokensResume(t *testing.T) {
+	ctx := context.Background()
+	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
+	for _, tc := range []struct {
+		name, token string
+		after       int64
+	}{
+		{"inside a delta", `{"timestamp":"2025-05-06T07:08:09Z","eventID":8,"snapshot":"100:105:","deltaEnd":"100:110:","deltaAfterID":8}`, 8},
+		{"earlier release", `{"timestamp":"2025-05-06T07:08:09Z","eventID":8,"snapshot":"100:105:","deltaEnd":"100:110:","deltaXid":"106","deltaID":8}`, minID},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, mock := newMockWatcher(t, Config{})
+			expectUpgradedLoad(w, mock, "100:112:", nil, savedTokenRows(tc.token))
+			require.NoError(t, w.load(ctx))
+			mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "104", int64(maxID), "109", int64(maxID), "100:110:", tc.after).
+				WillReturnRows(sqlmock.NewRows(deltaCols).AddRow(int64(9), "r", "INSERT", nil, []byte(`{}`), ts, "107"))
+			n, err := w.readBatch(ctx)
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+			require.Equal(t, "9", string((<-w.Events()).ResumeToken))
+			require.Equal(t, "100:110:", w.Stats().Cursor.span.base.String(), "the delta is done")
+			require.NoError(t, mock.ExpectationsWereMet())
+		})
+	}
 }
 
 func TestLegacyTokenSwitchesOver(t *testing.T) {
@@ -116,7 +196,7 @@ func TestLegacyTokenSwitchesOver(t *testing.T) {
 	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2025-05-06T07:08:09Z","eventID":6,"snapshot":"100:105:","table":"t"}`).
 		WillReturnResult(sqlmock.NewResult(0, 1))
 	mock.ExpectExec(w.q.markSwitch).WithArgs("t", "{}", "{}", "{}", "{}",
-		"100:105:", "100:105:", "0", int64(6), ts, int64(5)).
+		"100:105:", "100:105:", int64(6), ts, int64(5)).
 		WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.MarkProcessed(ctx, []byte("6")))
 	require.NoError(t, mock.ExpectationsWereMet())
@@ -155,7 +235,7 @@ func TestDeltaReadErrorKeepsTheDelta(t *testing.T) {
 	expectUpgradedLoad(w, mock, "100:105:", nil, savedTokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"100:105:"}`))
 	require.NoError(t, w.load(ctx))
 	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:107:"))
-	mock.ExpectQuery(wantDeltaRange).WithArgs("t", "104", int64(maxID), "106", int64(maxID), "100:107:").
+	mock.ExpectQuery(wantDeltaRange).WithArgs("t", "104", int64(maxID), "106", int64(maxID), "100:107:", int64(minID)).
 		WillReturnError(errors.New("connection reset"))
 	_, err := w.readBatch(ctx)
 	require.ErrorContains(t, err, "connection reset")

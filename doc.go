@@ -9,9 +9,9 @@
 // on an existing database, InstallSchema upgrades the changelog online with a txid column (the
 // writing transaction's id, filled by a column default: existing triggers keep working). A
 // [Watcher] reads the changelog rows of one table and delivers them on [Watcher.Events]: on an
-// upgraded changelog in snapshot deltas (the rows that became visible between two snapshots, in
-// commit-visibility order); on a changelog without the column, as the watcher it replaces did,
-// in (changed_at, id) order.
+// upgraded changelog in snapshot deltas (the rows that became visible between two snapshots,
+// each delta in changelog id order); on a changelog without the column, as the watcher it
+// replaces did, in (changed_at, id) order, with no per-row order guarantee.
 //
 //	w, err := pgchangestream.New(pgchangestream.Config{
 //		DB:         db,  // *sql.DB with the pgx stdlib driver
@@ -46,7 +46,12 @@
 // whenever its transaction commits: while the watcher runs, between a Close and the next Start,
 // during a crash, a server restart or a LISTEN outage. A transaction left open delays only its own
 // rows. NOTIFY only wakes the reader. The saved token records the delta and the position in it,
-// so a restart finishes an interrupted delta exactly.
+// so a restart finishes an interrupted delta exactly. One row's changes (one table_name and
+// record_id) are delivered in the order they committed: deltas follow each other in commit
+// order, and each is delivered in changelog id order, which for one row is commit order (the
+// trigger row of a change is written only after the row's previous change committed). Rows of
+// concurrent transactions may come in either order. A changelog id sequence with a CACHE above
+// 1 breaks this.
 //
 // On a changelog without the txid column (not upgraded, or PostgreSQL 12), reads are by
 // (changed_at, id), which is insert order, not commit order: rows that commit late (a

@@ -3,7 +3,6 @@ package pgchangestream
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -154,6 +153,8 @@ func (w *Watcher) markStatement(prev, p Position) (string, []any) {
 		return w.q.markLegacy, []any{table, prev.ChangedAt, prev.ID, p.ChangedAt, p.ID}
 	case !p.inDelta():
 		return w.q.markPhase, []any{table, prev.ChangedAt, prev.ID, p.ChangedAt, p.ID, p.span.base.String()}
+	case certifiedByID(prev, p):
+		return w.q.markInDelta, []any{table, prev.ID, p.ID, p.span.end.String()}
 	}
 	q, from := w.q.markDelta, prev
 	if !prev.inDelta() { // the legacy part of the switch-over ended since
@@ -166,11 +167,7 @@ func (w *Watcher) markStatement(prev, p Position) (string, []any) {
 		q, from = w.q.markSwitch, Position{span: &span{seq: 1, base: base}}
 	}
 	lo, loID, hi, hiID := rangeArgs(certifyRanges(from, p))
-	end := p.span.base
-	if p.Xid != 0 {
-		end = p.span.end
-	}
-	args := []any{table, lo, loID, hi, hiID, p.span.base.String(), end.String(), strconv.FormatUint(p.Xid, 10), p.ID}
+	args := []any{table, lo, loID, hi, hiID, p.span.base.String(), p.top().String(), p.ID}
 	if q == w.q.markSwitch {
 		args = append(args, prev.ChangedAt, prev.ID)
 	}

@@ -1,6 +1,7 @@
 package pgchangestream
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -34,7 +35,7 @@ type markWorld struct {
 
 func newMarkWorld(t testing.TB, cfg Config) *markWorld {
 	start := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
-	return &markWorld{t: t, q: buildQueries(cfg.withDefaults()), m: newDeltaModel(), ts: map[int64]time.Time{},
+	return &markWorld{t: t, q: buildQueries(cfg.withDefaults()), m: newDeltaModel(0, 0), ts: map[int64]time.Time{},
 		begun: map[uint64]time.Time{}, clock: start, token: string(encodeToken(makePosition(start, 0), "t")),
 		flagged: map[int64]bool{}}
 }
@@ -59,14 +60,14 @@ func (mw *markWorld) begin() {
 
 func (mw *markWorld) write(i int) {
 	n := len(mw.m.rows)
-	mw.m.write(i)
+	mw.m.write(i, int(mw.m.nextID)) // a key of its own: no row locks here
 	if len(mw.m.rows) > n {
 		r := mw.m.rows[n]
 		mw.ts[r.id] = mw.begun[r.xid]
 	}
 }
 
-func (mw *markWorld) committed(r modelRow) bool { return r.xid == 0 || mw.m.committed[r.xid] }
+func (mw *markWorld) committed(r modelRow) bool { return r.xid == 0 || mw.m.committed[r.xid] != 0 }
 
 func (mw *markWorld) legacyPos(r modelRow) Position { return makePosition(mw.ts[r.id], r.id) }
 
@@ -97,7 +98,10 @@ func (mw *markWorld) read(w *Watcher, limit int) []int64 {
 	w.mu.Lock()
 	from := w.cursor
 	w.mu.Unlock()
-	var rows []modelRow
+	var (
+		rows []modelRow
+		more bool
+	)
 	if from.inDelta() {
 		if from.atDeltaStart() {
 			end := mw.m.snapshot()
@@ -106,7 +110,10 @@ func (mw *markWorld) read(w *Watcher, limit int) []int64 {
 			}
 			from = from.withEnd(end, "")
 		}
-		rows = mw.m.page(deltaRanges(from.span.base, from.span.end, from.Xid, from.ID), from.span.end, limit)
+		rows = mw.m.delta(from, from.afterID()) // then in id order, as the reader delivers a delta
+		slices.SortFunc(rows, func(a, b modelRow) int { return cmp.Compare(a.id, b.id) })
+		more = len(rows) > limit
+		rows = rows[:min(len(rows), limit)]
 	} else {
 		after := makePosition(from.ChangedAt, from.ID)
 		for _, r := range mw.m.rows {
@@ -115,6 +122,7 @@ func (mw *markWorld) read(w *Watcher, limit int) []int64 {
 			}
 		}
 		slices.SortFunc(rows, func(a, b modelRow) int { return mw.legacyPos(a).Compare(mw.legacyPos(b)) })
+		more = len(rows) > limit
 		rows = rows[:min(len(rows), limit)]
 	}
 	var ids []int64
@@ -123,7 +131,7 @@ func (mw *markWorld) read(w *Watcher, limit int) []int64 {
 		w.register(&row, rowPosition(from, &row), false)
 		ids = append(ids, r.id)
 	}
-	if len(rows) < limit && from.span != nil {
+	if !more && from.span != nil {
 		w.endSpan(from)
 	}
 	return ids
@@ -151,10 +159,7 @@ func (mw *markWorld) markRows(query string, a []any) []modelRow {
 		}
 	case mw.q.markDelta, mw.q.markSwitch:
 		lo, loID, hi, hiID := uintArray(mw.t, a[1]), intArray(mw.t, a[2]), uintArray(mw.t, a[3]), intArray(mw.t, a[4])
-		base, end := snap(5), snap(6)
-		x, err := strconv.ParseUint(a[7].(string), 10, 64)
-		require.NoError(mw.t, err)
-		id := a[8].(int64)
+		base, end, id := snap(5), snap(6), a[7].(int64)
 		inRanges := func(r modelRow) bool {
 			for i := range lo {
 				if keyAfter(r, lo[i], loID[i]) && !keyAfter(r, hi[i], hiID[i]) {
@@ -164,12 +169,15 @@ func (mw *markWorld) markRows(query string, a []any) []modelRow {
 			return false
 		}
 		match = func(r modelRow) bool {
-			return r.xid != 0 && inRanges(r) && (sees(base, r.xid) || (sees(end, r.xid) && !keyAfter(r, x, id)))
+			return r.xid != 0 && inRanges(r) && (sees(base, r.xid) || (sees(end, r.xid) && r.id <= id))
 		}
 		if query == mw.q.markSwitch {
-			delta, after := match, legacyAfter(9)
+			delta, after := match, legacyAfter(8)
 			match = func(r modelRow) bool { return delta(r) || (after(r) && sees(base, r.xid)) }
 		}
+	case mw.q.markInDelta:
+		above, upTo, end := a[1].(int64), a[2].(int64), snap(3)
+		match = func(r modelRow) bool { return r.id > above && r.id <= upTo && r.xid != 0 && sees(end, r.xid) }
 	default:
 		mw.t.Fatalf("unexpected statement %q", query)
 	}

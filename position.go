@@ -9,18 +9,20 @@ import (
 //
 // On a legacy changelog (no txid column) a position is (changed_at, id), ordered by changed_at,
 // then id, with changed_at compared at PostgreSQL's microsecond precision. On an upgraded
-// changelog the stream is read in snapshot deltas, and a position is (delta, txid, id): the
-// delta it belongs to, then the writing transaction's id and the row's id inside the delta.
-// Positions are ordered as the rows are delivered in both cases. ChangedAt and ID always name
-// the row at (or, between deltas, last read before) the position, for logs and tools.
+// changelog the stream is read in snapshot deltas, each in changelog id order, and a position is
+// (delta, id): of the delta's rows, those with an id up to ID are passed (at the start of a
+// delta, none). Positions are ordered as the rows are delivered in both cases. ChangedAt and ID
+// always name the row at (or, between deltas, last read before) the position, for logs and tools.
 type Position struct {
 	ChangedAt time.Time
 	ID        int64
-	// Xid is the id of the transaction that wrote the row, in snapshot deltas; 0 on a legacy
-	// changelog, in the legacy part of a switch-over, and at the start of a delta.
+	// Xid is the id of the transaction that wrote the row, for logs, in snapshot deltas; 0 on a
+	// legacy changelog, in the legacy part of a switch-over, at the start of a delta and in a
+	// position loaded from a saved token. It plays no part in the order.
 	Xid uint64
 
-	span *span // nil on a legacy changelog
+	span   *span // nil on a legacy changelog
+	inRows bool  // in a delta: past its rows up to ID (false: at its start)
 }
 
 // span is the part of the stream a position belongs to on an upgraded changelog. Spans are
@@ -67,10 +69,13 @@ func (p Position) Compare(q Position) int {
 		}
 		return cmpOrdered(p.ID, q.ID)
 	}
-	if p.Xid != q.Xid {
-		return cmpOrdered(p.Xid, q.Xid)
-	}
-	if p.Xid == 0 { // both at the start of the delta
+	switch {
+	case p.inRows != q.inRows: // the start of a delta is before its rows
+		if p.inRows {
+			return 1
+		}
+		return -1
+	case !p.inRows: // both at the start
 		return 0
 	}
 	return cmpOrdered(p.ID, q.ID)
@@ -114,7 +119,16 @@ func (p Position) withEnd(e pgSnapshot, inc string) Position {
 }
 
 // atDeltaStart reports whether p is the start of a delta whose end has not been taken yet.
-func (p Position) atDeltaStart() bool { return p.inDelta() && p.Xid == 0 && !p.span.hasEnd }
+func (p Position) atDeltaStart() bool { return p.inDelta() && !p.inRows && !p.span.hasEnd }
+
+// afterID returns the id after which p's delta is read: p's ID once past some of its rows,
+// else below every id.
+func (p Position) afterID() int64 {
+	if p.inRows {
+		return p.ID
+	}
+	return minID
+}
 
 // String formats the position for logs.
 func (p Position) String() string {
@@ -124,10 +138,10 @@ func (p Position) String() string {
 		return fmt.Sprintf("(%s, %d)", ts, p.ID)
 	case p.span.seq == 0:
 		return fmt.Sprintf("(%s, %d; switch-over at snapshot %s)", ts, p.ID, p.span.base)
-	case p.Xid == 0:
+	case !p.inRows:
 		return fmt.Sprintf("(after snapshot %s; last row %d at %s)", p.span.base, p.ID, ts)
 	}
-	return fmt.Sprintf("(delta %s to %s, txid %d, id %d at %s)", p.span.base, p.span.end, p.Xid, p.ID, ts)
+	return fmt.Sprintf("(delta %s to %s, up to id %d at %s, txid %d)", p.span.base, p.span.end, p.ID, ts, p.Xid)
 }
 
 // minPosition returns the earlier of a and b.
@@ -136,4 +150,13 @@ func minPosition(a, b Position) Position {
 		return b
 	}
 	return a
+}
+
+// top returns the snapshot whose rows a delta position p passes: its delta's end once it is
+// past some of the delta's rows, else its base.
+func (p Position) top() pgSnapshot {
+	if p.inRows {
+		return p.span.end
+	}
+	return p.span.base
 }

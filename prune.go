@@ -263,9 +263,9 @@ func certifiedBy(p Position, arg func(any) string) string {
 		return "(" + legacy() + " AND (c.txid IS NULL OR pg_visible_in_snapshot(c.txid, " + arg(p.span.base.String()) + "::pg_snapshot)))"
 	}
 	cond := "c.txid IS NULL OR pg_visible_in_snapshot(c.txid, " + arg(p.span.base.String()) + "::pg_snapshot)"
-	if p.Xid != 0 {
-		cond += " OR (pg_visible_in_snapshot(c.txid, " + arg(p.span.end.String()) + "::pg_snapshot) AND (c.txid, c.id) <= (" +
-			arg(strconv.FormatUint(p.Xid, 10)) + "::xid8, " + arg(p.ID) + "::bigint))"
+	if p.inRows {
+		cond += " OR (pg_visible_in_snapshot(c.txid, " + arg(p.span.end.String()) + "::pg_snapshot) AND c.id <= " +
+			arg(p.ID) + "::bigint)"
 	}
 	return "(" + cond + ")"
 }

@@ -35,9 +35,13 @@ func TestPrunePredicateOfEveryTokenForm(t *testing.T) {
 			`(c.changed_at, c.id) <= ($1::timestamptz, $2::bigint)`, []any{pos.ChangedAt, int64(42)}},
 		{"snapshot", `{"timestamp":` + ts + `,"eventID":42,"snapshot":"10:20:12,15"}`,
 			`(c.txid IS NULL OR pg_visible_in_snapshot(c.txid, $1::pg_snapshot))`, []any{"10:20:12,15"}},
-		{"snapshot with delta", `{"timestamp":` + ts + `,"eventID":77,"snapshot":"10:20:12","deltaEnd":"18:25:","deltaXid":"12","deltaID":77}`,
+		{"snapshot with delta", `{"timestamp":` + ts + `,"eventID":77,"snapshot":"10:20:12","deltaEnd":"18:25:","deltaAfterID":77}`,
 			`(c.txid IS NULL OR pg_visible_in_snapshot(c.txid, $1::pg_snapshot) OR (pg_visible_in_snapshot(c.txid, $2::pg_snapshot) ` +
-				`AND (c.txid, c.id) <= ($3::xid8, $4::bigint)))`, []any{"10:20:12", "18:25:", "12", int64(77)}},
+				`AND c.id <= $3::bigint))`, []any{"10:20:12", "18:25:", int64(77)}},
+		// An earlier release's position inside a delta, in (txid, id) order, certifies only
+		// what the start of its delta does.
+		{"earlier release's delta", `{"timestamp":` + ts + `,"eventID":77,"snapshot":"10:20:12","deltaEnd":"18:25:","deltaXid":"12","deltaID":77}`,
+			`(c.txid IS NULL OR pg_visible_in_snapshot(c.txid, $1::pg_snapshot))`, []any{"10:20:12"}},
 		{"switchover", `{"timestamp":` + ts + `,"eventID":42,"switchover":"30:31:"}`,
 			`((c.changed_at, c.id) <= ($1::timestamptz, $2::bigint) AND (c.txid IS NULL OR pg_visible_in_snapshot(c.txid, $3::pg_snapshot)))`,
 			[]any{pos.ChangedAt, int64(42), "30:31:"}},

@@ -19,14 +19,22 @@ type queries struct {
 	// switchRead: read in the legacy part of a switch-over: the same, limited to the rows the
 	// switch-over's snapshot ($4) sees or that were written before the upgrade.
 	switchRead string
-	// deltaRead: the next batch of a snapshot delta: the rows its end snapshot ($6) sees in the
-	// (txid, id) index ranges given as arrays (lower keys $2, $3; upper keys $4, $5), in
-	// (txid, id) order. Each range is its own index range scan (an "= ANY" list is not).
+	// deltaRead: the first page of a snapshot delta: the rows its end snapshot ($6) sees in the
+	// (txid, id) index ranges given as arrays (lower keys $2, $3; upper keys $4, $5) with an id
+	// above $7, in (txid, id) order, at most one more than a batch (the reader sorts them by
+	// id; one more says the delta does not fit a batch). Each range is its own index range scan
+	// (an "= ANY" list is not), which stops at the limit.
 	deltaRead string
 	// deltaRange: deltaRead for a delta read as one range (the common case: no transaction of
 	// the base snapshot ended), with its keys as scalars: one index range scan, whose order
 	// is the result's, with no sort.
 	deltaRange string
+	// deltaIDs: the ids of a delta larger than a batch, after $7, in id order, at most
+	// maxDeltaIDs: the rows of deltaRead's ranges, each read whole in its index order (so that
+	// only its index range can serve it), then sorted by id.
+	deltaIDs string
+	// deltaRows: the rows of a listed delta with the ids $1, by primary key, in id order.
+	deltaRows string
 	// snapshot: the current snapshot, the end of the next delta. snapshotInc adds the
 	// server's incarnation (NULL while its row is missing).
 	snapshot, snapshotInc string
@@ -51,19 +59,22 @@ type queries struct {
 	rowTime string
 	// loadToken, saveToken: the saved token.
 	loadToken, saveToken string
-	// markLegacy, markPhase, markDelta, markSwitch set the legacy processed flag of the rows
-	// newly certified since the rows last marked (the background marker runs them after
-	// saves). markLegacy marks table $1's legacy positions in ($2, $3) .. ($4, $5); markPhase,
-	// in the legacy part of a switch-over, only those that snapshot $6 sees or that have no
-	// txid. markDelta marks the rows in the (txid, id) index ranges $2..$5 that the saved
-	// position certifies: those snapshot $6 sees, and those snapshot $7 sees up to the key
-	// ($8, $9). markSwitch is markDelta after the legacy part of a switch-over ended: it also
-	// marks the rest of that part, the legacy positions after ($10, $11) that snapshot $6
-	// sees. Each collects the ids first, by a query that only the range index can serve (no
-	// "processed" predicate, which the partial unprocessed index would match: a generic plan
-	// of a cached statement would otherwise read every unprocessed row from the range's
-	// changed_at on), then updates them by primary key. So marking costs what it certifies.
-	markLegacy, markPhase, markDelta, markSwitch string
+	// markLegacy, markPhase, markDelta, markSwitch and markInDelta set the legacy processed flag
+	// of the rows newly certified since the rows last marked (the background marker runs them
+	// after saves). markLegacy marks table $1's legacy positions in ($2, $3) .. ($4, $5);
+	// markPhase, in the legacy part of a switch-over, only those that snapshot $6 sees or that
+	// have no txid. markDelta marks the rows in the (txid, id) index ranges $2..$5 that the saved
+	// position certifies: those snapshot $6 sees, and those snapshot $7 sees with an id up to
+	// $8. markSwitch is markDelta after the legacy part of a switch-over ended: it also marks the
+	// rest of that part, the legacy positions after ($9, $10) that snapshot $6 sees.
+	// markInDelta, when the saved position moved on inside a delta, marks the rows with an id
+	// above $2 and up to $3 that the delta's end snapshot $4 sees, by primary key. Each
+	// collects the ids first, by a query that only the range index (or the primary key) can
+	// serve (no "processed" predicate, which the partial unprocessed index would match: a
+	// generic plan of a cached statement would otherwise read every unprocessed row from the
+	// range's changed_at on), then updates them by primary key. So marking costs about what it
+	// certifies.
+	markLegacy, markPhase, markDelta, markSwitch, markInDelta string
 	// unprocessed: GetUnprocessedEventCount.
 	unprocessed string
 }
@@ -76,6 +87,7 @@ func buildQueries(cfg Config) queries {
 	limit := strconv.Itoa(cfg.BatchSize)
 	inc := quoteIdentifier(incarnationTable(cfg.ChangelogTable))
 	incarnation := `(SELECT incarnation::text FROM ` + inc + `)`
+	pageLimit := strconv.Itoa(cfg.BatchSize + 1)
 	onConflict := `
 	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`
 	upsert := `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())` + onConflict
@@ -96,7 +108,7 @@ func buildQueries(cfg Config) queries {
 		CROSS JOIN LATERAL (SELECT id FROM ` + cl + ` WHERE table_name = $1
 			AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id)
 			AND (pg_visible_in_snapshot(txid, $6::pg_snapshot)
-				OR (pg_visible_in_snapshot(txid, $7::pg_snapshot) AND (txid, id) <= ($8::xid8, $9)))) c`)
+				OR (pg_visible_in_snapshot(txid, $7::pg_snapshot) AND id <= $8))) c`)
 	q := queries{
 		read: `SELECT ` + changelogColumns + ` FROM ` + cl + `
 	WHERE table_name = $1 AND (changed_at, id) > ($2, $3)
@@ -107,12 +119,18 @@ func buildQueries(cfg Config) queries {
 		deltaRead: `SELECT c.id, c.record_id::text, c.operation, c.old_values::text, c.new_values::text, c.changed_at, c.txid
 	FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
 	CROSS JOIN LATERAL (SELECT * FROM ` + cl + ` WHERE table_name = $1
-		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id) AND pg_visible_in_snapshot(txid, $6::pg_snapshot)
-		ORDER BY txid, id LIMIT ` + limit + `) c
-	ORDER BY c.txid, c.id LIMIT ` + limit,
+		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id) AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
+		ORDER BY txid, id LIMIT ` + pageLimit + `) c
+	ORDER BY c.txid, c.id LIMIT ` + pageLimit,
 		deltaRange: `SELECT ` + changelogColumns + `, txid FROM ` + cl + `
-	WHERE table_name = $1 AND (txid, id) > ($2::xid8, $3) AND (txid, id) <= ($4::xid8, $5) AND pg_visible_in_snapshot(txid, $6::pg_snapshot)
-	ORDER BY txid, id LIMIT ` + limit,
+	WHERE table_name = $1 AND (txid, id) > ($2::xid8, $3) AND (txid, id) <= ($4::xid8, $5) AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
+	ORDER BY txid, id LIMIT ` + pageLimit,
+		deltaRows: `SELECT ` + changelogColumns + `, txid FROM ` + cl + ` WHERE id = ANY($1::int8[]) ORDER BY id`,
+		deltaIDs: `SELECT c.id FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
+	CROSS JOIN LATERAL (SELECT id FROM ` + cl + ` WHERE table_name = $1
+		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id) AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
+		ORDER BY txid, id) c
+	ORDER BY c.id LIMIT ` + strconv.Itoa(maxDeltaIDs),
 		snapshot:    `SELECT pg_current_snapshot()::text`,
 		snapshotInc: `SELECT pg_current_snapshot()::text, ` + incarnation,
 		detect: `SELECT current_setting('server_version_num')::int >= 130000 AND EXISTS (
@@ -133,8 +151,10 @@ func buildQueries(cfg Config) queries {
 		markLegacy: mark(legacyIDs(`($2, $3)`, upTo)),
 		markPhase:  mark(legacyIDs(`($2, $3)`, upTo+` AND `+seesOrOld)),
 		markDelta:  deltaMark,
-		markSwitch: `WITH legacy AS (` + mark(legacyIDs(`($10, $11)`, ` AND `+seesOrOld)) + `)
+		markSwitch: `WITH legacy AS (` + mark(legacyIDs(`($9, $10)`, ` AND `+seesOrOld)) + `)
 	` + deltaMark,
+		markInDelta: mark(`SELECT id FROM ` + cl + ` WHERE id > $2 AND id <= $3 AND table_name = $1
+			AND pg_visible_in_snapshot(txid, $4::pg_snapshot)`),
 		unprocessed: `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2 AND processed = FALSE`,
 	}
 	if cfg.DisableProcessedFlag {

@@ -76,18 +76,18 @@ func (w *Watcher) run(ctx context.Context) {
 
 // readOnce reads one batch after the cursor and delivers it. On a legacy changelog, when the
 // read reached the end of the visible rows, it then recovers late rows named by NOTIFY. full
-// reports a full batch.
+// reports that more rows follow at once (the next batch is being read).
 func (w *Watcher) readOnce(ctx context.Context) (full bool, err error) {
 	if w.skipFree.Load() {
-		n, err := w.readBatch(ctx)
+		_, err := w.readBatch(ctx)
 		if errors.Is(err, errRewound) {
 			return true, nil
 		}
-		return err == nil && n == w.cfg.BatchSize, err
+		return err == nil && w.next != nil, err
 	}
 	hints := w.takeHints()
-	n, err := w.readBatch(ctx)
-	if err != nil || n == w.cfg.BatchSize {
+	_, err = w.readBatch(ctx)
+	if err != nil || w.next != nil {
 		w.returnHints(hints)
 		return err == nil, err
 	}
@@ -127,11 +127,12 @@ func (w *Watcher) sleep(ctx context.Context, d time.Duration) bool {
 	return true
 }
 
-// readBatch reads the rows after the cursor and delivers them in order. After a full batch it
-// starts reading the next one before delivering this one, so the query and the decoding of
-// events overlap; the prefetched batch is used only if the cursor ends exactly where it starts.
-// On an upgraded changelog a read at the start of a delta first takes the delta's end snapshot,
-// and a short batch ends the delta (or the legacy part of a switch-over).
+// readBatch reads the rows after the cursor and delivers them in order. When more rows may
+// follow (a full batch) it starts reading the next batch before delivering this one, so the
+// query and the decoding of events overlap; the prefetched batch is used only if the cursor ends
+// exactly where it starts. On an upgraded changelog a read at the start of a delta first takes
+// the delta's end snapshot, and a batch that the delta (or the legacy part of a switch-over)
+// does not follow ends it.
 func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 	if w.rewindAsked.Load() { // a save found that the server recovered
 		if err := w.rewind(ctx, "a save found the server's incarnation changed"); err != nil {
@@ -158,17 +159,17 @@ func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 		}
 		from = from.withEnd(end, inc)
 	}
-	fresh := true
+	fresh, more := true, false
 	if p := w.takePrefetch(); p != nil {
 		if p.err == nil && p.from.Compare(from) == 0 {
-			w.batch, w.spare, fresh = p.rows, w.batch, false
+			w.batch, w.spare, fresh, more = p.rows, w.batch, false, p.more
 		} else {
 			w.spare = p.rows
 		}
 	}
 	if fresh {
 		var err error
-		if w.batch, err = w.readPage(ctx, from, w.batch[:0]); err != nil {
+		if w.batch, more, err = w.readPage(ctx, from, w.batch[:0]); err != nil {
 			return 0, fmt.Errorf("read changelog: %w", err)
 		}
 	}
@@ -176,7 +177,7 @@ func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 	if n == 0 {
 		w.noteEmptyRead()
 	}
-	if n == w.cfg.BatchSize {
+	if more {
 		w.next = w.prefetch(ctx, rowPosition(from, &w.batch[n-1]))
 	}
 	for i := range w.batch {
@@ -185,7 +186,7 @@ func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 			return i, err
 		}
 	}
-	if n < w.cfg.BatchSize && from.span != nil {
+	if !more && from.span != nil {
 		w.endSpan(from)
 	}
 	return n, nil
@@ -201,8 +202,9 @@ func (w *Watcher) noteEmptyRead() {
 // nextBatch is a read of the next batch running while the current one is delivered.
 type nextBatch struct {
 	from Position
-	done chan struct{} // closed when rows and err are set
+	done chan struct{} // closed when rows, more and err are set
 	rows []changelogRow
+	more bool
 	err  error
 }
 
@@ -229,7 +231,7 @@ func (w *Watcher) prefetch(ctx context.Context, from Position) *nextBatch {
 		defer w.wg.Done()
 		defer close(p.done)
 		defer w.recoverPanic(opRead, "prefetched read", func(err error) { p.err = err }) // the reader reads again
-		p.rows, p.err = w.readPage(ctx, from, buf)
+		p.rows, p.more, p.err = w.readPage(ctx, from, buf)
 	}()
 	return p
 }

@@ -9,6 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// afterStart is the id a delta is read after from its start.
+const afterStart = int64(minID)
+
 const savedDeltaToken = `{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"100:105:"}`
 
 // expectIncarnationLoad expects the load of an upgraded changelog with an incarnation table:
@@ -27,14 +30,14 @@ func expectSnapshotInc(w *Watcher, mock sqlmock.Sqlmock, snapshot string, inc an
 }
 
 // expectDeltaRows expects a one-range delta read after key (lo, loID) up to hi in end's
-// visibility, returning rows with the given ids and txids.
-func expectDeltaRows(mock sqlmock.Sqlmock, lo string, loID int64, hi, end string, ids []int64, xids []string) {
+// visibility, of the rows with an id above after, returning rows with the given ids and txids.
+func expectDeltaRows(mock sqlmock.Sqlmock, lo string, loID int64, hi, end string, after int64, ids []int64, xids []string) {
 	rows := sqlmock.NewRows(deltaCols)
 	ts := time.Date(2025, 5, 6, 7, 8, 10, 0, time.UTC)
 	for i, id := range ids {
 		rows.AddRow(id, "r", "INSERT", nil, []byte(`{"n":1}`), ts, xids[i])
 	}
-	mock.ExpectQuery(wantDeltaRange).WithArgs("t", lo, loID, hi, int64(maxID), end).WillReturnRows(rows)
+	mock.ExpectQuery(wantDeltaRange).WithArgs("t", lo, loID, hi, int64(maxID), end, after).WillReturnRows(rows)
 }
 
 // A snapshot whose incarnation differs from the one its delta started in (the server recovered
@@ -47,7 +50,7 @@ func TestRewindWhenTheIncarnationChanges(t *testing.T) {
 	require.NoError(t, w.load(ctx))
 
 	expectSnapshotInc(w, mock, "100:108:", "A")
-	expectDeltaRows(mock, "104", maxID, "107", "100:108:", []int64{6, 7}, []string{"105", "106"})
+	expectDeltaRows(mock, "104", maxID, "107", "100:108:", afterStart, []int64{6, 7}, []string{"105", "106"})
 	n, err := w.readBatch(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
@@ -74,7 +77,7 @@ func TestRewindWhenTheIncarnationChanges(t *testing.T) {
 
 	// The next delta is read from the token's snapshot, in the new incarnation.
 	expectSnapshotInc(w, mock, "106:109:", "B")
-	expectDeltaRows(mock, "104", maxID, "108", "106:109:", []int64{8}, []string{"106"})
+	expectDeltaRows(mock, "104", maxID, "108", "106:109:", afterStart, []int64{8}, []string{"106"})
 	n, err = w.readBatch(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
@@ -89,7 +92,7 @@ func TestSaveOfAnOlderIncarnationIsRefused(t *testing.T) {
 	expectIncarnationLoad(w, mock, "100:105:", "A", savedDeltaToken)
 	require.NoError(t, w.load(ctx))
 	expectSnapshotInc(w, mock, "100:108:", "A")
-	expectDeltaRows(mock, "104", maxID, "107", "100:108:", []int64{6, 7}, []string{"105", "106"})
+	expectDeltaRows(mock, "104", maxID, "107", "100:108:", afterStart, []int64{6, 7}, []string{"105", "106"})
 	_, err := w.readBatch(ctx)
 	require.NoError(t, err)
 
@@ -101,7 +104,7 @@ func TestSaveOfAnOlderIncarnationIsRefused(t *testing.T) {
 
 	expectIncarnationLoad(w, mock, "106:109:", "B", savedDeltaToken)
 	expectSnapshotInc(w, mock, "106:109:", "B")
-	expectDeltaRows(mock, "104", maxID, "108", "106:109:", nil, nil)
+	expectDeltaRows(mock, "104", maxID, "108", "106:109:", afterStart, nil, nil)
 	_, err = w.readBatch(ctx)
 	require.NoError(t, err)
 	require.False(t, w.rewindAsked.Load())
@@ -131,7 +134,7 @@ func TestRewindWhenXmaxGoesBack(t *testing.T) {
 	expectUpgradedLoad(w, mock, "100:105:", nil, savedTokenRows(savedDeltaToken))
 	require.NoError(t, w.load(ctx))
 	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:108:"))
-	expectDeltaRows(mock, "104", maxID, "107", "100:108:", []int64{6}, []string{"105"})
+	expectDeltaRows(mock, "104", maxID, "107", "100:108:", afterStart, []int64{6}, []string{"105"})
 	_, err := w.readBatch(ctx)
 	require.NoError(t, err)
 

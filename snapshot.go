@@ -15,10 +15,13 @@ import (
 // whenever its transaction commits. A transaction left open only keeps its own rows back.
 //
 // The rows of delta B→E are those of the transactions in B's xip that finished by E, and those
-// of transactions from B's xmax up to E's xmax that are not in E's xip. The first set's ids are
-// all below B's xmax, so the delta in (txid, id) order is the first set, then the range. Each
-// part is an index range on (table_name, txid, id): the point ranges of the finished ids, then
-// one range, all checked against E explicitly, because later statements see later commits.
+// of transactions from B's xmax up to E's xmax that are not in E's xip. Each part is an index
+// range on (table_name, txid, id): the point ranges of the finished ids, then one range, all
+// checked against E explicitly, because later statements see later commits. A delta is
+// delivered in changelog id order, not in (txid, id) order: for one row, id order is commit
+// order (the trigger row of a change is written only after the row's previous change committed,
+// and the id sequence hands out increasing values), while a transaction that holds a lower txid
+// can commit its change of a row after another transaction's.
 
 // firstNormalXid is PostgreSQL's first ordinary transaction id; lower ids never write rows.
 const firstNormalXid = 3
@@ -128,28 +131,16 @@ const (
 	maxID = 1<<63 - 1
 )
 
-// deltaRanges returns the index ranges that hold the rows of delta b→e after the key
-// (afterXid, afterID) (afterXid 0: from the start of the delta), in (txid, id) order: one point
-// range for each transaction of b's xip that finished by e, then the range from b's xmax to e's
-// xmax. Rows in them that e does not see must still be filtered out by the read.
-func deltaRanges(b, e pgSnapshot, afterXid uint64, afterID int64) []keyRange {
+// deltaRanges returns the index ranges that hold the rows of delta b→e: one point range for
+// each transaction of b's xip that finished by e, then the range from b's xmax to e's xmax.
+// Rows in them that e does not see must still be filtered out by the read.
+func deltaRanges(b, e pgSnapshot) []keyRange {
 	var out []keyRange
 	for _, x := range finishedBy(b, e) {
-		switch {
-		case x < afterXid:
-			continue
-		case x == afterXid:
-			out = append(out, keyRange{lo: x, loID: afterID, hi: x, hiID: maxID})
-		default:
-			out = append(out, keyRange{lo: x, loID: minID, hi: x, hiID: maxID})
-		}
+		out = append(out, keyRange{lo: x, loID: minID, hi: x, hiID: maxID})
 	}
 	if e.xmax > b.xmax {
-		r := keyRange{lo: b.xmax - 1, loID: maxID, hi: e.xmax - 1, hiID: maxID}
-		if afterXid >= b.xmax {
-			r.lo, r.loID = afterXid, afterID
-		}
-		out = append(out, r)
+		out = append(out, keyRange{lo: b.xmax - 1, loID: maxID, hi: e.xmax - 1, hiID: maxID})
 	}
 	return out
 }

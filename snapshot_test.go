@@ -2,8 +2,11 @@ package pgchangestream
 
 import (
 	"cmp"
+	"context"
+	"maps"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -37,38 +40,40 @@ func TestDeltaRanges(t *testing.T) {
 		{lo: 100, loID: minID, hi: 100, hiID: maxID},
 		{lo: 104, loID: minID, hi: 104, hiID: maxID},
 		{lo: 109, loID: maxID, hi: 119, hiID: maxID},
-	}, deltaRanges(b, e, 0, 0))
-	require.Equal(t, []keyRange{
-		{lo: 104, loID: 42, hi: 104, hiID: maxID},
-		{lo: 109, loID: maxID, hi: 119, hiID: maxID},
-	}, deltaRanges(b, e, 104, 42), "a page resumes inside a finished transaction")
-	require.Equal(t, []keyRange{{lo: 112, loID: 7, hi: 119, hiID: maxID}}, deltaRanges(b, e, 112, 7),
-		"a page resumes inside the range")
+	}, deltaRanges(b, e))
+	require.Equal(t, []keyRange{{lo: 100, loID: minID, hi: 100, hiID: maxID}},
+		deltaRanges(b, pgSnapshot{xmin: 104, xmax: 110, xip: []uint64{104, 107}}), "xmax did not move: no range part")
 	require.True(t, emptyDelta(b, pgSnapshot{xmin: 100, xmax: 110, xip: []uint64{100, 104, 107}}))
 	require.False(t, emptyDelta(b, pgSnapshot{xmin: 100, xmax: 110, xip: []uint64{100, 107}}))
 }
 
 // The model of the database for the delta tests: transactions get increasing ids when they
-// begin, rows get increasing ids when they are written, and snapshots are taken as PostgreSQL
-// takes them (xmax is one past the latest finished transaction; xip lists the running ones
-// below it).
+// begin, rows get increasing ids when they are written, a transaction that writes a key holds
+// its lock until it ends (another transaction writing that key would wait: the model skips
+// such a write), and snapshots are taken as PostgreSQL takes them (xmax is one past the latest
+// finished transaction; xip lists the running ones below it).
 type deltaModel struct {
 	nextXid, latestDone uint64
 	nextID              int64
-	running             []uint64 // ascending
-	committed           map[uint64]bool
+	running             []uint64       // ascending
+	committed           map[uint64]int // the order of the commit: 1, 2, ...
 	aborted             map[uint64]bool
-	rows                []modelRow // ascending id
+	locks               map[int]uint64 // key -> the running transaction that wrote it
+	rows                []modelRow     // ascending id
+
+	pageSize, maxIDs int
 }
 
 type modelRow struct {
 	xid uint64
 	id  int64
+	key int
 }
 
-func newDeltaModel() *deltaModel {
+func newDeltaModel(pageSize, maxIDs int) *deltaModel {
 	return &deltaModel{nextXid: firstNormalXid, latestDone: firstNormalXid - 1, nextID: 1,
-		committed: map[uint64]bool{}, aborted: map[uint64]bool{}}
+		committed: map[uint64]int{}, aborted: map[uint64]bool{}, locks: map[int]uint64{},
+		pageSize: pageSize, maxIDs: maxIDs}
 }
 
 func (m *deltaModel) begin() {
@@ -76,11 +81,18 @@ func (m *deltaModel) begin() {
 	m.nextXid++
 }
 
-func (m *deltaModel) write(i int) {
-	if len(m.running) > 0 {
-		m.rows = append(m.rows, modelRow{xid: m.running[i%len(m.running)], id: m.nextID})
-		m.nextID++
+// write has running transaction i write a change of key, unless another transaction holds it.
+func (m *deltaModel) write(i, key int) {
+	if len(m.running) == 0 {
+		return
 	}
+	x := m.running[i%len(m.running)]
+	if holder, ok := m.locks[key]; ok && holder != x {
+		return
+	}
+	m.locks[key] = x
+	m.rows = append(m.rows, modelRow{xid: x, id: m.nextID, key: key})
+	m.nextID++
 }
 
 func (m *deltaModel) finish(i int, commit bool) {
@@ -91,10 +103,11 @@ func (m *deltaModel) finish(i int, commit bool) {
 	x := m.running[k]
 	m.running = slices.Delete(m.running, k, k+1)
 	if commit {
-		m.committed[x] = true
+		m.committed[x] = len(m.committed) + 1
 	} else {
 		m.aborted[x] = true
 	}
+	maps.DeleteFunc(m.locks, func(_ int, holder uint64) bool { return holder == x })
 	m.latestDone = max(m.latestDone, x)
 }
 
@@ -112,23 +125,57 @@ func (m *deltaModel) snapshot() pgSnapshot {
 	return s
 }
 
-// page answers the delta read: the committed rows that e sees in the ranges, in (txid, id)
-// order, at most limit of them.
-func (m *deltaModel) page(ranges []keyRange, e pgSnapshot, limit int) []modelRow {
+// delta returns the committed rows of from's delta (in the index ranges the watcher reads,
+// visible in its end) with an id above after, in (txid, id) order.
+func (m *deltaModel) delta(from Position, after int64) []modelRow {
+	ranges := deltaRanges(from.span.base, from.span.end)
 	var out []modelRow
 	for _, r := range m.rows {
-		if !m.committed[r.xid] || e.running(r.xid) {
+		if m.committed[r.xid] == 0 || from.span.end.running(r.xid) || r.id <= after {
 			continue
 		}
-		for _, kr := range ranges {
-			if keyAfter(r, kr.lo, kr.loID) && !keyAfter(r, kr.hi, kr.hiID) {
-				out = append(out, r)
-				break
-			}
+		if slices.ContainsFunc(ranges, func(kr keyRange) bool { return inRange(r, kr) }) {
+			out = append(out, r)
 		}
 	}
 	slices.SortFunc(out, func(a, b modelRow) int { return cmp.Or(cmp.Compare(a.xid, b.xid), cmp.Compare(a.id, b.id)) })
-	return out[:min(len(out), limit)]
+	return out
+}
+
+func (r modelRow) changelogRow() changelogRow {
+	return changelogRow{ID: r.id, Xid: r.xid, RecordID: strconv.Itoa(r.key)}
+}
+
+// deltaPage answers the first page of a delta as the SQL does: in (txid, id) order.
+func (m *deltaModel) deltaPage(_ context.Context, from Position, buf []changelogRow) ([]changelogRow, error) {
+	rows := m.delta(from, from.afterID())
+	for _, r := range rows[:min(len(rows), m.pageSize+1)] {
+		buf = append(buf, r.changelogRow())
+	}
+	return buf, nil
+}
+
+func (m *deltaModel) deltaIDs(_ context.Context, from Position, after int64) ([]int64, error) {
+	var ids []int64
+	for _, r := range m.delta(from, after) {
+		ids = append(ids, r.id)
+	}
+	slices.Sort(ids)
+	return ids[:min(len(ids), m.maxIDs)], nil
+}
+
+func (m *deltaModel) rowsByID(_ context.Context, ids []int64, buf []changelogRow) ([]changelogRow, error) {
+	for _, r := range m.rows {
+		if slices.Contains(ids, r.id) {
+			buf = append(buf, r.changelogRow())
+		}
+	}
+	return buf, nil
+}
+
+// inRange reports whether r's (txid, id) key is in kr.
+func inRange(r modelRow, kr keyRange) bool {
+	return keyAfter(r, kr.lo, kr.loID) && !keyAfter(r, kr.hi, kr.hiID)
 }
 
 // keyAfter reports whether r's (txid, id) key is after (x, id).
@@ -136,22 +183,23 @@ func keyAfter(r modelRow, x uint64, id int64) bool {
 	return r.xid > x || (r.xid == x && r.id > id)
 }
 
-// certifies reports whether delta position p certifies row r, as the save statement decides.
+// certifies reports whether delta position p certifies row r (see savedToken).
 func certifies(p Position, r modelRow) bool {
 	if !p.span.base.running(r.xid) {
 		return true
 	}
-	return p.Xid != 0 && !p.span.end.running(r.xid) && !keyAfter(r, p.Xid, p.ID)
+	return p.inRows && !p.span.end.running(r.xid) && r.id <= p.ID
 }
 
-// deltaReader reads the model as the watcher does: a delta start takes a snapshot, pages of a
-// delta resume after the last key read, and a short page ends the delta.
+// deltaReader reads the model as the watcher's reader does: a delta start takes a snapshot,
+// each page resumes after the last row read, and a page the delta does not follow ends it.
 type deltaReader struct {
 	cursor    Position
+	pager     deltaPager
 	delivered []Position
 }
 
-func (d *deltaReader) read(m *deltaModel, limit int) {
+func (d *deltaReader) read(t *testing.T, m *deltaModel) {
 	from := d.cursor
 	if from.atDeltaStart() {
 		end := m.snapshot()
@@ -160,63 +208,66 @@ func (d *deltaReader) read(m *deltaModel, limit int) {
 		}
 		from = from.withEnd(end, "")
 	}
-	rows := m.page(deltaRanges(from.span.base, from.span.end, from.Xid, from.ID), from.span.end, limit)
-	for _, r := range rows {
-		p := Position{ID: r.id, Xid: r.xid, span: from.span}
+	rows, more, err := d.pager.read(context.Background(), m, from, nil)
+	require.NoError(t, err)
+	for i := range rows {
+		p := rowPosition(from, &rows[i])
 		d.delivered = append(d.delivered, p)
 		d.cursor = p
 	}
-	if len(rows) < limit {
+	if !more {
 		d.cursor = d.cursor.nextDelta(from.span.end)
 	}
 }
 
+// restart resumes from the saved token of the cursor, with a new pager. The token does not
+// carry the delta's sequence number, which only orders one watcher's positions: it is kept, so
+// that positions compare across the restart.
+func (d *deltaReader) restart(t *testing.T) {
+	p, err := decodeToken(encodeToken(d.cursor, "t"))
+	require.NoError(t, err)
+	s := *p.span
+	s.seq = d.cursor.seq()
+	p.span = &s
+	d.cursor, d.pager = p, deltaPager{pageSize: d.pager.pageSize, maxIDs: d.pager.maxIDs}
+}
+
 // FuzzDeltas checks delta reading against the model: with transactions beginning, writing,
-// committing and aborting in any order between reads, every committed row is read exactly once,
-// no aborted row is read, positions increase in reading order, and a save between any two read
-// positions finds, in its index ranges, every row the later one certifies and the earlier does
-// not.
+// committing and aborting in any order between reads, and restarts from the saved token, every
+// committed row is read exactly once, no aborted row is read, positions increase in reading
+// order, each key's changes are read in commit order, and a save between any two read
+// positions finds, in its index ranges (or its id range), every row the later one certifies and
+// the earlier does not, and marks no row the later one does not certify.
 func FuzzDeltas(f *testing.F) {
 	for _, seed := range []uint64{1, 2, 3, 42, 1 << 40} {
-		f.Add(seed, uint8(3))
+		f.Add(seed, uint8(3), uint8(2))
 	}
-	f.Fuzz(func(t *testing.T, seed uint64, limit uint8) {
+	f.Fuzz(func(t *testing.T, seed uint64, limit, ids uint8) {
 		rng := rand.New(rand.NewPCG(seed, seed>>7))
-		pageSize := int(limit%8) + 1
-		m := newDeltaModel()
-		d := &deltaReader{cursor: Position{span: &span{seq: 1, base: m.snapshot()}}}
+		m := newDeltaModel(int(limit%8)+1, int(ids%6)+1)
+		d := &deltaReader{cursor: Position{span: &span{seq: 1, base: m.snapshot()}},
+			pager: deltaPager{pageSize: m.pageSize, maxIDs: m.maxIDs}}
 		for range 300 {
-			switch op := rng.IntN(10); {
-			case op < 2:
+			switch op := rng.IntN(20); {
+			case op < 4:
 				m.begin()
-			case op < 5:
-				m.write(rng.IntN(8))
-			case op < 7:
+			case op < 10:
+				m.write(rng.IntN(8), rng.IntN(4))
+			case op < 14:
 				m.finish(rng.IntN(8), rng.IntN(4) > 0)
+			case op < 15:
+				d.restart(t)
 			default:
-				d.read(m, pageSize)
+				d.read(t, m)
 			}
 		}
 		for len(m.running) > 0 {
 			m.finish(0, true)
 		}
 		for range 1000 {
-			d.read(m, pageSize)
+			d.read(t, m)
 		}
-		seen := map[int64]int{}
-		for i, p := range d.delivered {
-			seen[p.ID]++
-			if i > 0 {
-				require.True(t, d.delivered[i-1].Before(p), "positions increase: %v then %v", d.delivered[i-1], p)
-			}
-		}
-		for _, r := range m.rows {
-			want := 0
-			if m.committed[r.xid] {
-				want = 1
-			}
-			require.Equal(t, want, seen[r.id], "row %d of transaction %d (committed %v)", r.id, r.xid, m.committed[r.xid])
-		}
+		checkDeliveries(t, m, d.delivered)
 		if len(d.delivered) < 2 {
 			return
 		}
@@ -231,17 +282,62 @@ func FuzzDeltas(f *testing.F) {
 	})
 }
 
-// checkCertifyRanges checks that the ranges of a save from prev to p hold every committed row p
-// certifies and prev does not.
-func checkCertifyRanges(t *testing.T, m *deltaModel, prev, p Position) {
-	ranges := certifyRanges(prev, p)
+// checkDeliveries checks that every committed row was delivered once and no other, in
+// increasing positions, and each key's rows in commit order (a transaction's own rows in id
+// order).
+func checkDeliveries(t *testing.T, m *deltaModel, delivered []Position) {
+	byID := map[int64]modelRow{}
 	for _, r := range m.rows {
-		if !m.committed[r.xid] || !certifies(p, r) || certifies(prev, r) {
+		byID[r.id] = r
+	}
+	seen := map[int64]int{}
+	last := map[int]modelRow{} // key -> its change delivered last
+	for i, p := range delivered {
+		seen[p.ID]++
+		if i > 0 {
+			require.True(t, delivered[i-1].Before(p), "positions increase: %v then %v", delivered[i-1], p)
+		}
+		r := byID[p.ID]
+		if q, ok := last[r.key]; ok {
+			order := cmp.Or(cmp.Compare(m.committed[q.xid], m.committed[r.xid]), cmp.Compare(q.id, r.id))
+			require.Negative(t, order, "key %d: row %d (transaction %d, commit %d) delivered after row %d (transaction %d, commit %d)",
+				r.key, r.id, r.xid, m.committed[r.xid], q.id, q.xid, m.committed[q.xid])
+		}
+		last[r.key] = r
+	}
+	for _, r := range m.rows {
+		want := 0
+		if m.committed[r.xid] > 0 {
+			want = 1
+		}
+		require.Equal(t, want, seen[r.id], "row %d of transaction %d (commit %d)", r.id, r.xid, m.committed[r.xid])
+	}
+}
+
+// checkCertifyRanges checks the marking of a save at p after one at prev: it finds every
+// committed row p certifies and prev does not, and marks only rows p certifies.
+func checkCertifyRanges(t *testing.T, m *deltaModel, prev, p Position) {
+	byID := certifiedByID(prev, p)
+	var ranges []keyRange
+	if !byID {
+		ranges = certifyRanges(prev, p)
+	}
+	for _, r := range m.rows {
+		if m.committed[r.xid] == 0 {
 			continue
 		}
-		found := slices.ContainsFunc(ranges, func(kr keyRange) bool {
-			return keyAfter(r, kr.lo, kr.loID) && !keyAfter(r, kr.hi, kr.hiID)
-		})
-		require.True(t, found, "row %d of transaction %d, certified by %v and not by %v, is in none of %v", r.id, r.xid, p, prev, ranges)
+		var marks bool
+		if byID { // markInDelta: ids above prev's up to p's that the delta's end sees
+			marks = r.id > prev.ID && r.id <= p.ID && !p.span.end.running(r.xid)
+		} else { // markDelta: the ranges' rows p certifies
+			marks = slices.ContainsFunc(ranges, func(kr keyRange) bool { return inRange(r, kr) }) &&
+				(!p.span.base.running(r.xid) || (!p.top().running(r.xid) && r.id <= p.ID))
+		}
+		if marks {
+			require.True(t, certifies(p, r), "row %d of transaction %d is marked, but %v does not certify it", r.id, r.xid, p)
+		} else if certifies(p, r) && !certifies(prev, r) {
+			t.Fatalf("row %d of transaction %d, certified by %v and not by %v, is not marked (ranges %v, by id %v)",
+				r.id, r.xid, p, prev, ranges, byID)
+		}
 	}
 }

@@ -16,8 +16,12 @@ import (
 // tools that read them and a rollback to the old watcher keep working:
 //
 //   - "snapshot": every row this pg_snapshot sees, and every row written before the upgrade, is
-//     passed. With "deltaEnd", "deltaXid" and "deltaID" the token is inside the delta from
-//     snapshot to deltaEnd: its rows up to (deltaXid, deltaID) are passed too.
+//     passed. With "deltaEnd" and "deltaAfterID" the token is inside the delta from snapshot to
+//     deltaEnd: of its rows, those with an id up to deltaAfterID (the eventID) are passed too.
+//     Earlier releases read deltas in (txid, id) order and wrote "deltaEnd", "deltaXid" and
+//     "deltaID" instead; such a token resumes at the start of its delta (replaying the rows it
+//     passed there, never skipping), and those releases refuse a token with deltaEnd and no
+//     deltaXid, rather than misread it.
 //   - "switchover": the client is switching over from a legacy token: of the rows this
 //     pg_snapshot sees (and those written before the upgrade), the ones up to the legacy
 //     position (timestamp, eventID) are passed; no row it does not see is passed.
@@ -30,7 +34,8 @@ type savedToken struct {
 	EventID    json.Number `json:"eventID"`
 	Snapshot   string      `json:"snapshot,omitempty"`
 	DeltaEnd   string      `json:"deltaEnd,omitempty"`
-	DeltaXid   string      `json:"deltaXid,omitempty"`
+	DeltaAfter json.Number `json:"deltaAfterID,omitempty"`
+	DeltaXid   string      `json:"deltaXid,omitempty"` // earlier releases' (txid, id) order
 	DeltaID    json.Number `json:"deltaID,omitempty"`
 	Switchover string      `json:"switchover,omitempty"`
 	Table      string      `json:"table,omitempty"`
@@ -50,10 +55,9 @@ func encodeToken(p Position, table string) []byte {
 		b = appendField(b, "switchover", p.span.base.String())
 	default:
 		b = appendField(b, "snapshot", p.span.base.String())
-		if p.Xid != 0 {
+		if p.inRows {
 			b = appendField(b, "deltaEnd", p.span.end.String())
-			b = appendField(b, "deltaXid", strconv.FormatUint(p.Xid, 10))
-			b = append(b, `,"deltaID":`...)
+			b = append(b, `,"deltaAfterID":`...)
 			b = strconv.AppendInt(b, p.ID, 10)
 		}
 	}
@@ -142,38 +146,67 @@ func (t savedToken) decodeSpan(p *Position) error {
 		}
 		p.span = &span{seq: 1, base: s}
 		return t.decodeDelta(p)
-	case t.DeltaEnd != "" || t.DeltaXid != "" || t.DeltaID != "":
-		return errors.New("deltaEnd, deltaXid and deltaID need a snapshot")
+	case t.DeltaEnd != "" || t.DeltaAfter != "" || t.DeltaXid != "" || t.DeltaID != "":
+		return errors.New("deltaEnd, deltaAfterID, deltaXid and deltaID need a snapshot")
 	}
 	return nil
 }
 
 // decodeDelta sets the position inside a delta, if the token has one.
 func (t savedToken) decodeDelta(p *Position) error {
-	if t.DeltaEnd == "" && t.DeltaXid == "" && t.DeltaID == "" {
+	older := t.DeltaXid != "" || t.DeltaID != ""
+	if t.DeltaEnd == "" && t.DeltaAfter == "" && !older {
 		return nil
 	}
-	if t.DeltaEnd == "" || t.DeltaXid == "" || t.DeltaID == "" {
-		return errors.New("deltaEnd, deltaXid and deltaID go together")
+	if t.DeltaEnd == "" {
+		return errors.New("deltaAfterID, deltaXid and deltaID need a deltaEnd")
 	}
 	e, err := parseSnapshot(t.DeltaEnd)
 	if err != nil {
 		return fmt.Errorf("deltaEnd: %w", err)
 	}
+	b := p.span.base
+	if e.xmax < b.xmax {
+		return fmt.Errorf("deltaEnd %s is before snapshot %s", e, b)
+	}
+	p.span.end, p.span.hasEnd = e, true
+	if older {
+		return t.checkOlderDelta(b, e)
+	}
+	if t.DeltaAfter == "" {
+		return errors.New("deltaEnd needs deltaAfterID")
+	}
+	id, err := tokenInt(t.DeltaAfter)
+	if err != nil {
+		return fmt.Errorf("deltaAfterID: %w", err)
+	}
+	if id != p.ID {
+		return fmt.Errorf("deltaAfterID %d is not the eventID %d", id, p.ID)
+	}
+	p.inRows = true
+	return nil
+}
+
+// checkOlderDelta checks the in-delta fields an earlier release wrote, in (txid, id) order. The
+// position they name cannot be placed in id order, so the token resumes at the start of its
+// delta (from snapshot to deltaEnd): the caller leaves p there.
+func (t savedToken) checkOlderDelta(b, e pgSnapshot) error {
+	if t.DeltaAfter != "" {
+		return errors.New("deltaAfterID goes without deltaXid and deltaID")
+	}
+	if t.DeltaXid == "" || t.DeltaID == "" {
+		return errors.New("deltaEnd, deltaXid and deltaID go together")
+	}
 	x, err := strconv.ParseUint(t.DeltaXid, 10, 64)
 	if err != nil {
 		return fmt.Errorf("deltaXid: %w", err)
 	}
-	id, err := tokenInt(t.DeltaID)
-	if err != nil {
+	if _, err := tokenInt(t.DeltaID); err != nil {
 		return fmt.Errorf("deltaID: %w", err)
 	}
-	b := p.span.base
-	if e.xmax < b.xmax || x < firstNormalXid || e.running(x) || (!b.running(x)) {
+	if x < firstNormalXid || e.running(x) || !b.running(x) {
 		return fmt.Errorf("deltaXid %d is not in the delta from %s to %s", x, b, e)
 	}
-	p.Xid, p.ID = x, id
-	p.span.end, p.span.hasEnd = e, true
 	return nil
 }
 

@@ -26,9 +26,9 @@ func TestDeltaTokenRoundTrip(t *testing.T) {
 			`{"timestamp":"2025-05-06T07:08:09.123456Z","eventID":7,"switchover":"100:105:100,103"}`},
 		{"delta start", Position{ChangedAt: ts, ID: 7, span: &span{seq: 1, base: base}},
 			`{"timestamp":"2025-05-06T07:08:09.123456Z","eventID":7,"snapshot":"100:105:100,103"}`},
-		{"inside a delta", Position{ChangedAt: ts, ID: 41, Xid: 107, span: &span{seq: 1, base: base, end: end, hasEnd: true}},
+		{"inside a delta", Position{ChangedAt: ts, ID: 41, inRows: true, span: &span{seq: 1, base: base, end: end, hasEnd: true}},
 			`{"timestamp":"2025-05-06T07:08:09.123456Z","eventID":41,"snapshot":"100:105:100,103",` +
-				`"deltaEnd":"103:120:103,110","deltaXid":"107","deltaID":41}`},
+				`"deltaEnd":"103:120:103,110","deltaAfterID":41}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			data := encodeToken(tc.pos, "")
@@ -36,7 +36,7 @@ func TestDeltaTokenRoundTrip(t *testing.T) {
 			got, err := decodeToken(data)
 			require.NoError(t, err)
 			require.Equal(t, 0, tc.pos.Compare(got))
-			require.Equal(t, tc.pos.Xid, got.Xid)
+			require.Equal(t, tc.pos.inRows, got.inRows)
 			require.True(t, tc.pos.span.base.equal(got.span.base))
 			require.Equal(t, tc.pos.span.hasEnd, got.span.hasEnd)
 			require.True(t, tc.pos.span.end.equal(got.span.end))
@@ -71,6 +71,13 @@ func TestDecodeTokenRejectsBadSnapshots(t *testing.T) {
 		`{` + ts + `,"snapshot":"x"}`,
 		`{` + ts + `,"switchover":"1:5:","snapshot":"1:5:"}`,
 		`{` + ts + `,"deltaEnd":"1:9:"}`,
+		`{` + ts + `,"deltaAfterID":7}`,
+		`{` + ts + `,"snapshot":"10:20:","deltaAfterID":7}`,
+		`{` + ts + `,"snapshot":"10:20:","deltaEnd":"10:30:"}`,
+		`{` + ts + `,"snapshot":"10:20:","deltaEnd":"10:15:","deltaAfterID":7}`,
+		`{` + ts + `,"snapshot":"10:20:","deltaEnd":"10:30:","deltaAfterID":8}`,
+		`{` + ts + `,"snapshot":"10:20:","deltaEnd":"10:30:","deltaAfterID":"x"}`,
+		`{` + ts + `,"snapshot":"10:20:","deltaEnd":"10:30:","deltaAfterID":7,"deltaXid":"25","deltaID":7}`,
 		`{` + ts + `,"snapshot":"10:20:","deltaEnd":"10:30:","deltaXid":"25"}`,
 		`{` + ts + `,"snapshot":"10:20:","deltaEnd":"10:30:","deltaXid":"15","deltaID":1}`,
 		`{` + ts + `,"snapshot":"10:20:","deltaEnd":"10:30:25","deltaXid":"25","deltaID":1}`,
@@ -81,20 +88,40 @@ func TestDecodeTokenRejectsBadSnapshots(t *testing.T) {
 	}
 }
 
+// A token saved inside a delta by an earlier release, which read deltas in (txid, id) order,
+// resumes at the start of that delta: it replays the rows passed there, and skips none. A token
+// of this release inside a delta has no deltaXid: an earlier release, which requires deltaXid
+// and deltaID with deltaEnd, refuses it instead of reading its id in (txid, id) order.
+func TestDeltaTokensOfEarlierReleases(t *testing.T) {
+	p, err := decodeToken([]byte(`{"timestamp":"2025-05-06T07:08:09Z","eventID":41,"snapshot":"100:105:100",` +
+		`"deltaEnd":"103:120:110","deltaXid":"107","deltaID":41}`))
+	require.NoError(t, err)
+	require.True(t, p.inDelta())
+	require.False(t, p.inRows, "at the start of the delta")
+	require.Equal(t, "103:120:110", p.span.end.String(), "of the same delta")
+	require.Equal(t, int64(41), p.ID, "eventID still names the last row certified")
+
+	tok := string(encodeToken(Position{ChangedAt: time.Now(), ID: 41, inRows: true,
+		span: &span{seq: 1, base: mustSnapshot(t, "100:105:100"), end: mustSnapshot(t, "103:120:110"), hasEnd: true}}, "t"))
+	require.Contains(t, tok, `"deltaEnd":`)
+	require.NotContains(t, tok, `"deltaXid"`)
+	require.NotContains(t, tok, `"deltaID"`)
+}
+
 func TestDeltaPositionOrder(t *testing.T) {
 	base, end := mustSnapshot(t, "100:105:100"), mustSnapshot(t, "106:120:")
 	d1 := &span{seq: 1, base: base, end: end, hasEnd: true}
 	start := Position{ID: 99, span: &span{seq: 1, base: base}}
-	a := Position{ID: 5, Xid: 100, span: d1}
-	b := Position{ID: 3, Xid: 106, span: d1}
+	a := Position{ID: 3, Xid: 106, inRows: true, span: d1}
+	b := Position{ID: 5, Xid: 100, inRows: true, span: d1}
 	switchOver := Position{ChangedAt: time.Now(), ID: 1000, span: &span{base: base}}
 	next := b.nextDelta(end)
 	require.True(t, start.Before(a), "a delta's start is before its rows, whatever the ids")
-	require.True(t, a.Before(b), "txid orders before id inside a delta")
+	require.True(t, a.Before(b), "id order inside a delta, whatever the txids")
 	require.True(t, b.Before(next), "the next delta is after every row of this one")
 	require.True(t, switchOver.Before(start), "the legacy part of a switch-over is before every delta")
 	require.Equal(t, 0, start.Compare(start.withEnd(end, "")), "taking the end snapshot does not move the start")
-	require.Equal(t, Position{ID: 4, Xid: 100, span: d1}, a.predecessor())
-	require.True(t, unchanged(next, Position{ID: 3, span: &span{seq: 9, base: end}}),
+	require.Equal(t, Position{ID: 4, Xid: 100, inRows: true, span: d1}, b.predecessor())
+	require.True(t, unchanged(next, Position{ID: 5, span: &span{seq: 9, base: end}}),
 		"only snapshots moved on: nothing to save")
 }

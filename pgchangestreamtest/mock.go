@@ -87,7 +87,6 @@ type Mock struct {
 	upgraded bool
 	xmax     uint64                    // the last snapshot's xmax (upgraded)
 	nextXid  uint64                    // the txid of the next row of the delta (upgraded)
-	inDelta  bool                      // the last read was a full batch of a delta: the next one continues it
 	read     []pgchangestream.Position // the start position, then every row read, in order
 }
 
@@ -195,7 +194,9 @@ func (m *Mock) token(start pgchangestream.Position) string {
 
 // ExpectRead expects one read of the changelog that returns changes (none: nothing new).
 // Changes without an ID or time get the next id and [DefaultChangedAt]. A read of
-// Config.BatchSize changes is followed at once by the next read: expect it too.
+// Config.BatchSize changes is followed at once by the next read: expect it too. On an upgraded
+// changelog each read is a snapshot delta of its own, and the changes of one read must fit a
+// batch.
 func (m *Mock) ExpectRead(changes ...Change) {
 	m.t.Helper()
 	if m.read == nil {
@@ -212,15 +213,16 @@ func (m *Mock) ExpectRead(changes ...Change) {
 		m.ExpectQuery(m.st.Read).WithArgs(m.cfg.TableName, from.ChangedAt, from.ID).WillReturnRows(rows)
 		return
 	}
-	if !m.inDelta { // a new delta: its end snapshot first
-		if len(changes) > 0 {
-			m.nextXid = m.xmax
-			m.xmax += deltaSpan
-		}
-		m.ExpectQuery(m.st.Snapshot).WillReturnRows(sqlmock.NewRows([]string{"snapshot"}).AddRow(m.snapshot()))
-		if len(changes) == 0 { // nothing finished: the watcher reads nothing
-			return
-		}
+	if len(changes) > m.cfg.BatchSize {
+		m.t.Fatalf("pgchangestreamtest: ExpectRead: %d changes in one delta, more than Config.BatchSize", len(changes))
+	}
+	if len(changes) > 0 { // a new delta: its end snapshot first
+		m.nextXid = m.xmax
+		m.xmax += deltaSpan
+	}
+	m.ExpectQuery(m.st.Snapshot).WillReturnRows(sqlmock.NewRows([]string{"snapshot"}).AddRow(m.snapshot()))
+	if len(changes) == 0 { // nothing finished: the watcher reads nothing
+		return
 	}
 	rows := sqlmock.NewRows(deltaColumns)
 	for _, c := range changes {
@@ -231,8 +233,7 @@ func (m *Mock) ExpectRead(changes ...Change) {
 		m.read = append(m.read, c.position())
 	}
 	anyArg := sqlmock.AnyArg()
-	m.ExpectQuery(m.st.DeltaRange).WithArgs(m.cfg.TableName, anyArg, anyArg, anyArg, anyArg, m.snapshot()).WillReturnRows(rows)
-	m.inDelta = len(changes) == m.cfg.BatchSize
+	m.ExpectQuery(m.st.DeltaRange).WithArgs(m.cfg.TableName, anyArg, anyArg, anyArg, anyArg, m.snapshot(), anyArg).WillReturnRows(rows)
 }
 
 // value returns a JSON column's value: nil for NULL.

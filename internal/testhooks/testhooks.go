@@ -25,7 +25,7 @@ type Statements struct {
 	TableCheck string
 	// Read: the next batch after a legacy position.
 	Read string
-	// Snapshot and DeltaRange: the end snapshot of a delta, and the next batch of a delta read
+	// Snapshot and DeltaRange: the end snapshot of a delta, and the first page of a delta read
 	// as one range (the mock's snapshots have no running transactions, so every delta is one).
 	Snapshot, DeltaRange string
 	// Unprocessed: GetUnprocessedEventCount.
