@@ -133,13 +133,32 @@ var ErrClientActive = errors.New("pgchangestream: a watcher of the client is run
 
 // ResetToken saves pos as the client's token, in the form every schema state accepts:
 // {"timestamp", "eventID"}. It refuses (ErrClientActive) while a watcher of the client runs.
+// It also moves the client's owner epoch on, so that a former exclusive watcher that lost its
+// lock but did not notice yet (a paused process) cannot save over the reset (ErrFenced).
 func ResetToken(ctx context.Context, db *sql.DB, client string, pos Position, opts AdminOptions) error {
 	t, err := opts.resolve()
 	if err != nil {
 		return err
 	}
 	return withClientLock(ctx, db, client, t, func(conn *sql.Conn) error {
-		if _, err := conn.ExecContext(ctx, t.q.saveToken, client, string(encodeToken(pos))); err != nil {
+		var fenced bool
+		if err := conn.QueryRowContext(ctx, t.q.epochColumn, t.tok).Scan(&fenced); err != nil {
+			return fmt.Errorf("inspect token table %s: %w", t.tokens, err)
+		}
+		tx, err := conn.BeginTx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("write token table %s: %w", t.tokens, err)
+		}
+		defer func() { _ = tx.Rollback() }()
+		if _, err := tx.ExecContext(ctx, t.q.saveToken, client, string(encodeToken(pos))); err != nil {
+			return fmt.Errorf("write token table %s: %w", t.tokens, err)
+		}
+		if fenced {
+			if _, err := tx.ExecContext(ctx, t.q.bumpEpoch, client); err != nil {
+				return fmt.Errorf("fence the client's owners in token table %s: %w", t.tokens, err)
+			}
+		}
+		if err := tx.Commit(); err != nil {
 			return fmt.Errorf("write token table %s: %w", t.tokens, err)
 		}
 		return nil

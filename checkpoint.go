@@ -65,22 +65,21 @@ func (w *Watcher) load(ctx context.Context) error {
 			"behind the read position is found only through its NOTIFY); upgrade it with InstallSchema, "+
 			"or the statements of InstallSchemaSQL; a running watcher then switches over by itself", "changelog", w.cfg.ChangelogTable)
 	}
-	var raw string
-	err := w.cfg.DB.QueryRowContext(ctx, w.q.loadToken, w.cfg.ClientName).Scan(&raw)
+	raw, found, err := w.claimToken(ctx)
+	if err != nil {
+		return err
+	}
 	var (
 		pos  Position
 		save bool
 	)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
+	if !found {
 		if pos, err = w.startPosition(ctx, skipFree, now); err != nil {
 			return err
 		}
 		save = true // so a restart before the first acknowledgement resumes here too
 		w.log.Info("no saved token: starting", "position", pos, "from_beginning", w.cfg.StartFromBeginning)
-	case err != nil:
-		return fmt.Errorf("read token table %s: %w", w.cfg.TokenTable, err)
-	default:
+	} else {
 		pos, err = decodeToken([]byte(raw))
 		if errors.Is(err, errTokenNeedsLookup) {
 			pos, err = w.tokenRowPosition(ctx, pos.ID)
@@ -94,7 +93,7 @@ func (w *Watcher) load(ctx context.Context) error {
 		w.log.Info("resuming after the saved token", "position", pos)
 	}
 	if save && !w.cfg.Ephemeral {
-		if _, err := w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, string(encodeToken(pos))); err != nil {
+		if err := w.writeToken(ctx, string(encodeToken(pos))); err != nil {
 			return fmt.Errorf("save start position to token table %s: %w", w.cfg.TokenTable, err)
 		}
 		w.ckWrites.Add(1)
@@ -250,14 +249,16 @@ func (w *Watcher) writeCheckpoint(ctx context.Context, idleOnly bool) (saved boo
 	p, ok := w.checkpointLocked()
 	busy := w.ring.Len() > 0 || w.ring.HasFloor()
 	w.mu.Unlock()
-	if !ok || (idleOnly && busy) || (w.hasSaved && unchanged(p, w.saved)) || w.cfg.Ephemeral {
+	if !ok || (idleOnly && busy) || w.cfg.Ephemeral {
 		return false, nil
 	}
 	if err := w.excl.lostErr(); err != nil { // a standby may hold the lock now
 		return false, fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
 	}
-	_, err := w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, string(encodeToken(p)))
-	if err != nil {
+	if w.hasSaved && unchanged(p, w.saved) {
+		return false, nil
+	}
+	if err := w.writeToken(ctx, string(encodeToken(p))); err != nil {
 		w.ckErrors.Add(1)
 		return false, fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
 	}

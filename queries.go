@@ -41,8 +41,15 @@ type queries struct {
 	newest string
 	// rowTime: the changed_at of an id-only saved token's row.
 	rowTime string
-	// loadToken, saveToken: the saved token.
-	loadToken, saveToken string
+	// loadToken, saveToken: the saved token. saveFenced: saveToken of an exclusive watcher,
+	// only while the row's owner_epoch is still its own ($3): see fence.go.
+	loadToken, saveToken, saveFenced string
+	// epochColumn: whether the token table ($1, quoted) has the owner_epoch column.
+	// claimEpoch: on the lock session, when it holds the lock (classid $2, objid $3), the
+	// client's next owner epoch and its saved token; claimNew: the same for a client without a
+	// token row, inserting its start token ($2) with epoch 1 (lock: $3, $4). bumpEpoch: what
+	// token reset runs, fencing off every earlier owner.
+	epochColumn, claimEpoch, claimNew, bumpEpoch string
 	// markLegacy, markPhase, markDelta, markSwitch set the legacy processed flag of the rows
 	// newly certified since the rows last marked (the background marker runs them after
 	// saves). markLegacy marks table $1's legacy positions in ($2, $3) .. ($4, $5); markPhase,
@@ -66,8 +73,6 @@ func buildQueries(cfg Config) queries {
 	cl := quoteIdentifier(cfg.ChangelogTable)
 	tok := quoteIdentifier(cfg.TokenTable)
 	limit := strconv.Itoa(cfg.BatchSize)
-	upsert := `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
-	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`
 	seesOrOld := `(txid IS NULL OR pg_visible_in_snapshot(txid, $6::pg_snapshot))`
 	mark := func(ids string) string {
 		return `UPDATE ` + cl + ` SET processed = TRUE WHERE id = ANY(ARRAY(
@@ -111,7 +116,19 @@ func buildQueries(cfg Config) queries {
 		newest:     `SELECT changed_at, id FROM ` + cl + ` WHERE table_name = $1 ORDER BY changed_at DESC, id DESC LIMIT 1`,
 		rowTime:    `SELECT changed_at FROM ` + cl + ` WHERE id = $1`,
 		loadToken:  `SELECT resume_token::text FROM ` + tok + ` WHERE client_name = $1`,
-		saveToken:  upsert,
+		saveToken:  saveTokenSQL(tok, false),
+		saveFenced: saveTokenSQL(tok, true),
+		epochColumn: `SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1)
+		AND attname = '` + epochColumn + `' AND NOT attisdropped)`,
+		claimEpoch: `WITH held AS (SELECT ` + heldBySessionSQL("$2", "$3") + ` AS held),
+	claimed AS (UPDATE ` + tok + ` AS tok SET ` + epochColumn + ` = COALESCE(tok.` + epochColumn + `, 0) + 1 FROM held
+		WHERE held.held AND tok.client_name = $1 RETURNING tok.` + epochColumn + `, tok.resume_token::text AS token)
+	SELECT held.held, claimed.` + epochColumn + `, claimed.token FROM held LEFT JOIN claimed ON true`,
+		claimNew: `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated, ` + epochColumn + `)
+	SELECT $1, $2::jsonb, now(), 1 WHERE ` + heldBySessionSQL("$3", "$4") + `
+	ON CONFLICT (client_name) DO NOTHING RETURNING ` + epochColumn,
+		bumpEpoch: `UPDATE ` + tok + ` SET ` + epochColumn + ` = ` + epochColumn + ` + 1 WHERE client_name = $1 AND ` +
+			epochColumn + ` IS NOT NULL`,
 		markLegacy: mark(legacyIDs(`($2, $3)`, upTo)),
 		markPhase:  mark(legacyIDs(`($2, $3)`, upTo+` AND `+seesOrOld)),
 		markDelta:  deltaMark,
@@ -123,6 +140,17 @@ func buildQueries(cfg Config) queries {
 		q.unprocessed = `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2`
 	}
 	return q
+}
+
+// saveTokenSQL is the statement that saves token $2 of client $1: an upsert, or, fenced, an
+// update of the row only while its owner epoch is still $3 (see fenceCondition).
+func saveTokenSQL(tokenTable string, fenced bool) string {
+	if fenced {
+		return `UPDATE ` + tokenTable + ` AS tok SET resume_token = $2::jsonb, last_updated = now()
+	WHERE tok.client_name = $1 AND ` + fenceCondition
+	}
+	return `INSERT INTO ` + tokenTable + ` AS tok (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
+	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`
 }
 
 // scanRows reads changelog rows into buf and closes rows. withXid reads the txid column that
