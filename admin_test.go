@@ -49,16 +49,26 @@ func TestResetTokenHoldsTheClientLock(t *testing.T) {
 	ctx := context.Background()
 	db, mock := mockDB(t)
 	key := lockKey("resume_tokens", "c")
-	mock.ExpectQuery(`SELECT pg_try_advisory_lock($1)`).WithArgs(key).
-		WillReturnRows(sqlmock.NewRows([]string{"ok"}).AddRow(true))
-	mock.ExpectExec(wantSaveToken).WithArgs("c", string(encodeToken(makePosition(t0, 3)))).
-		WillReturnResult(sqlmock.NewResult(0, 1))
-	mock.ExpectExec(`SELECT pg_advisory_unlock_all()`).WillReturnResult(sqlmock.NewResult(0, 0))
-	require.NoError(t, ResetToken(ctx, db, "c", makePosition(t0, 3), AdminOptions{}))
+	q := buildQueries(Config{TokenTable: DefaultTokenTable})
+	for _, fenced := range []bool{true, false} { // the owner epoch moves on, when the table has one
+		mock.ExpectQuery(`SELECT pg_try_advisory_lock($1)`).WithArgs(key).
+			WillReturnRows(sqlmock.NewRows([]string{"ok"}).AddRow(true))
+		mock.ExpectQuery(q.epochColumn).WithArgs(`"resume_tokens"`).
+			WillReturnRows(sqlmock.NewRows([]string{"exists"}).AddRow(fenced))
+		mock.ExpectBegin()
+		mock.ExpectExec(wantSaveToken).WithArgs("c", string(encodeToken(makePosition(t0, 3)))).
+			WillReturnResult(sqlmock.NewResult(0, 1))
+		if fenced {
+			mock.ExpectExec(q.bumpEpoch).WithArgs("c").WillReturnResult(sqlmock.NewResult(0, 1))
+		}
+		mock.ExpectCommit()
+		mock.ExpectExec(sessionResetSQL).WillReturnResult(sqlmock.NewResult(0, 0))
+		require.NoError(t, ResetToken(ctx, db, "c", makePosition(t0, 3), AdminOptions{}))
+	}
 
 	mock.ExpectQuery(`SELECT pg_try_advisory_lock($1)`).WithArgs(key).
 		WillReturnRows(sqlmock.NewRows([]string{"ok"}).AddRow(false))
-	mock.ExpectExec(`SELECT pg_advisory_unlock_all()`).WillReturnResult(sqlmock.NewResult(0, 0))
+	mock.ExpectExec(sessionResetSQL).WillReturnResult(sqlmock.NewResult(0, 0))
 	_, err := DeleteToken(ctx, db, "c", AdminOptions{})
 	require.ErrorIs(t, err, ErrClientActive)
 	require.EqualError(t, err, "pgchangestream: a watcher of the client is running: c")

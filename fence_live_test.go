@@ -3,6 +3,7 @@ package pgchangestream
 import (
 	"context"
 	"database/sql"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -205,4 +206,88 @@ func TestLiveExclusivePausedOwnerIsFenced(t *testing.T) {
 		"unacknowledged deliveries passed", err, after.ID, successor.ID, skipped)
 	require.ErrorIs(t, err, ErrExclusiveLost, "the paused owner's save is refused")
 	require.Equal(t, successorRaw, afterRaw, "the successor's token is untouched")
+}
+
+// TestLiveExclusiveMixedTokenStates: contract rule 18 across upgrades. A token row written by an
+// old release (owner_epoch NULL) is claimed; a token table without the column (not upgraded)
+// leaves exclusive watchers lock-only, with one warning at Start, and their hand-over works.
+func TestLiveExclusiveMixedTokenStates(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	t.Run("old row", func(t *testing.T) {
+		e := newLive(t)
+		ids := e.insert(3)
+		_, err := e.db.Exec(`INSERT INTO resume_tokens (client_name, resume_token) VALUES ('c', $1::jsonb)`,
+			string(encodeToken(e.position(ids[0]))))
+		require.NoError(t, err)
+		cfg := e.config(ModeHybrid)
+		cfg.Exclusive = true
+		w := e.start(cfg)
+		require.Equal(t, ids[1:], receiveWithin(t, w, 2, takeoverWait), "resumes after the old row's token")
+		var epoch sql.NullInt64
+		require.NoError(t, e.db.QueryRow(`SELECT owner_epoch FROM resume_tokens WHERE client_name = 'c'`).Scan(&epoch))
+		require.Equal(t, sql.NullInt64{Int64: 1, Valid: true}, epoch, "the NULL epoch is claimed")
+		require.NoError(t, w.MarkProcessed(ctx, tok(ids[2])))
+		require.Equal(t, e.position(ids[2]), e.savedToken("c"))
+	})
+	t.Run("table not upgraded", func(t *testing.T) {
+		e := newLive(t)
+		_, err := e.db.Exec(`ALTER TABLE resume_tokens DROP COLUMN owner_epoch`)
+		require.NoError(t, err)
+		logs := newLogCounter()
+		cfg := e.config(ModeHybrid)
+		cfg.Exclusive, cfg.StartFromBeginning, cfg.Logger = true, true, slog.New(logs)
+		unfenced := "the token table has no owner_epoch column: saves of exclusive watchers are not fenced, " +
+			"so a watcher paused past the hand-over could overwrite its successor's token; upgrade it with " +
+			"InstallSchema, or the statements of InstallSchemaSQL"
+		active := e.start(cfg)
+		waitFor(t, func() bool { return active.Stats().Active }, "the first watcher takes the lock")
+		standby := e.start(cfg)
+		ids := e.insert(3)
+		require.Equal(t, ids, receiveWithin(t, active, 3, takeoverWait))
+		require.NoError(t, active.MarkProcessed(ctx, tok(ids[1])))
+		logs.waitFor(t, unfenced, 1, liveWait)
+		require.NoError(t, active.Close(ctx))
+		requireTakeover(t, e, standby, ids[2], time.Now())
+		logs.waitFor(t, unfenced, 2, liveWait) // once per watcher
+
+		before := e.rawToken("c")
+		require.NoError(t, InstallSchema(ctx, e.db, SchemaOptions{}), "the upgrade adds the column beside a running watcher")
+		var epoch sql.NullInt64
+		require.NoError(t, e.db.QueryRow(`SELECT owner_epoch FROM resume_tokens WHERE client_name = 'c'`).Scan(&epoch))
+		require.False(t, epoch.Valid, "existing rows keep a NULL epoch")
+		require.Equal(t, before, e.rawToken("c"))
+	})
+}
+
+// TestLiveTokenResetFencesAPausedOwner: a reset while the owner is paused past the loss of its
+// lock moves the owner epoch on, so the owner's late save does not undo the reset.
+func TestLiveTokenResetFencesAPausedOwner(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newLive(t)
+	connCfg, err := pgx.ParseConfig(e.dsn)
+	require.NoError(t, err)
+	tracer := &pausingTracer{paused: make(chan struct{}), release: make(chan struct{})}
+	connCfg.Tracer = tracer
+	pausedDB := stdlib.OpenDB(*connCfg)
+	t.Cleanup(func() { _ = pausedDB.Close() })
+	cfg := e.config(ModePolling)
+	cfg.DB, cfg.Exclusive, cfg.StartFromBeginning = pausedDB, true, true
+	owner := e.start(cfg)
+	var wake sync.Once
+	t.Cleanup(func() { wake.Do(func() { close(tracer.release) }) })
+	ids := e.insert(3)
+	require.Equal(t, ids, receiveWithin(t, owner, 3, takeoverWait))
+	tracer.armed.Store(true)
+	saved := make(chan error, 1)
+	go func() { saved <- owner.MarkProcessed(ctx, tok(ids[2])) }()
+	<-tracer.paused
+	e.terminate(e.lockHolder())
+	requireClosed(t, owner)
+	require.NoError(t, ResetToken(ctx, e.db, "c", e.position(ids[0]), AdminOptions{}))
+	reset := e.rawToken("c")
+	wake.Do(func() { close(tracer.release) })
+	require.ErrorIs(t, <-saved, ErrFenced)
+	require.Equal(t, reset, e.rawToken("c"), "the reset stands")
 }

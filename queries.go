@@ -149,7 +149,7 @@ func saveTokenSQL(tokenTable string, fenced bool) string {
 		return `UPDATE ` + tokenTable + ` AS tok SET resume_token = $2::jsonb, last_updated = now()
 	WHERE tok.client_name = $1 AND ` + fenceCondition
 	}
-	return `INSERT INTO ` + tokenTable + ` AS tok (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
+	return `INSERT INTO ` + tokenTable + ` (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
 	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`
 }
 
