@@ -200,7 +200,8 @@ Sets CLIENT's saved position, so that its next watcher resumes there:
   TIME       an RFC 3339 time: before the first row whose changed_at is at or after TIME
   ID         a changelog id: after that row
 The token is written as {"timestamp", "eventID"}, which every schema state accepts. The reset
-refuses while a watcher of CLIENT runs. It needs --yes, or --dry-run to print the old and new
+refuses while a watcher of CLIENT runs, and moves the client's owner epoch on, so that a former
+exclusive watcher that lost its lock cannot save over it. It needs --yes, or --dry-run to print the old and new
 token only.`, stdout, stderr)
 	f := addAdminFlags(c)
 	to := c.fs.String("to", "", "beginning, newest, an RFC 3339 time or a changelog id (required)")
