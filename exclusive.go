@@ -206,13 +206,7 @@ func (w *Watcher) loseLock(cause error) {
 	w.excl.release()
 	w.health.fail(opLock, err)
 	w.log.Error("lost the exclusive lock session; stopping so that a standby can take over", "error", cause)
-	w.lifeMu.Lock()
-	if w.stopErr == nil {
-		w.stopErr = err
-	}
-	cancel := w.cancel
-	w.lifeMu.Unlock()
-	cancel()
+	w.stopWith(err)
 }
 
 // warnOtherWatchers runs on a new LISTEN connection of a watcher without Config.Exclusive. It
