@@ -40,26 +40,34 @@ func expectDeltaRows(mock sqlmock.Sqlmock, lo string, loID int64, hi, end string
 	mock.ExpectQuery(wantDeltaRange).WithArgs("t", lo, loID, hi, int64(maxID), end, after).WillReturnRows(rows)
 }
 
-// A snapshot whose incarnation differs from the one its delta started in (the server recovered
-// from a crash): the watcher reloads the saved token, keeps its deliveries pending but held at
-// that token, and reads the rows after the token again. Nothing is saved meanwhile.
-func TestRewindWhenTheIncarnationChanges(t *testing.T) {
+// readTwoRowsInIncarnationA loads a saved token in incarnation "A" and reads a delta of two
+// rows (ids 6 and 7, txids 105 and 106) to its end.
+func readTwoRowsInIncarnationA(t *testing.T) (*Watcher, sqlmock.Sqlmock) {
+	t.Helper()
 	ctx := context.Background()
 	w, mock := newMockWatcher(t, Config{})
 	expectIncarnationLoad(w, mock, "100:105:", "A", savedDeltaToken)
 	require.NoError(t, w.load(ctx))
-
 	expectSnapshotInc(w, mock, "100:108:", "A")
 	expectDeltaRows(mock, "104", maxID, "107", "100:108:", afterStart, []int64{6, 7}, []string{"105", "106"})
 	n, err := w.readBatch(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 	require.Equal(t, "100:108:", w.Stats().Cursor.span.base.String(), "the delta was read to its end")
+	return w, mock
+}
+
+// A snapshot whose incarnation differs from the one its delta started in (the server recovered
+// from a crash): the watcher reloads the saved token, keeps its deliveries pending but held at
+// that token, and reads the rows after the token again. Nothing is saved meanwhile.
+func TestRewindWhenTheIncarnationChanges(t *testing.T) {
+	ctx := context.Background()
+	w, mock := readTwoRowsInIncarnationA(t)
 
 	// After the crash the counter is back at 106: ids 106 and 107 are handed out again.
 	expectSnapshotInc(w, mock, "106:109:", "B")
 	expectIncarnationLoad(w, mock, "106:109:", "B", savedDeltaToken)
-	_, err = w.readBatch(ctx)
+	_, err := w.readBatch(ctx)
 	require.ErrorIs(t, err, errRewound)
 	s := w.Stats()
 	require.Equal(t, uint64(1), s.Rewinds)
@@ -78,7 +86,7 @@ func TestRewindWhenTheIncarnationChanges(t *testing.T) {
 	// The next delta is read from the token's snapshot, in the new incarnation.
 	expectSnapshotInc(w, mock, "106:109:", "B")
 	expectDeltaRows(mock, "104", maxID, "108", "106:109:", afterStart, []int64{8}, []string{"106"})
-	n, err = w.readBatch(ctx)
+	n, err := w.readBatch(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.NoError(t, mock.ExpectationsWereMet())
@@ -88,13 +96,8 @@ func TestRewindWhenTheIncarnationChanges(t *testing.T) {
 // ErrServerRecovered, keeps the acknowledgement, and has the reader rewind before its next read.
 func TestSaveOfAnOlderIncarnationIsRefused(t *testing.T) {
 	ctx := context.Background()
-	w, mock := newMockWatcher(t, Config{})
-	expectIncarnationLoad(w, mock, "100:105:", "A", savedDeltaToken)
-	require.NoError(t, w.load(ctx))
-	expectSnapshotInc(w, mock, "100:108:", "A")
-	expectDeltaRows(mock, "104", maxID, "107", "100:108:", afterStart, []int64{6, 7}, []string{"105", "106"})
-	_, err := w.readBatch(ctx)
-	require.NoError(t, err)
+	w, mock := readTwoRowsInIncarnationA(t)
+	var err error
 
 	mock.ExpectExec(w.q.saveTokenInc).WithArgs("c", sqlmock.AnyArg(), "A").WillReturnResult(sqlmock.NewResult(0, 0))
 	err = w.MarkProcessed(ctx, tok(7))
