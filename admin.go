@@ -136,6 +136,8 @@ var ErrClientActive = errors.New("pgchangestream: a watcher of the client is run
 // {"timestamp", "eventID"}, keeping the table the client's current token records. It refuses
 // (ErrClientActive) while a watcher of the client runs. A client without a token gets one that
 // records no table, which [Prune] counts for every table: use [ResetTableToken] for it.
+// It also moves the client's owner epoch on, so that a former exclusive watcher that lost its
+// lock but did not notice yet (a paused process) cannot save over the reset (ErrFenced).
 func ResetToken(ctx context.Context, db *sql.DB, client string, pos Position, opts AdminOptions) error {
 	return resetToken(ctx, db, client, "", pos, opts)
 }
@@ -169,7 +171,24 @@ func resetToken(ctx context.Context, db *sql.DB, client, table string, pos Posit
 				_, table, _ = decodeTableToken([]byte(raw)) // a token that does not load keeps its table all the same
 			}
 		}
-		if _, err := conn.ExecContext(ctx, t.q.saveToken, client, string(encodeToken(pos, table))); err != nil {
+		var fenced bool
+		if err := conn.QueryRowContext(ctx, t.q.epochColumn, t.tok).Scan(&fenced); err != nil {
+			return fmt.Errorf("inspect token table %s: %w", t.tokens, err)
+		}
+		tx, err := conn.BeginTx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("write token table %s: %w", t.tokens, err)
+		}
+		defer func() { _ = tx.Rollback() }()
+		if _, err := tx.ExecContext(ctx, t.q.saveToken, client, string(encodeToken(pos, table))); err != nil {
+			return fmt.Errorf("write token table %s: %w", t.tokens, err)
+		}
+		if fenced {
+			if _, err := tx.ExecContext(ctx, t.q.bumpEpoch, client); err != nil {
+				return fmt.Errorf("fence the client's owners in token table %s: %w", t.tokens, err)
+			}
+		}
+		if err := tx.Commit(); err != nil {
 			return fmt.Errorf("write token table %s: %w", t.tokens, err)
 		}
 		return nil

@@ -49,25 +49,36 @@ func TestResetTokenHoldsTheClientLock(t *testing.T) {
 	ctx := context.Background()
 	db, mock := mockDB(t)
 	key := lockKey("resume_tokens", "c")
-	mock.ExpectQuery(`SELECT pg_try_advisory_lock($1)`).WithArgs(key).
-		WillReturnRows(sqlmock.NewRows([]string{"ok"}).AddRow(true))
-	mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(savedTokenRows(`{"eventID": 1, "table": "items"}`))
-	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2026-01-02T03:04:05Z","eventID":3,"table":"items"}`).
-		WillReturnResult(sqlmock.NewResult(0, 1))
-	mock.ExpectExec(`SELECT pg_advisory_unlock_all()`).WillReturnResult(sqlmock.NewResult(0, 0))
-	require.NoError(t, ResetToken(ctx, db, "c", makePosition(t0, 3), AdminOptions{}), "the token keeps its table")
-
-	mock.ExpectQuery(`SELECT pg_try_advisory_lock($1)`).WithArgs(key).
-		WillReturnRows(sqlmock.NewRows([]string{"ok"}).AddRow(true))
-	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2026-01-02T03:04:05Z","eventID":3,"table":"other"}`).
-		WillReturnResult(sqlmock.NewResult(0, 1))
-	mock.ExpectExec(`SELECT pg_advisory_unlock_all()`).WillReturnResult(sqlmock.NewResult(0, 0))
+	q := buildQueries(Config{TokenTable: DefaultTokenTable})
+	lock := func() {
+		mock.ExpectQuery(`SELECT pg_try_advisory_lock($1)`).WithArgs(key).
+			WillReturnRows(sqlmock.NewRows([]string{"ok"}).AddRow(true))
+	}
+	expectReset := func(fenced bool, token string) { // the owner epoch moves on, when the table has one
+		mock.ExpectQuery(q.epochColumn).WithArgs(`"resume_tokens"`).
+			WillReturnRows(sqlmock.NewRows([]string{"exists"}).AddRow(fenced))
+		mock.ExpectBegin()
+		mock.ExpectExec(wantSaveToken).WithArgs("c", token).WillReturnResult(sqlmock.NewResult(0, 1))
+		if fenced {
+			mock.ExpectExec(q.bumpEpoch).WithArgs("c").WillReturnResult(sqlmock.NewResult(0, 1))
+		}
+		mock.ExpectCommit()
+		mock.ExpectExec(sessionResetSQL).WillReturnResult(sqlmock.NewResult(0, 0))
+	}
+	for _, fenced := range []bool{true, false} {
+		lock()
+		mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(savedTokenRows(`{"eventID": 1, "table": "items"}`))
+		expectReset(fenced, `{"timestamp":"2026-01-02T03:04:05Z","eventID":3,"table":"items"}`)
+		require.NoError(t, ResetToken(ctx, db, "c", makePosition(t0, 3), AdminOptions{}), "the token keeps its table")
+	}
+	lock()
+	expectReset(false, `{"timestamp":"2026-01-02T03:04:05Z","eventID":3,"table":"other"}`)
 	require.NoError(t, ResetTableToken(ctx, db, "c", "other", makePosition(t0, 3), AdminOptions{}))
 	require.ErrorIs(t, ResetTableToken(ctx, db, "c", " ", makePosition(t0, 3), AdminOptions{}), ErrInvalidConfig)
 
 	mock.ExpectQuery(`SELECT pg_try_advisory_lock($1)`).WithArgs(key).
 		WillReturnRows(sqlmock.NewRows([]string{"ok"}).AddRow(false))
-	mock.ExpectExec(`SELECT pg_advisory_unlock_all()`).WillReturnResult(sqlmock.NewResult(0, 0))
+	mock.ExpectExec(sessionResetSQL).WillReturnResult(sqlmock.NewResult(0, 0))
 	_, err := DeleteToken(ctx, db, "c", AdminOptions{})
 	require.ErrorIs(t, err, ErrClientActive)
 	require.EqualError(t, err, "pgchangestream: a watcher of the client is running: c")

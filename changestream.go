@@ -73,6 +73,12 @@ type Watcher struct {
 	saved    Position
 	hasSaved bool
 	savedAt  time.Time // when saved was loaded or last written
+	// fenced: saves match the owner epoch (Config.Exclusive on a token table with the
+	// owner_epoch column); epoch: the epoch claimed by the load, 0 until the token row of a new
+	// client is created (fence.go). Set by each load.
+	fenced        bool
+	epoch         int64
+	unfencedNoted bool // the unfenced token table was reported
 
 	// The last background save failure, returned once, guarded by errMu: not ckMu, so that an
 	// acknowledgement in batched mode never waits for a save it did not ask for.

@@ -95,23 +95,23 @@ func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, e
 			"transaction counter going back only while it has not passed the ids seen before; run InstallSchema to add it",
 			"table", incarnationTable(w.cfg.ChangelogTable))
 	}
-	var raw string
-	err := w.cfg.DB.QueryRowContext(ctx, w.q.loadToken, w.cfg.ClientName).Scan(&raw)
+	raw, found, err := w.claimToken(ctx, !rewinding)
+	if err != nil {
+		return Position{}, err
+	}
 	var (
 		pos  Position
 		save bool
 	)
 	switch {
-	case errors.Is(err, sql.ErrNoRows) && rewinding:
+	case !found && rewinding:
 		pos, save = w.beginning(skipFree, now), true
-	case errors.Is(err, sql.ErrNoRows):
+	case !found:
 		if pos, err = w.startPosition(ctx, skipFree, now); err != nil {
 			return Position{}, err
 		}
 		save = true // so a restart before the first acknowledgement resumes here too
 		w.log.Info("no saved token: starting", "position", pos, "from_beginning", w.cfg.StartFromBeginning)
-	case err != nil:
-		return Position{}, fmt.Errorf("read token table %s: %w", w.cfg.TokenTable, err)
 	default:
 		var table string
 		pos, table, err = decodeTableToken([]byte(raw))
@@ -148,27 +148,6 @@ func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, e
 		w.takeHints() // noted before the load: snapshot deltas need no ids
 	}
 	return pos, nil
-}
-
-// writeToken writes p as the saved token. A position read in a server incarnation is written
-// only if the server is still in it; otherwise nothing is written and the error wraps
-// [ErrServerRecovered].
-func (w *Watcher) writeToken(ctx context.Context, p Position) error {
-	tok := string(encodeToken(p, w.cfg.TableName))
-	if p.span == nil || p.span.inc == "" {
-		_, err := w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, tok)
-		return err
-	}
-	res, err := w.cfg.DB.ExecContext(ctx, w.q.saveTokenInc, w.cfg.ClientName, tok, p.span.inc)
-	if err != nil {
-		return err
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return err
-	} else if n == 0 {
-		return ErrServerRecovered
-	}
-	return nil
 }
 
 // changelogReadError is a failure to read the changelog while loading: health counts it as a
@@ -343,11 +322,14 @@ func (w *Watcher) writeCheckpoint(ctx context.Context, rule saveRule) (saved boo
 	// With nothing pending the checkpoint is the cursor: a refresh saves the newest snapshot
 	// read (or the same position again), and passes no delivery.
 	refresh := rule != saveChanged && !busy && time.Since(w.savedAt) >= w.cfg.CheckpointRefreshInterval
-	if !ok || (rule == saveIdle && busy) || (w.hasSaved && unchanged(p, w.saved) && !refresh) || w.cfg.Ephemeral {
+	if !ok || (rule == saveIdle && busy) || w.cfg.Ephemeral {
 		return false, nil
 	}
 	if err := w.excl.lostErr(); err != nil { // a standby may hold the lock now
 		return false, fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
+	}
+	if w.hasSaved && unchanged(p, w.saved) && !refresh {
+		return false, nil
 	}
 	if err := w.writeToken(ctx, p); err != nil {
 		w.ckErrors.Add(1)

@@ -27,6 +27,7 @@ const (
 	DefaultIdleCheckpointInterval = time.Second
 	// DefaultCheckpointRefreshInterval is the default [Config.CheckpointRefreshInterval].
 	DefaultCheckpointRefreshInterval = time.Minute
+	DefaultLockSessionTimeout        = 30 * time.Second
 )
 
 // Limits of [Config]: larger sizes, shorter intervals and longer names are invalid. The sizes
@@ -42,6 +43,9 @@ const (
 	// MinInterval is the shortest PollInterval, FallbackPollInterval, IdleCheckpointInterval,
 	// CheckpointRefreshInterval and positive CheckpointInterval.
 	MinInterval = time.Millisecond
+	// MinLockSessionTimeout and MaxLockSessionTimeout bound LockSessionTimeout.
+	MinLockSessionTimeout = 4 * time.Second
+	MaxLockSessionTimeout = 24 * time.Hour
 	// MaxClientNameLen is the length, in characters, of the token table's client_name column
 	// (VARCHAR(255)).
 	MaxClientNameLen = 255
@@ -118,7 +122,16 @@ type Config struct {
 	// context ending, or its session ending. A watcher that loses its session stops (Err wraps
 	// [ErrExclusiveLost]) before a standby starts. Watchers without Exclusive and with a
 	// ConnString hold the lock in shared mode, so an exclusive watcher waits for them too.
+	// On a token table with the owner_epoch column (InstallSchema adds it), each active
+	// watcher claims a new owner epoch and its saves are fenced to it: once a standby took
+	// over, a save of the earlier owner, however late, is refused (wrapping [ErrFenced]).
 	Exclusive bool
+	// LockSessionTimeout bounds, with Exclusive, how long the lock session of a watcher whose
+	// host vanished without closing its connections keeps the lock: the session's TCP
+	// keepalives and TCP user timeout (set on both ends) end it within about this time, and a
+	// standby takes over a few seconds later. Default 30s; between [MinLockSessionTimeout] and
+	// [MaxLockSessionTimeout]. A network outage longer than this ends the session too.
+	LockSessionTimeout time.Duration
 
 	// Ephemeral makes the watcher never write the token table (nor the processed flag): it
 	// resumes after the client's saved token if there is one, else starts as a new client
@@ -178,6 +191,9 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.CheckpointRefreshInterval == 0 {
 		cfg.CheckpointRefreshInterval = DefaultCheckpointRefreshInterval
+	}
+	if cfg.LockSessionTimeout == 0 {
+		cfg.LockSessionTimeout = DefaultLockSessionTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -246,6 +262,10 @@ func (cfg Config) validate() error {
 	}
 	if cfg.CheckpointInterval != 0 && cfg.CheckpointInterval < MinInterval {
 		return invalid("Config.CheckpointInterval must be 0 or at least %v, got %v", MinInterval, cfg.CheckpointInterval)
+	}
+	if cfg.LockSessionTimeout < MinLockSessionTimeout || cfg.LockSessionTimeout > MaxLockSessionTimeout {
+		return invalid("Config.LockSessionTimeout must be between %v and %v, got %v",
+			MinLockSessionTimeout, MaxLockSessionTimeout, cfg.LockSessionTimeout)
 	}
 	for _, f := range []struct {
 		name       string

@@ -34,6 +34,7 @@ func TestNewFillsDefaults(t *testing.T) {
 	require.Equal(t, 4096, w.ring.Cap())
 	require.Equal(t, time.Second, c.IdleCheckpointInterval)
 	require.Equal(t, time.Minute, c.CheckpointRefreshInterval)
+	require.Equal(t, 30*time.Second, c.LockSessionTimeout)
 	require.Nil(t, w.listen, "hybrid without a connection string polls")
 	require.Equal(t, c.PollInterval, w.pollWait())
 }
@@ -68,6 +69,9 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{"fallback poll below 1ms", func(c *Config) { c.FallbackPollInterval = 1 }, "Config.FallbackPollInterval must be at least 1ms"},
 		{"idle checkpoint below 1ms", func(c *Config) { c.IdleCheckpointInterval = 999 * time.Microsecond }, "Config.IdleCheckpointInterval"},
 		{"negative refresh interval", func(c *Config) { c.CheckpointRefreshInterval = -time.Minute }, "Config.CheckpointRefreshInterval must be at least 1ms, got -1m0s"},
+		{"lock session timeout below 4s", func(c *Config) { c.LockSessionTimeout = 3999 * time.Millisecond },
+			"Config.LockSessionTimeout must be between 4s and 24h0m0s, got 3.999s"},
+		{"lock session timeout above 24h", func(c *Config) { c.LockSessionTimeout = 25 * time.Hour }, "Config.LockSessionTimeout"},
 		{"checkpoint interval below 1ms", func(c *Config) { c.CheckpointInterval = time.Nanosecond }, "Config.CheckpointInterval must be 0 or at least 1ms"},
 		{"long client name", func(c *Config) { c.ClientName = strings.Repeat("é", MaxClientNameLen+1) }, "Config.ClientName: 256 characters, longer than the column's 255"},
 		{"client name with NUL", func(c *Config) { c.ClientName = "a\x00b" }, "Config.ClientName: contains a NUL byte"},
@@ -134,7 +138,8 @@ func TestNewAcceptsTheLimits(t *testing.T) {
 	w, err := New(Config{DB: db, ClientName: strings.Repeat("é", MaxClientNameLen), TableName: strings.Repeat("t", MaxTableNameLen),
 		Mode: ModePolling, BatchSize: MaxBatchSize, BufferSize: MaxBufferSize, MaxPending: MaxMaxPending,
 		PollInterval: MinInterval, FallbackPollInterval: MinInterval, IdleCheckpointInterval: MinInterval,
-		CheckpointRefreshInterval: MinInterval, CheckpointInterval: MinInterval, Logger: quietLogger})
+		CheckpointRefreshInterval: MinInterval, CheckpointInterval: MinInterval, LockSessionTimeout: MinLockSessionTimeout,
+		Logger: quietLogger})
 	require.NoError(t, err)
 	require.Equal(t, MaxMaxPending, w.ring.Cap())
 	require.Equal(t, MaxBufferSize, cap(w.events))

@@ -102,7 +102,8 @@
 // object and how long it has failed; [Watcher.Stats] carries the counters and the lag (the age
 // of the oldest row not yet acknowledged or read, from its changed_at). With
 // [Config.Exclusive], watchers sharing a client name hold a session advisory lock: one
-// delivers, the others wait as standbys and take over from the saved token. [ListTokens],
+// delivers, the others wait as standbys and take over from the saved token; an owner epoch in
+// the token row fences the saves of a watcher that lost the lock ([ErrFenced]). [ListTokens],
 // [ResetToken], [DeleteToken] and [Prune] administer saved tokens and changelog retention.
 // The Prometheus collector is the module github.com/pgchangestream/pgchangestream/prometheus.
 //

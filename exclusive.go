@@ -2,7 +2,6 @@ package pgchangestream
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -47,6 +46,17 @@ const lockHoldersSQL = `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory
 	AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 	AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = 1 AND pid <> pg_backend_pid()`
 
+// heldBySessionSQL is a condition: this session holds the lock (classid, objid) in exclusive
+// mode.
+func heldBySessionSQL(classid, objid string) string {
+	return `EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND granted AND mode = 'ExclusiveLock'
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		AND classid::bigint = ` + classid + ` AND objid::bigint = ` + objid + ` AND objsubid = 1 AND pid = pg_backend_pid())`
+}
+
+// errNotHeld is the cause of a loss found by a query on the lock session.
+var errNotHeld = errors.New("the lock session no longer holds the lock")
+
 // lockHalves returns the pg_locks classid and objid of key.
 func lockHalves(key int64) (classid, objid int64) {
 	return int64(uint64(key) >> 32), int64(uint64(key) & 0xffffffff)
@@ -59,12 +69,21 @@ type exclusive struct {
 	lost    error       // the lock session was lost; saves are refused
 	session lockSession // held lock; nil when none
 	warned  atomic.Bool // the second-watcher warning was logged
+
+	boundWarned atomic.Bool // the warning that the lock session cannot be bounded was logged
 }
 
 func (x *exclusive) isActive() bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return x.active
+}
+
+// current returns the held lock session, nil when none.
+func (x *exclusive) current() lockSession {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.session
 }
 
 func (x *exclusive) lostErr() error {
@@ -95,16 +114,25 @@ func (w *Watcher) becomeActive(ctx context.Context) bool {
 		w.health.startWork()
 		return true
 	}
-	s := w.waitForLock(ctx)
-	if s == nil {
-		return false
-	}
-	w.excl.mu.Lock()
-	w.excl.session = s
-	w.excl.mu.Unlock()
-	if !sleepCtx(ctx, lockSettle) { // a watcher that lost the lock stops within this time
-		w.excl.release()
-		return false
+	var s lockSession
+	for s == nil {
+		if s = w.waitForLock(ctx); s == nil {
+			return false
+		}
+		w.excl.mu.Lock()
+		w.excl.session = s
+		w.excl.mu.Unlock()
+		err := w.settle(ctx, s)
+		if ctx.Err() != nil {
+			w.excl.release()
+			return false
+		}
+		if err != nil { // lost before delivering anything: wait for the lock again
+			w.excl.release()
+			s = nil
+			w.health.fail(opLock, fmt.Errorf("%s: %w", opLock, err))
+			w.log.Warn("lost the exclusive lock session before becoming active; waiting as a standby again", "error", err)
+		}
 	}
 	w.excl.mu.Lock()
 	w.excl.active = true
@@ -115,6 +143,41 @@ func (w *Watcher) becomeActive(ctx context.Context) bool {
 	go w.keepLock(ctx, s)
 	w.health.startWork()
 	return true
+}
+
+// settle waits lockSettle after the lock was taken, so that a watcher that lost it stops
+// delivering first. It checks the session every lockCheckInterval meanwhile, and at the end
+// that the session still holds the lock; an error means it does not.
+func (w *Watcher) settle(ctx context.Context, s lockSession) error {
+	end := time.Now().Add(lockSettle)
+	for {
+		if !sleepCtx(ctx, min(lockCheckInterval, time.Until(end))) {
+			return ctx.Err()
+		}
+		last := !time.Now().Before(end)
+		checkCtx, cancel := context.WithTimeout(ctx, lockCheckTimeout)
+		err := s.ping(checkCtx)
+		if err == nil && last {
+			err = w.checkHeld(checkCtx, s)
+		}
+		cancel()
+		if err != nil || last {
+			return err
+		}
+	}
+}
+
+// checkHeld returns errNotHeld unless the session holds the client's lock.
+func (w *Watcher) checkHeld(ctx context.Context, s lockSession) error {
+	c, o := lockHalves(lockKey(w.cfg.TokenTable, w.cfg.ClientName))
+	row, err := s.query(ctx, `SELECT `+heldBySessionSQL("$1", "$2"), string(itoa(c)), string(itoa(o)))
+	switch {
+	case err != nil:
+		return err
+	case len(row) != 1 || row[0].String != "t":
+		return errNotHeld
+	}
+	return nil
 }
 
 // waitForLock opens a lock session and tries the lock until it gets it (nil when ctx ends).
@@ -200,12 +263,20 @@ func (w *Watcher) keepLock(ctx context.Context, s lockSession) {
 // later saves are refused, since a standby may now hold the lock.
 func (w *Watcher) loseLock(cause error) {
 	err := fmt.Errorf("%w: %s session: %v", ErrExclusiveLost, opLock, cause)
+	w.stopOwning(err, "lost the exclusive lock session; stopping so that a standby can take over")
+}
+
+// stopOwning stops a watcher that no longer owns its client, for err: it releases the lock
+// session, refuses later saves with err and stops the reader.
+func (w *Watcher) stopOwning(err error, msg string) {
 	w.excl.mu.Lock()
-	w.excl.lost = err
+	if w.excl.lost == nil {
+		w.excl.lost = err
+	}
 	w.excl.mu.Unlock()
 	w.excl.release()
 	w.health.fail(opLock, err)
-	w.log.Error("lost the exclusive lock session; stopping so that a standby can take over", "error", cause)
+	w.log.Error(msg, "error", err)
 	w.stopWith(err)
 }
 
@@ -232,83 +303,3 @@ func (w *Watcher) warnOtherWatchers(ctx context.Context, conn *pgconn.PgConn) {
 }
 
 func itoa(n int64) []byte { return strconv.AppendInt(nil, n, 10) }
-
-// lockSession is the dedicated session that holds a client's advisory lock.
-type lockSession interface {
-	tryLock(ctx context.Context, key int64) (bool, error)
-	ping(ctx context.Context) error
-	close()
-}
-
-// openLockSession connects with Config.ConnString when set, else takes a connection from DB.
-func (w *Watcher) openLockSession(ctx context.Context) (lockSession, error) {
-	if w.cfg.ConnString == "" {
-		c, err := w.cfg.DB.Conn(ctx)
-		if err != nil {
-			return nil, err
-		}
-		return &sqlLockSession{conn: c}, nil
-	}
-	pc, err := pgconn.ParseConfig(w.cfg.ConnString)
-	if err != nil {
-		return nil, err
-	}
-	if _, ok := pc.RuntimeParams["application_name"]; !ok {
-		pc.RuntimeParams["application_name"] = defaultAppName
-	}
-	if pc.ConnectTimeout == 0 {
-		pc.ConnectTimeout = listenConnTimeout
-	}
-	conn, err := pgconn.ConnectConfig(ctx, pc)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
-	}
-	return &pgLockSession{conn: conn}, nil
-}
-
-// pgLockSession is a lock session on a connection of its own.
-type pgLockSession struct{ conn *pgconn.PgConn }
-
-func (s *pgLockSession) tryLock(ctx context.Context, key int64) (bool, error) {
-	res := s.conn.ExecParams(ctx, `SELECT pg_try_advisory_lock($1)`, [][]byte{itoa(key)}, nil, nil, nil).Read()
-	if res.Err != nil {
-		return false, res.Err
-	}
-	return len(res.Rows) == 1 && string(res.Rows[0][0]) == "t", nil
-}
-
-func (s *pgLockSession) ping(ctx context.Context) error { return s.conn.Ping(ctx) }
-
-// close ends the session, which releases its locks.
-func (s *pgLockSession) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), lockReleaseWait)
-	defer cancel()
-	_ = s.conn.Close(ctx)
-}
-
-// sqlLockSession is a lock session on a connection held out of the pool.
-type sqlLockSession struct{ conn *sql.Conn }
-
-func (s *sqlLockSession) tryLock(ctx context.Context, key int64) (bool, error) {
-	var got bool
-	err := s.conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&got)
-	return got, err
-}
-
-func (s *sqlLockSession) ping(ctx context.Context) error { return s.conn.PingContext(ctx) }
-
-// close releases every advisory lock of the session and returns the connection to the pool; if
-// that fails, it closes the connection itself so that no lock outlives the watcher.
-func (s *sqlLockSession) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), lockReleaseWait)
-	defer cancel()
-	if _, err := s.conn.ExecContext(ctx, `SELECT pg_advisory_unlock_all()`); err != nil {
-		_ = s.conn.Raw(func(dc any) error {
-			if c, ok := dc.(interface{ Close() error }); ok {
-				return c.Close()
-			}
-			return nil
-		})
-	}
-	_ = s.conn.Close()
-}

@@ -42,5 +42,7 @@ func (w *Watcher) stopWith(err error) {
 	}
 	cancel := w.cancel
 	w.lifeMu.Unlock()
-	cancel()
+	if cancel != nil { // nil before Start
+		cancel()
+	}
 }

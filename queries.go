@@ -47,18 +47,27 @@ type queries struct {
 	deltaStart, deltaStartInc string
 	// claimIncarnation inserts the incarnation row if it is missing (after a crash).
 	claimIncarnation string
-	// saveTokenInc is saveToken for a position read in the server incarnation $3: it writes
-	// nothing (no row affected) if the incarnation changed since, so that a position read before
-	// a crash is never saved after it.
-	saveTokenInc string
+	// saveTokenInc and saveFencedInc are saveToken and saveFenced for a position read in the
+	// server incarnation given as their last parameter: they write nothing (no row affected)
+	// if the incarnation changed since, so that a position read before a crash is never saved
+	// after it. incarnationIs tells whether the incarnation is still $1, for a fenced save that
+	// wrote nothing.
+	saveTokenInc, saveFencedInc, incarnationIs string
 	// byID: one row, for late rows named by NOTIFY (legacy changelogs).
 	byID string
 	// newest: the start position of a client without a saved token.
 	newest string
 	// rowTime: the changed_at of an id-only saved token's row.
 	rowTime string
-	// loadToken, saveToken: the saved token.
-	loadToken, saveToken string
+	// loadToken, saveToken: the saved token. saveFenced: saveToken of an exclusive watcher,
+	// only while the row's owner_epoch is still its own ($3): see fence.go.
+	loadToken, saveToken, saveFenced string
+	// epochColumn: whether the token table ($1, quoted) has the owner_epoch column.
+	// claimEpoch: on the lock session, when it holds the lock (classid $2, objid $3), the
+	// client's next owner epoch and its saved token; claimNew: the same for a client without a
+	// token row, inserting its start token ($2) with epoch 1 (lock: $3, $4). bumpEpoch: what
+	// token reset runs, fencing off every earlier owner.
+	epochColumn, claimEpoch, claimNew, bumpEpoch string
 	// markLegacy, markPhase, markDelta, markSwitch and markInDelta set the legacy processed flag
 	// of the rows newly certified since the rows last marked (the background marker runs them
 	// after saves). markLegacy marks table $1's legacy positions in ($2, $3) .. ($4, $5);
@@ -88,9 +97,6 @@ func buildQueries(cfg Config) queries {
 	inc := quoteIdentifier(incarnationTable(cfg.ChangelogTable))
 	incarnation := `(SELECT incarnation::text FROM ` + inc + `)`
 	pageLimit := strconv.Itoa(cfg.BatchSize + 1)
-	onConflict := `
-	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`
-	upsert := `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())` + onConflict
 	newestTxid := `(SELECT c.txid::text AS newest_txid FROM ` + cl + ` c
 		WHERE c.table_name = $1 AND c.txid IS NOT NULL ORDER BY c.txid DESC LIMIT 1)`
 	seesOrOld := `(txid IS NULL OR pg_visible_in_snapshot(txid, $6::pg_snapshot))`
@@ -141,13 +147,26 @@ func buildQueries(cfg Config) queries {
 		deltaStart:       `SELECT pg_current_snapshot()::text, ` + newestTxid,
 		deltaStartInc:    `SELECT pg_current_snapshot()::text, ` + newestTxid + `, ` + incarnation,
 		claimIncarnation: `INSERT INTO ` + inc + ` DEFAULT VALUES ON CONFLICT DO NOTHING`,
-		saveTokenInc: `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated)
-	SELECT $1, $2::jsonb, now() WHERE ` + incarnation + ` = $3` + onConflict,
-		byID:       `SELECT ` + changelogColumns + ` FROM ` + cl + ` WHERE table_name = $1 AND id = $2`,
-		newest:     `SELECT changed_at, id FROM ` + cl + ` WHERE table_name = $1 ORDER BY changed_at DESC, id DESC LIMIT 1`,
-		rowTime:    `SELECT changed_at FROM ` + cl + ` WHERE id = $1`,
-		loadToken:  `SELECT resume_token::text FROM ` + tok + ` WHERE client_name = $1`,
-		saveToken:  upsert,
+		saveTokenInc:     saveTokenSQL(tok, false, incarnation),
+		saveFencedInc:    saveTokenSQL(tok, true, incarnation),
+		incarnationIs:    `SELECT COALESCE(` + incarnation + ` = $1, false)`,
+		byID:             `SELECT ` + changelogColumns + ` FROM ` + cl + ` WHERE table_name = $1 AND id = $2`,
+		newest:           `SELECT changed_at, id FROM ` + cl + ` WHERE table_name = $1 ORDER BY changed_at DESC, id DESC LIMIT 1`,
+		rowTime:          `SELECT changed_at FROM ` + cl + ` WHERE id = $1`,
+		loadToken:        `SELECT resume_token::text FROM ` + tok + ` WHERE client_name = $1`,
+		saveToken:        saveTokenSQL(tok, false, ""),
+		saveFenced:       saveTokenSQL(tok, true, ""),
+		epochColumn: `SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1)
+		AND attname = '` + epochColumn + `' AND NOT attisdropped)`,
+		claimEpoch: `WITH held AS (SELECT ` + heldBySessionSQL("$2", "$3") + ` AS held),
+	claimed AS (UPDATE ` + tok + ` AS tok SET ` + epochColumn + ` = COALESCE(tok.` + epochColumn + `, 0) + 1 FROM held
+		WHERE held.held AND tok.client_name = $1 RETURNING tok.` + epochColumn + `, tok.resume_token::text AS token)
+	SELECT held.held, claimed.` + epochColumn + `, claimed.token FROM held LEFT JOIN claimed ON true`,
+		claimNew: `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated, ` + epochColumn + `)
+	SELECT $1, $2::jsonb, now(), 1 WHERE ` + heldBySessionSQL("$3", "$4") + `
+	ON CONFLICT (client_name) DO NOTHING RETURNING ` + epochColumn,
+		bumpEpoch: `UPDATE ` + tok + ` SET ` + epochColumn + ` = ` + epochColumn + ` + 1 WHERE client_name = $1 AND ` +
+			epochColumn + ` IS NOT NULL`,
 		markLegacy: mark(legacyIDs(`($2, $3)`, upTo)),
 		markPhase:  mark(legacyIDs(`($2, $3)`, upTo+` AND `+seesOrOld)),
 		markDelta:  deltaMark,
@@ -161,6 +180,27 @@ func buildQueries(cfg Config) queries {
 		q.unprocessed = `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2`
 	}
 	return q
+}
+
+// saveTokenSQL is the statement that saves token $2 of client $1: an upsert, or, fenced, an
+// update of the row only while its owner epoch is still $3 (see fenceCondition). Given the
+// incarnation subquery, it writes only while the server's incarnation is still its last
+// parameter ($3, or $4 fenced).
+func saveTokenSQL(tokenTable string, fenced bool, incarnation string) string {
+	if fenced {
+		q := `UPDATE ` + tokenTable + ` AS tok SET resume_token = $2::jsonb, last_updated = now()
+	WHERE tok.client_name = $1 AND ` + fenceCondition
+		if incarnation != "" {
+			q += ` AND ` + incarnation + ` = $4`
+		}
+		return q
+	}
+	values := `VALUES ($1, $2::jsonb, now())`
+	if incarnation != "" {
+		values = `SELECT $1, $2::jsonb, now() WHERE ` + incarnation + ` = $3`
+	}
+	return `INSERT INTO ` + tokenTable + ` (client_name, resume_token, last_updated) ` + values + `
+	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`
 }
 
 // scanRows reads changelog rows into buf and closes rows. withXid reads the txid column that

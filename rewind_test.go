@@ -159,3 +159,32 @@ func TestServerRecovered(t *testing.T) {
 	require.Empty(t, serverRecovered(bare, pgSnapshot{xmin: 100, xmax: 111}, ""))
 	require.NotEmpty(t, serverRecovered(bare, pgSnapshot{xmin: 100, xmax: 105}, ""))
 }
+
+// A fenced save (an exclusive watcher's) of a position read in an older incarnation also writes
+// nothing; the watcher tells that apart from being fenced off by a successor, which stops it.
+func TestFencedSaveTellsARecoveryFromAFence(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		sameInc   bool
+		want      error
+		wantStops bool
+	}{
+		{"server recovered", false, ErrServerRecovered, false},
+		{"fenced off", true, ErrFenced, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			w, mock := readTwoRowsInIncarnationA(t)
+			w.fenced, w.epoch = true, 4 // as claimed at the load
+			mock.ExpectExec(w.q.saveFencedInc).WithArgs("c", sqlmock.AnyArg(), int64(4), "A").
+				WillReturnResult(sqlmock.NewResult(0, 0))
+			mock.ExpectQuery(w.q.incarnationIs).WithArgs("A").
+				WillReturnRows(sqlmock.NewRows([]string{"same"}).AddRow(tc.sameInc))
+			err := w.MarkProcessed(ctx, tok(7))
+			require.ErrorIs(t, err, tc.want)
+			require.Equal(t, !tc.wantStops, w.rewindAsked.Load(), "a recovery has the reader rewind")
+			require.Equal(t, tc.wantStops, w.excl.lostErr() != nil, "being fenced off stops the watcher")
+			require.NoError(t, mock.ExpectationsWereMet())
+		})
+	}
+}

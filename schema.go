@@ -241,10 +241,12 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 		Changelog, ChangelogLiteral, TokenTable, Function, Channel string
 		Indexes, TxidIndexes                                       []string
 		TxidColumn, LockTimeout, Incarnation                       string
+		TokenTableLiteral, EpochColumn                             string
 	}{
 		ddlLockKey, p.changelog, quoteLiteral(p.changelog), quoteIdentifier(opts.TokenTable),
 		quoteIdentifier(opts.FunctionName), quoteLiteral(opts.NotifyChannel), inTx, txidInTx,
 		txidColumn, alterLockTimeout.String(), quoteIdentifier(incarnationTable(opts.ChangelogTable)),
+		quoteLiteral(quoteIdentifier(opts.TokenTable)), epochColumn,
 	})
 	if err != nil {
 		return installPlan{}, err
@@ -258,7 +260,8 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 //  1. one script of several commands, run as one implicit transaction (the simple query
 //     protocol, which database/sql drivers use for Exec without arguments): a transaction-level
 //     advisory lock; the changelog table with its indexes if the table is missing; the token
-//     table if missing; CREATE OR REPLACE of the trigger function;
+//     table if missing, and its owner_epoch column (Config.Exclusive) if missing; CREATE OR
+//     REPLACE of the trigger function;
 //  2. CREATE INDEX CONCURRENTLY IF NOT EXISTS for the read index (table_name, changed_at, id),
 //     named "<changelog>_stream_idx";
 //  3. the same for the existing schema's partial (changed_at) WHERE processed = FALSE index

@@ -75,6 +75,21 @@ CREATE TABLE IF NOT EXISTS {{.TokenTable}} (
 );
 
 {{/*
+The owner epoch fences the saves of exclusive watchers. A nullable column without a default is
+a catalog change only (no rewrite); its ACCESS EXCLUSIVE lock waits at most lock_timeout for the
+saves in flight (InstallSchema then tries again). Old watchers leave it alone.
+*/ -}}
+DO $tokens$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass({{.TokenTableLiteral}})
+                   AND attname = '{{.EpochColumn}}' AND NOT attisdropped) THEN
+        PERFORM set_config('lock_timeout', '{{.LockTimeout}}', true);
+        ALTER TABLE {{.TokenTable}} ADD COLUMN IF NOT EXISTS {{.EpochColumn}} BIGINT;
+    END IF;
+END
+$tokens$;
+
+{{/*
 record_id takes NEW.id / OLD.id without a cast: the assignment cast to TEXT covers uuid, integer
 and text ids, and an existing UUID record_id still takes uuid ids. A trigger created with the
 argument 'no_notify' (SchemaOptions.WithoutNotify) writes the row without the NOTIFY, which a

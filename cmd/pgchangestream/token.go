@@ -202,8 +202,9 @@ Sets CLIENT's saved position, so that its next watcher resumes there:
 The token is written as {"timestamp", "eventID"}, which every schema state accepts, with the
 table of CLIENT's watcher: --table, else the table its current token records. A client without
 a saved token needs --table (a mistyped CLIENT would otherwise leave a token that holds back
-'prune' of every table). The reset refuses while a watcher of CLIENT runs. It needs --yes, or
---dry-run to print the old and new token only.`, stdout, stderr)
+'prune' of every table). The reset refuses while a watcher of CLIENT runs, and moves the
+client's owner epoch on, so that a former exclusive watcher that lost its lock cannot save over
+it. It needs --yes, or --dry-run to print the old and new token only.`, stdout, stderr)
 	f := addAdminFlags(c)
 	to := c.fs.String("to", "", "beginning, newest, an RFC 3339 time or a changelog id (required)")
 	table := c.fs.String("table", "", "the table CLIENT's watcher reads, recorded in the token; "+

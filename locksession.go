@@ -1,0 +1,224 @@
+package pgchangestream
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// lockSession is the dedicated session that holds a client's advisory lock.
+type lockSession interface {
+	tryLock(ctx context.Context, key int64) (bool, error)
+	ping(ctx context.Context) error
+	// query runs a statement with text arguments and returns its first row as text (nil
+	// when it returns none).
+	query(ctx context.Context, stmt string, args ...string) ([]sql.NullString, error)
+	close()
+}
+
+// keepaliveProbes is the number of unanswered TCP keepalive probes that end a lock session.
+const keepaliveProbes = 3
+
+// keepalives returns the TCP keepalive idle time and probe interval, in seconds, after which
+// keepaliveProbes unanswered probes end a session whose peer vanished: at most d in all.
+// d is at least MinLockSessionTimeout.
+func keepalives(d time.Duration) (idle, interval int) {
+	secs := int(d / time.Second)
+	interval = max(1, secs/(2*keepaliveProbes))
+	return max(1, secs-keepaliveProbes*interval), interval
+}
+
+// boundSessionSQL sets the server side of a lock session's keepalives and TCP user timeout.
+const boundSessionSQL = `SELECT set_config('tcp_keepalives_idle', $1, false), set_config('tcp_keepalives_interval', $2, false),
+	set_config('tcp_keepalives_count', $3, false), set_config('tcp_user_timeout', $4, false)`
+
+// boundSession makes the server end the lock session within Config.LockSessionTimeout once the
+// watcher's host stops answering, so that a standby can take the lock. A server that refuses
+// the settings (tcp_user_timeout is PostgreSQL 12 and later) is warned about once.
+func (w *Watcher) boundSession(ctx context.Context, s lockSession) {
+	idle, interval := keepalives(w.cfg.LockSessionTimeout)
+	_, err := s.query(ctx, boundSessionSQL, strconv.Itoa(idle), strconv.Itoa(interval),
+		strconv.Itoa(keepaliveProbes), strconv.FormatInt(w.cfg.LockSessionTimeout.Milliseconds(), 10))
+	if err != nil && !w.excl.boundWarned.Swap(true) {
+		w.log.Warn("cannot bound the exclusive lock session: a host that vanishes keeps the lock until the "+
+			"server's own TCP timeouts end its session", "error", err)
+	}
+}
+
+// openLockSession connects with Config.ConnString when set, else takes a connection from DB,
+// and bounds the session's life after its host vanished.
+func (w *Watcher) openLockSession(ctx context.Context) (lockSession, error) {
+	var s lockSession
+	if w.cfg.ConnString == "" {
+		c, err := w.cfg.DB.Conn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		s = &sqlLockSession{conn: c}
+	} else {
+		pc, err := pgconn.ParseConfig(w.cfg.ConnString)
+		if err != nil {
+			return nil, err
+		}
+		if _, ok := pc.RuntimeParams["application_name"]; !ok {
+			pc.RuntimeParams["application_name"] = defaultAppName
+		}
+		if pc.ConnectTimeout == 0 {
+			pc.ConnectTimeout = listenConnTimeout
+		}
+		idle, interval := keepalives(w.cfg.LockSessionTimeout)
+		pc.DialFunc = (&net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true,
+			Idle: time.Duration(idle) * time.Second, Interval: time.Duration(interval) * time.Second,
+			Count: keepaliveProbes}}).DialContext
+		conn, err := pgconn.ConnectConfig(ctx, pc)
+		if err != nil {
+			return nil, fmt.Errorf("connect: %w", err)
+		}
+		s = &pgLockSession{conn: conn}
+	}
+	w.boundSession(ctx, s)
+	return s, nil
+}
+
+// pgLockSession is a lock session on a connection of its own.
+type pgLockSession struct {
+	mu   sync.Mutex // serializes the connection's use: the lock check and the owner epoch claim
+	conn *pgconn.PgConn
+}
+
+func (s *pgLockSession) tryLock(ctx context.Context, key int64) (bool, error) {
+	row, err := s.query(ctx, `SELECT pg_try_advisory_lock($1)`, string(itoa(key)))
+	return len(row) == 1 && row[0].String == "t", err
+}
+
+func (s *pgLockSession) ping(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.conn.Ping(ctx)
+}
+
+func (s *pgLockSession) query(ctx context.Context, stmt string, args ...string) ([]sql.NullString, error) {
+	params := make([][]byte, len(args))
+	for i, a := range args {
+		params[i] = []byte(a)
+	}
+	s.mu.Lock()
+	res := s.conn.ExecParams(ctx, stmt, params, nil, nil, nil).Read()
+	s.mu.Unlock()
+	if res.Err != nil || len(res.Rows) == 0 {
+		return nil, res.Err
+	}
+	row := make([]sql.NullString, len(res.Rows[0]))
+	for i, v := range res.Rows[0] {
+		row[i] = sql.NullString{String: string(v), Valid: v != nil}
+	}
+	return row, nil
+}
+
+// close ends the session, which releases its locks.
+func (s *pgLockSession) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), lockReleaseWait)
+	defer cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_ = s.conn.Close(ctx)
+}
+
+// sqlLockSession is a lock session on a connection held out of the pool.
+type sqlLockSession struct {
+	mu   sync.Mutex // serializes the connection's use (a query's rows hold the connection)
+	conn *sql.Conn
+}
+
+func (s *sqlLockSession) tryLock(ctx context.Context, key int64) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var got bool
+	err := s.conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&got)
+	return got, err
+}
+
+func (s *sqlLockSession) ping(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.conn.PingContext(ctx)
+}
+
+func (s *sqlLockSession) query(ctx context.Context, stmt string, args ...string) ([]sql.NullString, error) {
+	vals := make([]any, len(args))
+	for i, a := range args {
+		vals[i] = a
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rows, err := s.conn.QueryContext(ctx, stmt, vals...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		return nil, rows.Err()
+	}
+	cols, err := rows.Columns()
+	if err != nil {
+		return nil, err
+	}
+	vals = make([]any, len(cols))
+	dest := make([]any, len(cols))
+	for i := range vals {
+		dest[i] = &vals[i]
+	}
+	if err := rows.Scan(dest...); err != nil {
+		return nil, err
+	}
+	row := make([]sql.NullString, len(cols))
+	for i, v := range vals {
+		row[i] = textValue(v)
+	}
+	return row, rows.Close()
+}
+
+// textValue is a column value of the driver in PostgreSQL's text format.
+func textValue(v any) sql.NullString {
+	switch v := v.(type) {
+	case nil:
+		return sql.NullString{}
+	case bool:
+		if v {
+			return sql.NullString{String: "t", Valid: true}
+		}
+		return sql.NullString{String: "f", Valid: true}
+	case []byte:
+		return sql.NullString{String: string(v), Valid: true}
+	}
+	return sql.NullString{String: fmt.Sprint(v), Valid: true}
+}
+
+// sessionResetSQL releases every advisory lock of a pooled lock session and undoes its
+// boundSession settings, before the connection goes back to the pool.
+const sessionResetSQL = `SELECT pg_advisory_unlock_all(); RESET tcp_keepalives_idle; RESET tcp_keepalives_interval;
+	RESET tcp_keepalives_count; RESET tcp_user_timeout`
+
+// close releases every advisory lock of the session and returns the connection to the pool; if
+// that fails, it closes the connection itself so that no lock outlives the watcher.
+func (s *sqlLockSession) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), lockReleaseWait)
+	defer cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.conn.ExecContext(ctx, sessionResetSQL); err != nil {
+		_ = s.conn.Raw(func(dc any) error {
+			if c, ok := dc.(interface{ Close() error }); ok {
+				return c.Close()
+			}
+			return nil
+		})
+	}
+	_ = s.conn.Close()
+}
