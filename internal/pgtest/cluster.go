@@ -27,6 +27,7 @@ type cluster struct {
 	bin     binaries            // immutable
 	cred    *syscall.Credential // run initdb and postgres as this user; nil: as this process
 	fsync   bool                // immutable
+	listen  string              // listen_addresses; immutable
 	logf    func(format string, args ...any)
 
 	mu      sync.Mutex  // serializes start, restart, kill and stop; guards the fields below
@@ -103,11 +104,19 @@ func startLocal(ctx context.Context, opts Options, logf func(string, ...any)) (*
 		bin:     bin,
 		cred:    cred,
 		fsync:   opts.Fsync,
+		listen:  "127.0.0.1",
 		logf:    logf,
 	}
 	if err := c.initdb(ctx); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
+	}
+	if opts.ListenAddress != "" {
+		c.listen += "," + opts.ListenAddress
+		if err := c.trustEveryHost(); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
 	}
 	if err := c.startFresh(ctx); err != nil {
 		_ = os.RemoveAll(dir)
@@ -174,6 +183,23 @@ func (c *cluster) initdb(ctx context.Context) error {
 	return nil
 }
 
+// trustEveryHost lets clients from any address connect without a password, for a server that
+// also listens on a test network's address.
+func (c *cluster) trustEveryHost() error {
+	f, err := os.OpenFile(filepath.Join(c.dataDir, "pg_hba.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("pgtest: pg_hba.conf: %w", err)
+	}
+	_, err = f.WriteString("host all all 0.0.0.0/0 trust\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("pgtest: pg_hba.conf: %w", err)
+	}
+	return nil
+}
+
 // args are the postgres command-line arguments; settings given here win over postgresql.conf.
 // synchronous_commit keeps its default (on) even without fsync: with it off, a commit returns
 // before its WAL is written, and a killed server loses it.
@@ -183,7 +209,7 @@ func (c *cluster) args() []string {
 		durable = "on"
 	}
 	return []string{"-D", c.dataDir, "-p", strconv.Itoa(c.port), "-k", c.sockDir,
-		"-c", "listen_addresses=127.0.0.1",
+		"-c", "listen_addresses=" + c.listen,
 		"-c", "max_connections=200",
 		"-c", "shared_buffers=128MB",
 		"-c", "fsync=" + durable,

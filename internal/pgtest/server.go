@@ -59,6 +59,10 @@ type Options struct {
 	Fsync bool
 	// Logf receives progress messages (cluster directory, port, restarts). Default: discarded.
 	Logf func(format string, args ...any)
+	// ListenAddress is an address the server listens on besides 127.0.0.1, trusting every
+	// client that reaches it: the end of a network namespace's link that a fault test cuts.
+	// The address must exist when the server starts. Local clusters only.
+	ListenAddress string
 }
 
 // unavailable reports that one source of servers cannot be used here; [Start] moves on to the
