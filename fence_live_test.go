@@ -161,12 +161,7 @@ func (p *pausingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQuery
 func TestLiveExclusivePausedOwnerIsFenced(t *testing.T) {
 	t.Parallel()
 	e := newLive(t)
-	connCfg, err := pgx.ParseConfig(e.dsn)
-	require.NoError(t, err)
-	tracer := &pausingTracer{paused: make(chan struct{}), release: make(chan struct{})}
-	connCfg.Tracer = tracer
-	pausedDB := stdlib.OpenDB(*connCfg)
-	t.Cleanup(func() { _ = pausedDB.Close() })
+	pausedDB, tracer := e.pausableDB()
 
 	cfg := e.config(ModePolling) // the lock session is a connection of DB
 	cfg.Exclusive, cfg.StartFromBeginning = true, true
@@ -194,7 +189,7 @@ func TestLiveExclusivePausedOwnerIsFenced(t *testing.T) {
 	successorRaw := e.rawToken("c")
 
 	wake.Do(func() { close(tracer.release) }) // the owner wakes up and saves
-	err = <-saved
+	err := <-saved
 	after, afterRaw := e.savedToken("c"), e.rawToken("c")
 	skipped := 0
 	for _, id := range ids[5:] {
@@ -266,12 +261,7 @@ func TestLiveTokenResetFencesAPausedOwner(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newLive(t)
-	connCfg, err := pgx.ParseConfig(e.dsn)
-	require.NoError(t, err)
-	tracer := &pausingTracer{paused: make(chan struct{}), release: make(chan struct{})}
-	connCfg.Tracer = tracer
-	pausedDB := stdlib.OpenDB(*connCfg)
-	t.Cleanup(func() { _ = pausedDB.Close() })
+	pausedDB, tracer := e.pausableDB()
 	cfg := e.config(ModePolling)
 	cfg.DB, cfg.Exclusive, cfg.StartFromBeginning = pausedDB, true, true
 	owner := e.start(cfg)
@@ -290,4 +280,17 @@ func TestLiveTokenResetFencesAPausedOwner(t *testing.T) {
 	wake.Do(func() { close(tracer.release) })
 	require.ErrorIs(t, <-saved, ErrFenced)
 	require.Equal(t, reset, e.rawToken("c"), "the reset stands")
+}
+
+// pausableDB opens a pool on the test's database whose statements tracer can hold back, as a
+// paused process would.
+func (e *liveEnv) pausableDB() (*sql.DB, *pausingTracer) {
+	e.t.Helper()
+	connCfg, err := pgx.ParseConfig(e.dsn)
+	require.NoError(e.t, err)
+	tracer := &pausingTracer{paused: make(chan struct{}), release: make(chan struct{})}
+	connCfg.Tracer = tracer
+	db := stdlib.OpenDB(*connCfg)
+	e.t.Cleanup(func() { _ = db.Close() })
+	return db, tracer
 }

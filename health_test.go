@@ -132,10 +132,7 @@ func TestHealthReportsFailingSaves(t *testing.T) {
 
 func TestHealthReportsAFailingInlineSave(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		f := newFakeDB(testConfig(Config{}))
-		f.insert("t", t0, 2)
-		w := startOn(t, t.Context(), f, Config{StartFromBeginning: true})
-		require.Equal(t, []int64{1, 2}, receive(t, w, 2))
+		f, w := startWithTwoDelivered(t)
 		f.mu.Lock()
 		f.failSaves = 1
 		f.mu.Unlock()

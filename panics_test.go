@@ -62,10 +62,7 @@ func TestPanicInTheSaverStopsTheWatcher(t *testing.T) {
 // delivering, Health reports the marker until a pass succeeds, and the marker retries.
 func TestPanicInTheMarkerIsRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		f := newFakeDB(testConfig(Config{}))
-		f.insert("t", t0, 2)
-		w := startOn(t, t.Context(), f, Config{StartFromBeginning: true})
-		require.Equal(t, []int64{1, 2}, receive(t, w, 2))
+		f, w := startWithTwoDelivered(t)
 		f.mu.Lock()
 		f.markPanic = "marker bug"
 		f.mu.Unlock()
@@ -85,4 +82,15 @@ func TestPanicInTheMarkerIsRetried(t *testing.T) {
 		require.NoError(t, w.Health(), "the failure clears when a pass succeeds")
 		closeWatcher(t, w)
 	})
+}
+
+// startWithTwoDelivered starts a watcher from the beginning of a fake changelog of two rows and
+// takes both deliveries, inside a synctest bubble.
+func startWithTwoDelivered(t *testing.T) (*fakeDB, *Watcher) {
+	t.Helper()
+	f := newFakeDB(testConfig(Config{}))
+	f.insert("t", t0, 2)
+	w := startOn(t, t.Context(), f, Config{StartFromBeginning: true})
+	require.Equal(t, []int64{1, 2}, receive(t, w, 2))
+	return f, w
 }
