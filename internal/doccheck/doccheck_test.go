@@ -35,6 +35,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -298,7 +299,7 @@ func checkExample(t *testing.T, b block) {
 			for _, line := range strings.SplitAfter(body, "\n") {
 				want.WriteString(strings.TrimPrefix(line, "\t"))
 			}
-			require.Equal(t, want.String(), b.text, "%s:%d shows %s of %s", b.file, b.line, fn, file)
+			assert.Equal(t, want.String(), b.text, "%s:%d shows %s of %s", b.file, b.line, fn, file)
 			return
 		}
 	}
