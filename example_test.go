@@ -17,7 +17,7 @@ func Example() {
 	ctx := context.Background()
 	dsn := "postgres://app@localhost:5432/shop"
 
-	db, err := sql.Open("pgx", dsn)
+	db, err := sql.Open("pgx", dsn) // import _ "github.com/jackc/pgx/v5/stdlib"
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -20,7 +20,8 @@ const (
 // Event is one change as a MongoDB-style change event document:
 //
 //	{"_id": {"_data": "<changelog id>"}, "operationType": "insert|update|delete",
-//	 "clusterTime": time.Time, "fullDocument": {...}, "fullDocumentBeforeChange": {...},
+//	 "clusterTime": time.Time, "fullDocument": {...} (nil for a delete),
+//	 "fullDocumentBeforeChange": {...} (a delete only),
 //	 "updateDescription": {"updatedFields": {"a.b": v}}, "documentKey": {"_id": "<record id>"},
 //	 "ns": {"coll": "<table>"}}
 //

@@ -50,8 +50,8 @@ func ExampleFakeWatcher() {
 	}
 	saved, _ := w.Saved()
 	fmt.Println("paid:", b.paid)
-	fmt.Println("acknowledged:", w.Acked())
-	fmt.Println("saved after change:", saved.ID)
+	fmt.Println("acknowledged:", w.Acked())      // the deliveries the acknowledgements certified
+	fmt.Println("saved after change:", saved.ID) // the checkpoint the watcher would have written
 	// Output:
 	// paid: 1
 	// acknowledged: [1 2 3]
@@ -75,21 +75,21 @@ func (t *exampleT) done() {
 // The same consumer, run by a real watcher on a sqlmock database: the expectations are built
 // from the watcher's own statements.
 func ExampleMock() {
-	t := &exampleT{} // in a test: the *testing.T
+	t := &exampleT{} // in a test, the *testing.T
 	defer t.done()
 	ctx := context.Background()
 
 	m := pgchangestreamtest.NewMock(t, pgchangestream.Config{ClientName: "billing", TableName: "orders",
 		Mode: pgchangestream.ModePolling})
-	m.ExpectStart(pgchangestreamtest.Start{Newest: pgchangestream.Position{ID: 41}}) // a new client
+	m.ExpectStart(pgchangestreamtest.Start{Newest: pgchangestream.Position{ID: 41}}) // a new client, legacy changelog
 	m.ExpectRead(pgchangestreamtest.Update("o1", map[string]any{"status": "new"}, map[string]any{"status": "paid"}))
-	m.ExpectSave(42) // after the consumer acknowledges change 42
+	m.ExpectSave(42) // the token certifies change 42 and nothing after it
 
 	w, err := pgchangestream.New(m.Config())
 	if err != nil {
 		log.Fatal(err)
 	}
-	m.StartWatcher(ctx, w)
+	m.StartWatcher(ctx, w) // waits for w.Ready(), the first read
 
 	var b billing
 	if err := b.handle(ctx, w, <-w.Events()); err != nil {

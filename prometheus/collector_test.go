@@ -2,6 +2,9 @@ package prometheus
 
 import (
 	"errors"
+	"os"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -98,4 +101,29 @@ func TestCollectorReadsAWatcher(t *testing.T) {
 # TYPE pgchangestream_healthy gauge
 pgchangestream_healthy{client="c"} 0
 `), "pgchangestream_healthy"), "a watcher with an invalid configuration is unhealthy")
+}
+
+// TestReadmeListsEveryMetric keeps the metric names in README.md and the collector's the same.
+func TestReadmeListsEveryMetric(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	require.NoError(t, err)
+	var listed []string
+	for _, name := range regexp.MustCompile(`\bpgchangestream_[a-z_]+`).FindAllString(string(readme), -1) {
+		if !slices.Contains(listed, name) {
+			listed = append(listed, name)
+		}
+	}
+
+	reg := prom.NewPedanticRegistry()
+	c := NewCollector()
+	c.Add("billing", &fakeWatcher{})
+	require.NoError(t, reg.Register(c))
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	var exported []string
+	for _, f := range families {
+		exported = append(exported, f.GetName())
+	}
+	slices.Sort(listed)
+	require.Equal(t, exported, listed, "the metrics README.md names are the ones the collector exports")
 }

@@ -29,4 +29,6 @@ require (
 	google.golang.org/protobuf v1.36.8 // indirect
 )
 
+// For development in this repository. A replace applies only in the main module: a module that
+// uses the collector requires a released version of the library itself (see README.md).
 replace github.com/pgchangestream/pgchangestream => ../
