@@ -305,17 +305,23 @@ const (
 )
 
 // saveCheckpoint computes the checkpoint and persists it if rule says so. Compute and write
-// happen under ckMu, so saves are ordered; mu is held only to compute.
+// happen under ckMu, so saves are ordered; mu is held only to compute. A write is told to
+// Config.Observer after ckMu is released.
 func (w *Watcher) saveCheckpoint(ctx context.Context, rule saveRule) error {
-	saved, err := w.writeCheckpoint(ctx, rule)
+	var write SaveObservation
+	saved, err := w.writeCheckpoint(ctx, rule, &write)
+	if o := w.cfg.Observer; o != nil && !write.Start.IsZero() {
+		o.ObserveSave(ctx, write)
+	}
 	if saved {
 		w.afterSave(ctx) // outside ckMu: marking must not hold up the next save
 	}
 	return err
 }
 
-// writeCheckpoint is saveCheckpoint's compute-and-save under ckMu. saved reports a write.
-func (w *Watcher) writeCheckpoint(ctx context.Context, rule saveRule) (saved bool, _ error) {
+// writeCheckpoint is saveCheckpoint's compute-and-save under ckMu. saved reports a successful
+// write; write is set when a write was tried.
+func (w *Watcher) writeCheckpoint(ctx context.Context, rule saveRule, write *SaveObservation) (saved bool, _ error) {
 	w.ckMu.Lock()
 	defer w.ckMu.Unlock()
 	p, ok, busy := w.checkpoint()
@@ -331,7 +337,10 @@ func (w *Watcher) writeCheckpoint(ctx context.Context, rule saveRule) (saved boo
 	if w.hasSaved && unchanged(p, w.saved) && !refresh {
 		return false, nil
 	}
-	if err := w.writeToken(ctx, p); err != nil {
+	start := time.Now()
+	err := w.writeToken(ctx, p)
+	*write = SaveObservation{Start: start, Duration: time.Since(start), Checkpoint: p}
+	if err != nil {
 		w.ckErrors.Add(1)
 		if errors.Is(err, ErrServerRecovered) {
 			w.askRewind()
@@ -340,6 +349,7 @@ func (w *Watcher) writeCheckpoint(ctx context.Context, rule saveRule) (saved boo
 		if !errors.Is(ctx.Err(), context.Canceled) { // the caller gave up: no fault of the database's
 			w.health.fail(opSave, err)
 		}
+		write.Err = err
 		return false, err
 	}
 	w.ckWrites.Add(1)

@@ -155,6 +155,9 @@ type Config struct {
 	Filter func(Event) bool
 	// Logger receives the watcher's logs, each with the client name. Default slog.Default().
 	Logger *slog.Logger
+	// Observer, if set, is told of each changelog read and checkpoint save, with its duration
+	// and error, for traces (see [Observer]). Default nil.
+	Observer Observer
 }
 
 // withDefaults returns cfg with zero values replaced by the defaults.

@@ -6,13 +6,20 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"time"
 )
 
 // readPage reads the batch after from into buf: a legacy read, a read of the legacy part of a
 // switch-over, or a read of from's delta, whose end snapshot is taken. more reports that rows
 // may follow in the same span (a full batch, in legacy order); when it is false after a delta
-// read, the delta is done.
+// read, the delta is done. The read is told to Config.Observer.
 func (w *Watcher) readPage(ctx context.Context, from Position, buf []changelogRow) (rows []changelogRow, more bool, err error) {
+	if o := w.cfg.Observer; o != nil {
+		start := time.Now()
+		defer func() {
+			o.ObserveRead(ctx, ReadObservation{Start: start, Duration: time.Since(start), From: from, Rows: len(rows), Err: err})
+		}()
+	}
 	switch {
 	case from.span == nil:
 		rows, err = w.query(ctx, w.q.read, buf, false, w.cfg.TableName, from.ChangedAt, from.ID)

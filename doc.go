@@ -105,7 +105,9 @@
 // delivers, the others wait as standbys and take over from the saved token; an owner epoch in
 // the token row fences the saves of a watcher that lost the lock ([ErrFenced]). [ListTokens],
 // [ResetToken], [DeleteToken] and [Prune] administer saved tokens and changelog retention.
-// The Prometheus collector is the module github.com/pgchangestream/pgchangestream/prometheus.
+// The Prometheus collector is the module github.com/pgchangestream/pgchangestream/prometheus;
+// OpenTelemetry metrics and spans are the module github.com/pgchangestream/pgchangestream/otel,
+// whose spans come from [Config.Observer].
 //
 // # Known limits
 //

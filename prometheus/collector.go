@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/pgchangestream/pgchangestream"
+	"github.com/pgchangestream/pgchangestream/internal/metrics"
 	prom "github.com/prometheus/client_golang/prometheus"
 )
 
@@ -21,19 +22,11 @@ type Watcher interface {
 	Health() error
 }
 
-// metric is one exported series per watcher: its description and how to read it from Stats
-// and the health.
-type metric struct {
-	desc  *prom.Desc
-	kind  prom.ValueType
-	value func(s pgchangestream.Stats, healthy bool) float64
-}
-
 // Collector is a [prom.Collector] of the metrics of the watchers added to it, each labelled
-// with its client name. It reads Stats and Health at every scrape. It is safe for concurrent
-// use.
+// with its client name. It reads Stats and Health once per watcher at every scrape. It is safe
+// for concurrent use.
 type Collector struct {
-	metrics []metric
+	descs []*prom.Desc // of metrics.All, in its order
 
 	mu       sync.Mutex
 	watchers map[string]Watcher // by client name
@@ -41,43 +34,11 @@ type Collector struct {
 
 // NewCollector returns a collector with no watcher; see [Collector.Add].
 func NewCollector() *Collector {
-	m := func(name, help string, kind prom.ValueType, value func(pgchangestream.Stats, bool) float64) metric {
-		return metric{desc: prom.NewDesc("pgchangestream_"+name, help, []string{"client"}, nil), kind: kind, value: value}
+	c := &Collector{watchers: map[string]Watcher{}}
+	for _, m := range metrics.All {
+		c.descs = append(c.descs, prom.NewDesc(m.Prometheus, m.Description, []string{"client"}, nil))
 	}
-	counter := func(name, help string, value func(pgchangestream.Stats) uint64) metric {
-		return m(name, help, prom.CounterValue, func(s pgchangestream.Stats, _ bool) float64 { return float64(value(s)) })
-	}
-	return &Collector{
-		watchers: map[string]Watcher{},
-		metrics: []metric{
-			counter("events_delivered_total", "Events handed to the consumer.",
-				func(s pgchangestream.Stats) uint64 { return s.Delivered }),
-			counter("events_acked_total", "Deliveries acknowledged.",
-				func(s pgchangestream.Stats) uint64 { return s.Acked }),
-			counter("events_filtered_total", "Events dropped by Config.Filter.",
-				func(s pgchangestream.Stats) uint64 { return s.Filtered }),
-			counter("events_evicted_total", "Unacknowledged deliveries folded into the floor beyond Config.MaxPending.",
-				func(s pgchangestream.Stats) uint64 { return s.Evicted }),
-			counter("checkpoint_writes_total", "Saved tokens written.",
-				func(s pgchangestream.Stats) uint64 { return s.CheckpointWrites }),
-			counter("checkpoint_errors_total", "Failed token saves.",
-				func(s pgchangestream.Stats) uint64 { return s.CheckpointErrors }),
-			counter("read_errors_total", "Failed changelog reads.",
-				func(s pgchangestream.Stats) uint64 { return s.ReadErrors }),
-			counter("load_errors_total", "Failed loads of the start position (token table, changelog).",
-				func(s pgchangestream.Stats) uint64 { return s.LoadErrors }),
-			m("pending", "Deliveries not yet acknowledged.", prom.GaugeValue,
-				func(s pgchangestream.Stats, _ bool) float64 { return float64(s.Pending) }),
-			m("lag_seconds", "Age of the oldest row not yet acknowledged or read, from its changed_at; 0 when caught up.",
-				prom.GaugeValue, func(s pgchangestream.Stats, _ bool) float64 { return s.Lag.Seconds() }),
-			m("healthy", "1 while Health reports no failure, else 0.", prom.GaugeValue,
-				func(_ pgchangestream.Stats, healthy bool) float64 { return boolValue(healthy) }),
-			m("listen_up", "1 while the LISTEN connection is connected.", prom.GaugeValue,
-				func(s pgchangestream.Stats, _ bool) float64 { return boolValue(s.ListenUp) }),
-			m("active", "1 while the watcher delivers; 0 for an exclusive standby.", prom.GaugeValue,
-				func(s pgchangestream.Stats, _ bool) float64 { return boolValue(s.Active) }),
-		},
-	}
+	return c
 }
 
 // Add collects the metrics of w, labelled client="client". Adding a client name again
@@ -97,8 +58,8 @@ func (c *Collector) Remove(client string) {
 
 // Describe sends the description of every metric.
 func (c *Collector) Describe(ch chan<- *prom.Desc) {
-	for _, m := range c.metrics {
-		ch <- m.desc
+	for _, d := range c.descs {
+		ch <- d
 	}
 }
 
@@ -116,16 +77,12 @@ func (c *Collector) Collect(ch chan<- prom.Metric) {
 	}
 	c.mu.Unlock()
 	for i, w := range watchers {
-		s, healthy := w.Stats(), w.Health() == nil
-		for _, m := range c.metrics {
-			ch <- prom.MustNewConstMetric(m.desc, m.kind, m.value(s, healthy), clients[i])
+		r := metrics.Read(w)
+		for j, m := range metrics.All {
+			ch <- prom.MustNewConstMetric(c.descs[j], valueType[m.Kind], m.Value(r), clients[i])
 		}
 	}
 }
 
-func boolValue(b bool) float64 {
-	if b {
-		return 1
-	}
-	return 0
-}
+// valueType is the Prometheus type of each kind of metric.
+var valueType = map[metrics.Kind]prom.ValueType{metrics.Counter: prom.CounterValue, metrics.Gauge: prom.GaugeValue}

@@ -29,7 +29,7 @@ func TestCollectorExportsStatsAndHealth(t *testing.T) {
 	c.Add("billing", &fakeWatcher{stats: pgchangestream.Stats{
 		Delivered: 10, Acked: 7, Filtered: 2, Evicted: 1, Pending: 3,
 		CheckpointWrites: 5, CheckpointErrors: 1, ReadErrors: 4, LoadErrors: 2,
-		Lag: 1500 * time.Millisecond, ListenUp: true, Active: true,
+		Lag: 1500 * time.Millisecond, ListenUp: true, Active: true, FloorActive: true, Rewinds: 3,
 	}})
 	c.Add("audit", &fakeWatcher{health: errors.New("read changelog: permission denied")})
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
@@ -73,6 +73,14 @@ pgchangestream_load_errors_total{client="billing"} 2
 # TYPE pgchangestream_lag_seconds gauge
 pgchangestream_lag_seconds{client="audit"} 0
 pgchangestream_lag_seconds{client="billing"} 1.5
+# HELP pgchangestream_rewinds_total Returns to the saved token after the server recovered, failed over or was restored.
+# TYPE pgchangestream_rewinds_total counter
+pgchangestream_rewinds_total{client="audit"} 0
+pgchangestream_rewinds_total{client="billing"} 3
+# HELP pgchangestream_floor_active 1 while evicted deliveries hold the checkpoint back, else 0.
+# TYPE pgchangestream_floor_active gauge
+pgchangestream_floor_active{client="audit"} 0
+pgchangestream_floor_active{client="billing"} 1
 # HELP pgchangestream_healthy 1 while Health reports no failure, else 0.
 # TYPE pgchangestream_healthy gauge
 pgchangestream_healthy{client="audit"} 0
@@ -88,7 +96,7 @@ pgchangestream_active{client="billing"} 1
 `)))
 
 	c.Remove("audit")
-	require.Equal(t, 13, testutil.CollectAndCount(c), "one series per metric for the remaining watcher")
+	require.Equal(t, 15, testutil.CollectAndCount(c), "one series per metric for the remaining watcher")
 	require.NoError(t, prom.NewPedanticRegistry().Register(c))
 }
 
@@ -126,4 +134,18 @@ func TestReadmeListsEveryMetric(t *testing.T) {
 	}
 	slices.Sort(listed)
 	require.Equal(t, exported, listed, "the metrics README.md names are the ones the collector exports")
+}
+
+// countingWatcher counts the reads of its state.
+type countingWatcher struct{ stats, health int }
+
+func (c *countingWatcher) Stats() pgchangestream.Stats { c.stats++; return pgchangestream.Stats{} }
+func (c *countingWatcher) Health() error               { c.health++; return nil }
+
+func TestCollectorReadsEachWatcherOncePerScrape(t *testing.T) {
+	c := NewCollector()
+	w := &countingWatcher{}
+	c.Add("c", w)
+	require.Equal(t, 15, testutil.CollectAndCount(c))
+	require.Equal(t, countingWatcher{stats: 1, health: 1}, *w)
 }

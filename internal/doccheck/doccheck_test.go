@@ -14,8 +14,8 @@
 // Declarations and statements get the imports of the package names they use, from the
 // imports table below, and may start with import lines of their own. Statements may use the
 // placeholders below without declaring them. The store-client packages of docs/migrating.md
-// stand for their local copies in internal/storeclient. Blocks that use the Prometheus client
-// are compiled in the prometheus module, the others in this one. The generated packages live in
+// stand for their local copies in internal/storeclient. Blocks that use an adapter module
+// (prometheus, otel) are compiled in that module, the others in this one. The generated packages live in
 // temporary directories starting with "_" (ignored by ./... patterns) and are removed after
 // the test; compiler errors name the documentation file and line through //line directives.
 package doccheck_test
@@ -62,23 +62,33 @@ var imports = map[string]string{
 	"pgchangestream":     modulePath,
 	"pgchangestreamtest": modulePath + "/pgchangestreamtest",
 	"pgprom":             modulePath + "/prometheus",
+	"pgotel":             modulePath + "/otel",
+	"metric":             "go.opentelemetry.io/otel/metric",
+	"trace":              "go.opentelemetry.io/otel/trace",
 	"prometheus":         "github.com/prometheus/client_golang/prometheus",
 	"require":            "github.com/stretchr/testify/require",
 	"client":             modulePath + "/internal/storeclient/client",
 	"datastore":          modulePath + "/internal/storeclient/datastore",
 }
 
-// prometheusPackages are the imports only the prometheus module has.
-var prometheusPackages = []string{modulePath + "/prometheus", "github.com/prometheus/client_golang/prometheus"}
+// submodules are the modules of the adapters, by directory, with the imports only they have:
+// a block that uses one is compiled in that module.
+var submodules = map[string][]string{
+	"prometheus": {modulePath + "/prometheus", "github.com/prometheus/client_golang/prometheus"},
+	"otel":       {modulePath + "/otel", "go.opentelemetry.io/otel/metric", "go.opentelemetry.io/otel/trace"},
+}
 
 // placeholders are the variables statements may use without declaring them.
 var placeholders = map[string]string{
-	"ctx":      "context.Context",
-	"db":       "*sql.DB",
-	"dsn":      "string",
-	"t":        "*testing.T",
-	"w":        "*pgchangestream.Watcher",
-	"pipeline": "datastore.Pipeline",
+	"ctx":            "context.Context",
+	"cfg":            "pgchangestream.Config",
+	"meterProvider":  "metric.MeterProvider",
+	"tracerProvider": "trace.TracerProvider",
+	"db":             "*sql.DB",
+	"dsn":            "string",
+	"t":              "*testing.T",
+	"w":              "*pgchangestream.Watcher",
+	"pipeline":       "datastore.Pipeline",
 }
 
 // block is one ```go block of a documentation file.
@@ -156,9 +166,13 @@ func TestDocSnippetsCompile(t *testing.T) {
 	tmp, err := os.MkdirTemp(root, "_doccheck")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(tmp) })
-	promTmp, err := os.MkdirTemp(filepath.Join(root, "prometheus"), "_doccheck")
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(promTmp) })
+	subTmp := map[string]string{} // submodule -> its temporary directory
+	for _, m := range sortedKeys(submodules) {
+		dir, err := os.MkdirTemp(filepath.Join(root, m), "_doccheck")
+		require.NoError(t, err)
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		subTmp[m] = dir
+	}
 
 	// Whole files first: the other blocks may import them.
 	local := map[string]string{} // package name -> import path
@@ -169,7 +183,7 @@ func TestDocSnippetsCompile(t *testing.T) {
 		}
 	}
 
-	var rootPkgs, promPkgs []string
+	pkgs := map[string][]string{} // module directory ("" for the root) -> packages to build
 	for i, b := range blocks {
 		where := fmt.Sprintf("%s:%d", b.file, b.line)
 		var dir, src string
@@ -193,20 +207,19 @@ func TestDocSnippetsCompile(t *testing.T) {
 			dir = fmt.Sprintf("s%d", i)
 			src = fragment(t, b, dir, local)
 		}
-		base := tmp
-		if slices.ContainsFunc(prometheusPackages, func(p string) bool { return strings.Contains(src, `"`+p+`"`) }) {
-			base = promTmp
+		module, base := "", tmp
+		for _, m := range sortedKeys(submodules) {
+			if slices.ContainsFunc(submodules[m], func(p string) bool { return strings.Contains(src, `"`+p+`"`) }) {
+				module, base = m, subTmp[m]
+			}
 		}
 		require.NoError(t, os.MkdirAll(filepath.Join(base, dir), 0o755))
 		require.NoError(t, os.WriteFile(filepath.Join(base, dir, "snippet.go"), []byte(src), 0o644))
-		if base == tmp {
-			rootPkgs = append(rootPkgs, "./"+filepath.Base(tmp)+"/"+dir)
-		} else {
-			promPkgs = append(promPkgs, "./"+filepath.Base(promTmp)+"/"+dir)
-		}
+		pkgs[module] = append(pkgs[module], "./"+filepath.Base(base)+"/"+dir)
 	}
-	build(t, root, rootPkgs)
-	build(t, filepath.Join(root, "prometheus"), promPkgs)
+	for _, m := range sortedKeys(pkgs) {
+		build(t, filepath.Join(root, m), pkgs[m])
+	}
 }
 
 // build compiles pkgs in the module at dir and reports the compiler's errors.

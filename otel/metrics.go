@@ -1,0 +1,163 @@
+// Package otel exports pgchangestream watchers to OpenTelemetry: metrics, named after the
+// messaging semantic conventions where they apply and read from the same table as the
+// prometheus module's, and spans around changelog reads and checkpoint saves, through
+// [pgchangestream.Config.Observer]. It is a module of its own, so that the library does not
+// depend on OpenTelemetry.
+//
+//	m, err := otel.NewMetrics(meterProvider)      // nil: the global MeterProvider
+//	cfg.Observer = otel.NewObserver(tracerProvider, cfg.ClientName, cfg.TableName) // spans, optional
+//	w, err := pgchangestream.New(cfg)
+//	m.Add(cfg.ClientName, cfg.TableName, w)
+package otel
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/pgchangestream/pgchangestream"
+	"github.com/pgchangestream/pgchangestream/internal/metrics"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// Name is the instrumentation scope of the meter and tracer.
+const Name = "github.com/pgchangestream/pgchangestream/otel"
+
+// System is the messaging.system attribute of every metric and span.
+const System = "pgchangestream"
+
+// The attributes of the messaging semantic conventions that the metrics and spans carry.
+const (
+	attrSystem        = "messaging.system"
+	attrDestination   = "messaging.destination.name"    // the watched table
+	attrConsumerGroup = "messaging.consumer.group.name" // the client name
+	attrOperationName = "messaging.operation.name"
+	attrOperationType = "messaging.operation.type"
+	attrBatchCount    = "messaging.batch.message_count"
+	attrErrorType     = "error.type"
+)
+
+// Watcher is what [Metrics] reads: [pgchangestream.Watcher] implements it.
+type Watcher interface {
+	Stats() pgchangestream.Stats
+	Health() error
+}
+
+// Metrics registers observable instruments for the metrics of the watchers added to it, each
+// attributed to its table and client name. At every collection it reads Stats and Health once
+// per watcher. The delivered events are messaging.client.consumed.messages; the rest are under
+// "pgchangestream.", for example pgchangestream.lag (seconds) and pgchangestream.pending. It is
+// safe for concurrent use.
+type Metrics struct {
+	instruments []instrument // of metrics.All, in its order
+	reg         metric.Registration
+
+	mu       sync.Mutex
+	watchers map[string]watched // by client name
+}
+
+// instrument is one metric's instrument: a counter (int64) or a gauge (float64).
+type instrument struct {
+	counter metric.Int64ObservableCounter
+	gauge   metric.Float64ObservableGauge
+}
+
+// watched is a watcher added to Metrics with its attributes.
+type watched struct {
+	w        Watcher
+	attrs    metric.MeasurementOption // every metric's
+	consumed metric.MeasurementOption // messaging.client.consumed.messages': attrs and the operation
+}
+
+// NewMetrics creates the instruments on a meter of mp (nil: the global MeterProvider) and
+// registers their callback. Close unregisters it.
+func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	meter := mp.Meter(Name)
+	m := &Metrics{watchers: map[string]watched{}}
+	observables := make([]metric.Observable, 0, len(metrics.All))
+	for _, d := range metrics.All {
+		var (
+			inst instrument
+			err  error
+		)
+		if d.Kind == metrics.Counter {
+			inst.counter, err = meter.Int64ObservableCounter(d.OTel, metric.WithUnit(d.Unit), metric.WithDescription(d.Description))
+			observables = append(observables, inst.counter)
+		} else {
+			inst.gauge, err = meter.Float64ObservableGauge(d.OTel, metric.WithUnit(d.Unit), metric.WithDescription(d.Description))
+			observables = append(observables, inst.gauge)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("pgchangestream/otel: create %s: %w", d.OTel, err)
+		}
+		m.instruments = append(m.instruments, inst)
+	}
+	reg, err := meter.RegisterCallback(m.observe, observables...)
+	if err != nil {
+		return nil, fmt.Errorf("pgchangestream/otel: register callback: %w", err)
+	}
+	m.reg = reg
+	return m, nil
+}
+
+// Add observes w, the watcher of client (its Config.ClientName) on table (its
+// Config.TableName). Adding a client name again replaces its watcher.
+func (m *Metrics) Add(client, table string, w Watcher) {
+	base := baseAttributes(client, table)
+	set := attribute.NewSet(base...)
+	consumed := attribute.NewSet(append(base, attribute.String(attrOperationName, "receive"))...)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.watchers[client] = watched{w: w, attrs: metric.WithAttributeSet(set), consumed: metric.WithAttributeSet(consumed)}
+}
+
+// Remove stops observing the watcher added as client.
+func (m *Metrics) Remove(client string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.watchers, client)
+}
+
+// Close unregisters the instruments' callback: the watchers are no longer observed.
+func (m *Metrics) Close() error {
+	return m.reg.Unregister()
+}
+
+// observe is the instruments' callback: it reads each watcher once, without holding m.mu.
+func (m *Metrics) observe(_ context.Context, o metric.Observer) error {
+	m.mu.Lock()
+	watchers := make([]watched, 0, len(m.watchers))
+	for _, w := range m.watchers {
+		watchers = append(watchers, w)
+	}
+	m.mu.Unlock()
+	for _, w := range watchers {
+		r := metrics.Read(w.w)
+		for i, d := range metrics.All {
+			attrs := w.attrs
+			if d.OTel == metrics.ConsumedMessages {
+				attrs = w.consumed
+			}
+			if inst := m.instruments[i]; inst.counter != nil {
+				o.ObserveInt64(inst.counter, int64(d.Value(r)), attrs)
+			} else {
+				o.ObserveFloat64(inst.gauge, d.Value(r), attrs)
+			}
+		}
+	}
+	return nil
+}
+
+// baseAttributes are the attributes of every metric and span of a watcher.
+func baseAttributes(client, table string) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		attribute.String(attrSystem, System),
+		attribute.String(attrDestination, table),
+		attribute.String(attrConsumerGroup, client),
+	}
+}
