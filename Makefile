@@ -47,8 +47,8 @@ bench-quick: ## a reduced benchmark run, printed only
 
 demo: ## crash a consumer five times on a throwaway PostgreSQL and check nothing is lost
 	@echo "building the demo…"
-	@dir=$$(mktemp -d) && trap 'rm -rf "$$dir"' EXIT && \
-		$(GO) build -o "$$dir/pgchangestream" ./cmd/pgchangestream && "$$dir/pgchangestream" demo
+	@$(GO) build -o bin/pgchangestream ./cmd/pgchangestream
+	bin/pgchangestream demo
 
 fuzz: ## fuzz the token parser, the pending ring, the config, the pipeline filter and the JSON decoder for a minute each
 	$(GO) test -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime 1m .
