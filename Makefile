@@ -12,11 +12,15 @@ help: ## list the targets
 
 test: lint check-module-graph test-race ## vet, format and module graph checks, then every test with the race detector (starts its own PostgreSQL)
 
+# go test -json through internal/testprogress: a line per test and package as each finishes, the
+# whole output of failures (with -v in TESTFLAGS, go test's own verbose output).
+PROGRESS  = $(GO) run ./internal/testprogress
+
 test-race: ## every test with the race detector (the benchmark command's report tests too)
-	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(TESTFLAGS) ./...
-	cd prometheus && $(GO) test -race -count=1 $(TESTFLAGS) ./...
-	cd otel && $(GO) test -race -count=1 $(TESTFLAGS) ./...
-	cd benchmarks && $(GO) test -race -count=1 $(TESTFLAGS) ./...
+	$(PROGRESS) $(GO) test -json -race -count=1 -timeout $(TIMEOUT) $(TESTFLAGS) ./...
+	$(PROGRESS) $(GO) -C prometheus test -json -race -count=1 $(TESTFLAGS) ./...
+	$(PROGRESS) $(GO) -C otel test -json -race -count=1 $(TESTFLAGS) ./...
+	$(PROGRESS) $(GO) -C benchmarks test -json -race -count=1 $(TESTFLAGS) ./...
 
 test-container: ## every test against PostgreSQL in a throwaway container (needs Docker)
 	cd internal/pgtest/containers && $(GO) run . -dir $(CURDIR) -- $(GO) test -race -count=1 -timeout $(TIMEOUT) $(TESTFLAGS) ./...
@@ -44,7 +48,9 @@ bench-quick: ## a reduced benchmark run, printed only
 	cd benchmarks && $(GO) run ./cmd/bench -quick
 
 demo: ## crash a consumer five times on a throwaway PostgreSQL and check nothing is lost
-	$(GO) run ./cmd/pgchangestream demo
+	@echo "building the demo…"
+	@$(GO) build -o bin/pgchangestream ./cmd/pgchangestream
+	bin/pgchangestream demo
 
 fuzz: ## fuzz the token parser, the pending ring, the config, the pipeline filter and the JSON decoder for a minute each
 	$(GO) test -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime 1m .

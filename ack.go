@@ -31,13 +31,6 @@ func (w *Watcher) MarkProcessed(ctx context.Context, token []byte) error {
 	return joinErrors(tokenErr, w.saveCheckpoint(ctx, saveChanged))
 }
 
-// ack acknowledges the earliest pending delivery of id and every one before it.
-func (w *Watcher) ack(id int64) {
-	w.mu.Lock()
-	defer w.mu.Unlock() // the ring's code runs under mu: a panic in it must not leave mu held
-	w.acked += uint64(w.ring.Ack(id))
-}
-
 func (w *Watcher) isClosed() bool {
 	w.lifeMu.Lock()
 	defer w.lifeMu.Unlock()

@@ -268,28 +268,6 @@ func (w *Watcher) tokenRowPosition(ctx context.Context, id int64) (Position, err
 	return makePosition(ts, id), nil
 }
 
-// checkpointLocked computes the position to save: min(cursor, floor, predecessor of every
-// pending delivery). ok is false before the saved token is loaded. mu must be held.
-func (w *Watcher) checkpointLocked() (p Position, ok bool) {
-	if !w.loaded {
-		return Position{}, false
-	}
-	p = w.cursor
-	if m, ok := w.ring.MinPredecessor(); ok {
-		p = minPosition(p, m)
-	}
-	return p, true
-}
-
-// checkpoint computes the position to save under mu (see checkpointLocked); busy reports
-// deliveries pending or a floor.
-func (w *Watcher) checkpoint() (p Position, ok, busy bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock() // the ring's code runs under mu: a panic in it must not leave mu held
-	p, ok = w.checkpointLocked()
-	return p, ok, w.ring.Len() > 0 || w.ring.HasFloor()
-}
-
 // saveRule says when a save writes.
 type saveRule uint8
 

@@ -289,34 +289,8 @@ func (w *Watcher) register(row *changelogRow, pos Position, late bool) (ev Event
 		return ev, false, false
 	}
 	evicted, behindSaved := w.track(row, pos, late)
-	if evicted && !w.floorNoted {
-		w.floorNoted = true
-		w.log.Warn("more unacknowledged deliveries than Config.MaxPending; the oldest now hold the checkpoint through a floor",
-			"max_pending", w.cfg.MaxPending)
+	if evicted {
+		w.noteFloor()
 	}
 	return ev, true, behindSaved
-}
-
-// track records the delivery of row at pos as pending and advances the cursor, in one locked
-// step; it reports an eviction, and a late row behind the token already saved.
-func (w *Watcher) track(row *changelogRow, pos Position, late bool) (evicted, behindSaved bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock() // the ring's code runs under mu: a panic in it must not leave mu held
-	w.seq++
-	evicted = w.ring.Push(w.seq, row.ID, pos)
-	if evicted {
-		w.evicted++
-	}
-	w.advanceLocked(pos)
-	return evicted, late && pos.predecessor().Before(w.savedMirror)
-}
-
-// advanceLocked moves the cursor forward to pos (never back). mu must be held.
-func (w *Watcher) advanceLocked(pos Position) {
-	if w.cursor.Before(pos) {
-		w.cursor = pos
-	}
-	if pos.ChangedAt.After(w.lastEventRead) {
-		w.lastEventRead = pos.ChangedAt
-	}
 }

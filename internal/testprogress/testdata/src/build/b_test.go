@@ -1,0 +1,5 @@
+package build
+
+import "testing"
+
+func TestX(t *testing.T) { undefinedThing() }

@@ -1,0 +1,3 @@
+module exp
+
+go 1.25
