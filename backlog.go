@@ -65,10 +65,11 @@ func SavedTokenBacklog(ctx context.Context, db *sql.DB, token, table string, opt
 func loadSavedToken(ctx context.Context, db *sql.DB, t adminTables, token string) (pos Position, table string, rowGone bool, err error) {
 	pos, table, err = decodeTableToken([]byte(token))
 	if errors.Is(err, errTokenNeedsLookup) {
-		pos, err = lookUpTokenRow(ctx, db, t.q.rowTime, pos.ID)
+		id := pos.ID
+		pos, err = lookUpTokenRow(ctx, db, t.q.rowTime, id)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
-			return Position{ID: pos.ID}, table, true, nil
+			return Position{ID: id}, table, true, nil
 		case err != nil:
 			return Position{}, table, false, fmt.Errorf("look up the row of an id-only token in changelog %s: %w", t.changelog, err)
 		}
