@@ -26,7 +26,7 @@ const (
 	tokenSnapshot   = "snapshot"   // "snapshot": every row it sees is passed
 	tokenSwitchover = "switchover" // "switchover": from a legacy token, of the rows it sees
 	tokenDelta      = "delta"      // "snapshot" with "deltaEnd": inside a delta, up to eventID
-	tokenInvalid  = "invalid"  // not a token the watcher can load
+	tokenInvalid    = "invalid"    // not a token the watcher can load
 )
 
 // clientStatus is one row of the status output.
