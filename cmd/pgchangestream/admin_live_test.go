@@ -83,12 +83,21 @@ func TestTokenCommands(t *testing.T) {
 
 	code, stdout, stderr = runCmd(t, "token", "reset", "c1", "--to", "1", "--dsn", dsn, "--dry-run")
 	require.Equal(t, exitOK, code, stderr)
-	assert.Contains(t, stdout, "would reset client c1 to (")
+	assert.Regexp(t, `^would reset client c1 to after row 1 \(changed_at \S+\); new token \{"timestamp":"\S+","eventID":1,"table":"items"\} \(token now \{.*\}\)\n$`, stdout)
+	code, stdout, stderr = runCmd(t, "token", "reset", "c1", "--to", "2026-12-01T10:32:46Z", "--dsn", dsn, "--dry-run")
+	require.Equal(t, exitOK, code, stderr)
+	assert.Regexp(t, `^would reset client c1 to after every row written before 2026-12-01T10:32:46Z; new token `+
+		`\{"timestamp":"2026-12-01T10:32:45.999999Z","eventID":9223372036854775807,"table":"items"\} \(token now`, stdout)
+	assert.NotContains(t, stdout, "(2026-12-01T10:32:45.999999Z, 9223372036854775807)")
+	code, stdout, stderr = runCmd(t, "token", "reset", "c1", "--to", "beginning", "--dsn", dsn, "--dry-run")
+	require.Equal(t, exitOK, code, stderr)
+	assert.Regexp(t, `^would reset client c1 to the beginning \(before every row\); new token `+
+		`\{"timestamp":"0001-01-01T00:00:00Z","eventID":0,"table":"items"\} \(token now`, stdout)
 	assert.Len(t, tailLines(t, "--dsn", dsn, "--table", "items", "--client", "c1", "--exit-at-end"), 0, "a dry run changes nothing")
 
 	code, stdout, stderr = runCmd(t, "token", "reset", "c1", "--to", "1", "--dsn", dsn, "--yes")
 	require.Equal(t, exitOK, code, stderr)
-	assert.Regexp(t, `^reset client c1 to \(\S+, 1\) \(token was \{.*\}\)\n$`, stdout)
+	assert.Regexp(t, `^reset client c1 to after row 1 \(changed_at \S+\); new token \{.*\} \(token was \{.*\}\)\n$`, stdout)
 	assert.Len(t, tailLines(t, "--dsn", dsn, "--table", "items", "--client", "c1", "--exit-at-end", "--no-ack"), 2)
 
 	code, _, stderr = runCmd(t, "token", "reset", "c1", "--to", "99", "--dsn", dsn, "--yes")

@@ -242,8 +242,14 @@ it. It needs --yes, or --dry-run to print the old and new token only.`, stdout, 
 			}
 			old = "none"
 		}
+		kept := *table
+		if kept == "" {
+			_, recorded := tokenFormat(old)
+			kept = deref(recorded)
+		}
+		where := fmt.Sprintf("%s; new token %s", describeReset(target, pos), pgchangestream.ResetTokenJSON(pos, kept))
 		if *dryRun {
-			_, err := fmt.Fprintf(stdout, "would reset client %s to %s (token now %s)\n", client, pos, old)
+			_, err := fmt.Fprintf(stdout, "would reset client %s to %s (token now %s)\n", client, where, old)
 			return err
 		}
 		if *table != "" {
@@ -254,9 +260,21 @@ it. It needs --yes, or --dry-run to print the old and new token only.`, stdout, 
 		if err != nil {
 			return activeError(err)
 		}
-		_, err = fmt.Fprintf(stdout, "reset client %s to %s (token was %s)\n", client, pos, old)
+		_, err = fmt.Fprintf(stdout, "reset client %s to %s (token was %s)\n", client, where, old)
 		return err
 	}())
+}
+
+// describeReset says, as an operator reads it, where target places a client (pos, as
+// ResetPosition returned it).
+func describeReset(target pgchangestream.ResetTarget, pos pgchangestream.Position) string {
+	switch {
+	case !target.Time.IsZero():
+		return "after every row written before " + target.Time.UTC().Format(time.RFC3339Nano)
+	case pos.ChangedAt.IsZero(): // the beginning, or newest of an empty changelog
+		return "the beginning (before every row)"
+	}
+	return fmt.Sprintf("after row %d (changed_at %s)", pos.ID, pos.ChangedAt.UTC().Format(time.RFC3339Nano))
 }
 
 // runTokenDelete runs "token delete CLIENT".
