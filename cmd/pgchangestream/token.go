@@ -74,6 +74,14 @@ func (f *adminFlags) connect(ctx context.Context) (*sql.DB, error) {
 	return connectFlagDSN(ctx, *f.dsn)
 }
 
+// listedToken is one client of "token list --format json": the token as a JSON object, and
+// saved_at named as in status and prune.
+type listedToken struct {
+	Client  string          `json:"client"`
+	Token   json.RawMessage `json:"token"`
+	SavedAt time.Time       `json:"saved_at"`
+}
+
 // runTokenList runs "token list".
 func runTokenList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newCommand("token list", "token list [--dsn DSN] [--format table|json] [flags]", `
@@ -98,7 +106,11 @@ Lists every client of the token table: its saved token as stored, and when it wa
 			return err
 		}
 		if *format == "json" {
-			return writeJSON(stdout, tokens)
+			out := make([]listedToken, len(tokens))
+			for i, t := range tokens {
+				out[i] = listedToken{Client: t.Client, Token: json.RawMessage(t.Token), SavedAt: t.UpdatedAt}
+			}
+			return writeJSON(stdout, out)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
 		fmt.Fprintln(tw, "CLIENT\tSAVED\tTOKEN")
