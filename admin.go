@@ -128,6 +128,12 @@ func ResetPosition(ctx context.Context, db *sql.DB, target ResetTarget, opts Adm
 	return makePosition(ts, id), nil
 }
 
+// ResetTokenJSON returns the token [ResetTableToken] saves for pos and table, and [ResetToken]
+// saves for pos when the client's current token records table ("" for none).
+func ResetTokenJSON(pos Position, table string) string {
+	return string(encodeToken(pos, table))
+}
+
 // ErrClientActive is returned by [ResetToken] and [DeleteToken] while a watcher of the client
 // holds its lock: an exclusive watcher, or one with a LISTEN connection (see [Config.Exclusive]).
 var ErrClientActive = errors.New("pgchangestream: a watcher of the client is running")

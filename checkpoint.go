@@ -462,15 +462,10 @@ func (w *Watcher) Backlog(ctx context.Context) (int64, error) {
 	if !loaded {
 		return 0, errors.New("pgchangestream: backlog: the saved token is not loaded yet")
 	}
-	args := []any{w.cfg.TableName}
-	arg := func(v any) string {
-		args = append(args, v)
-		return "$" + strconv.Itoa(len(args))
-	}
-	q := `SELECT count(*) FROM ` + quoteIdentifier(w.cfg.ChangelogTable) + ` c WHERE c.table_name = $1 AND ` +
-		notCertifiedBy(saved, arg)
-	var n int64
-	if err := w.cfg.DB.QueryRowContext(ctx, q, args...).Scan(&n); err != nil {
+	var args params
+	conds := []string{"c.table_name = " + args.add(w.cfg.TableName)}
+	n, _, _, err := countNotCertified(ctx, w.cfg.DB, quoteIdentifier(w.cfg.ChangelogTable), saved, conds, args)
+	if err != nil {
 		return 0, fmt.Errorf("pgchangestream: count backlog in changelog %s: %w", w.cfg.ChangelogTable, err)
 	}
 	return n, nil

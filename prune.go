@@ -3,7 +3,6 @@ package pgchangestream
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -166,19 +165,16 @@ func pruneTokens(ctx context.Context, db *sql.DB, tables adminTables, opts Prune
 		if slices.Contains(opts.IgnoreClients, t.Client) {
 			continue
 		}
-		pos, table, err := decodeTableToken([]byte(t.Token))
+		pos, table, rowGone, err := loadSavedToken(ctx, db, tables, t.Token)
 		if opts.Table != "" && table != "" && table != opts.Table {
 			continue
 		}
-		if errors.Is(err, errTokenNeedsLookup) {
-			pos, err = lookUpTokenRow(ctx, db, tables.q.rowTime, pos.ID)
-			if errors.Is(err, sql.ErrNoRows) {
-				res.Unresolved = append(res.Unresolved, t.Client)
-				continue
-			}
-		}
 		if err != nil {
 			return nil, fmt.Errorf("client %s: %w", t.Client, err)
+		}
+		if rowGone {
+			res.Unresolved = append(res.Unresolved, t.Client)
+			continue
 		}
 		res.Clients = append(res.Clients, t.Client)
 		out = append(out, pruneToken{SavedToken: t, pos: pos, table: table})
@@ -220,11 +216,12 @@ func findHolders(ctx context.Context, db *sql.DB, tables adminTables, opts Prune
 		if t.table != "" && opts.Table == "" {
 			conds = append(conds, "c.table_name = "+args.add(t.table))
 		}
-		conds = append(conds, notCertifiedBy(t.pos, args.add))
 		h := PruneHolder{Client: t.Client, Table: t.table, SavedAt: t.UpdatedAt}
-		var now time.Time
-		err := db.QueryRowContext(ctx, `SELECT count(*), now() FROM `+tables.cl+` c WHERE `+
-			strings.Join(conds, "\n\tAND "), args...).Scan(&h.Rows, &now)
+		var (
+			now time.Time
+			err error
+		)
+		h.Rows, _, now, err = countNotCertified(ctx, db, tables.cl, t.pos, conds, args)
 		if err != nil {
 			return fmt.Errorf("count the rows client %s holds back in changelog %s: %w", t.Client, tables.changelog, err)
 		}

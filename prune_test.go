@@ -66,7 +66,7 @@ func tokenRows(kv ...string) *sqlmock.Rows {
 
 // holderRows is the answer of a holder count: n rows, an hour after t0.
 func holderRows(n int64) *sqlmock.Rows {
-	return sqlmock.NewRows([]string{"count", "now"}).AddRow(n, t0.Add(time.Hour))
+	return sqlmock.NewRows([]string{"count", "min", "now"}).AddRow(n, nil, t0.Add(time.Hour))
 }
 
 func TestPruneDeletesInBatchesBelowEveryToken(t *testing.T) {
@@ -83,7 +83,7 @@ func TestPruneDeletesInBatchesBelowEveryToken(t *testing.T) {
 	args := []driver.Value{float64(60), "items", t0, int64(9), "10:20:"}
 	mock.ExpectExec(del).WithArgs(args...).WillReturnResult(sqlmock.NewResult(0, 2))
 	mock.ExpectExec(del).WithArgs(args...).WillReturnResult(sqlmock.NewResult(0, 1))
-	holds := `SELECT count(*), now() FROM "datastore_changelog" c WHERE c.changed_at < now() - make_interval(secs => $1::float8)
+	holds := `SELECT count(*), min(c.changed_at), now() FROM "datastore_changelog" c WHERE c.changed_at < now() - make_interval(secs => $1::float8)
 	AND c.table_name = $2
 	AND `
 	mock.ExpectQuery(holds+`(c.changed_at, c.id) > ($3::timestamptz, $4::bigint) AND NOT (c.changed_at, c.id) <= ($5::timestamptz, $6::bigint)`).
@@ -131,7 +131,7 @@ func TestPruneDryRunCounts(t *testing.T) {
 	mock.ExpectQuery(`SELECT count(*) FROM "datastore_changelog" c WHERE c.changed_at < now() - make_interval(secs => $1::float8)
 	AND (c.changed_at, c.id) <= ($2::timestamptz, $3::bigint)`).WithArgs(float64(0), t0, int64(9)).
 		WillReturnRows(sqlmock.NewRows([]string{"count"}).AddRow(int64(12)))
-	mock.ExpectQuery(`SELECT count(*), now() FROM "datastore_changelog" c WHERE c.changed_at < now() - make_interval(secs => $1::float8)
+	mock.ExpectQuery(`SELECT count(*), min(c.changed_at), now() FROM "datastore_changelog" c WHERE c.changed_at < now() - make_interval(secs => $1::float8)
 	AND (c.changed_at, c.id) > ($2::timestamptz, $3::bigint) AND NOT (c.changed_at, c.id) <= ($4::timestamptz, $5::bigint)`).
 		WithArgs(float64(0), t0, int64(9), t0, int64(9)).WillReturnRows(holderRows(0))
 	res, err := Prune(context.Background(), db, PruneOptions{DryRun: true})
@@ -152,7 +152,7 @@ func TestPruneCountsATokenForItsTableOnly(t *testing.T) {
 	}
 	count := `SELECT count(*) FROM "datastore_changelog" c WHERE c.changed_at < now() - make_interval(secs => $1::float8)
 	AND `
-	held := `SELECT count(*), now() FROM "datastore_changelog" c WHERE c.changed_at < now() - make_interval(secs => $1::float8)
+	held := `SELECT count(*), min(c.changed_at), now() FROM "datastore_changelog" c WHERE c.changed_at < now() - make_interval(secs => $1::float8)
 	AND c.table_name = $2
 	AND (c.changed_at, c.id) > ($3::timestamptz, $4::bigint) AND NOT (c.changed_at, c.id) <= ($5::timestamptz, $6::bigint)`
 

@@ -76,19 +76,30 @@ func TestTokenCommands(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(stdout), &tokens), stdout)
 	require.Len(t, tokens, 1)
 	assert.Equal(t, "c1", tokens[0]["client"])
-	assert.Contains(t, tokens[0]["token"], `"eventID": 3`)
+	require.IsType(t, map[string]any{}, tokens[0]["token"], "the token is a JSON object")
+	assert.Equal(t, float64(3), tokens[0]["token"].(map[string]any)["eventID"])
+	assert.Contains(t, tokens[0], "saved_at", "named as in status")
 	code, stdout, _ = runCmd(t, "token", "list", "--dsn", dsn)
 	require.Equal(t, exitOK, code)
 	assert.Regexp(t, `(?m)^CLIENT +SAVED +TOKEN\nc1 +\S+ +\{"table": "items", "eventID": 3, "snapshot": "[0-9:,]+", "timestamp": `, stdout)
 
 	code, stdout, stderr = runCmd(t, "token", "reset", "c1", "--to", "1", "--dsn", dsn, "--dry-run")
 	require.Equal(t, exitOK, code, stderr)
-	assert.Contains(t, stdout, "would reset client c1 to (")
+	assert.Regexp(t, `^would reset client c1 to after row 1 \(changed_at \S+\); new token \{"timestamp":"\S+","eventID":1,"table":"items"\} \(token now \{.*\}\)\n$`, stdout)
+	code, stdout, stderr = runCmd(t, "token", "reset", "c1", "--to", "2026-12-01T10:32:46Z", "--dsn", dsn, "--dry-run")
+	require.Equal(t, exitOK, code, stderr)
+	assert.Regexp(t, `^would reset client c1 to after every row written before 2026-12-01T10:32:46Z; new token `+
+		`\{"timestamp":"2026-12-01T10:32:45.999999Z","eventID":9223372036854775807,"table":"items"\} \(token now`, stdout)
+	assert.NotContains(t, stdout, "(2026-12-01T10:32:45.999999Z, 9223372036854775807)")
+	code, stdout, stderr = runCmd(t, "token", "reset", "c1", "--to", "beginning", "--dsn", dsn, "--dry-run")
+	require.Equal(t, exitOK, code, stderr)
+	assert.Regexp(t, `^would reset client c1 to the beginning \(before every row\); new token `+
+		`\{"timestamp":"0001-01-01T00:00:00Z","eventID":0,"table":"items"\} \(token now`, stdout)
 	assert.Len(t, tailLines(t, "--dsn", dsn, "--table", "items", "--client", "c1", "--exit-at-end"), 0, "a dry run changes nothing")
 
 	code, stdout, stderr = runCmd(t, "token", "reset", "c1", "--to", "1", "--dsn", dsn, "--yes")
 	require.Equal(t, exitOK, code, stderr)
-	assert.Regexp(t, `^reset client c1 to \(\S+, 1\) \(token was \{.*\}\)\n$`, stdout)
+	assert.Regexp(t, `^reset client c1 to after row 1 \(changed_at \S+\); new token \{.*\} \(token was \{.*\}\)\n$`, stdout)
 	assert.Len(t, tailLines(t, "--dsn", dsn, "--table", "items", "--client", "c1", "--exit-at-end", "--no-ack"), 2)
 
 	code, _, stderr = runCmd(t, "token", "reset", "c1", "--to", "99", "--dsn", dsn, "--yes")
@@ -127,11 +138,13 @@ func TestPruneCommand(t *testing.T) {
 	require.Len(t, tailLines(t, append(base, "--client", "fast", "-n", "3")...), 3)
 	require.Len(t, tailLines(t, append(base, "--client", "slow", "-n", "1")...), 1)
 
-	// A tail of a table that does not exist leaves a token of that table: it holds back nothing.
-	require.Empty(t, tailLines(t, "--dsn", dsn, "--table", "nosuch", "--client", "typo", "--exit-at-end"))
+	// A token of a table without rows holds back nothing.
+	code, _, stderr := runCmd(t, "token", "reset", "typo", "--to", "beginning", "--table", "nosuch", "--dsn", dsn, "--yes")
+	require.Equal(t, exitOK, code, stderr)
 	assert.Equal(t, "nosuch", tokenTable(t, db, "typo"))
 
-	code, stdout, stderr := runCmd(t, "prune", "--dsn", dsn, "--dry-run", "--older-than", "0s")
+	var stdout string
+	code, stdout, stderr = runCmd(t, "prune", "--dsn", dsn, "--dry-run", "--older-than", "0s")
 	require.Equal(t, exitOK, code, stderr)
 	assert.Regexp(t, `^would delete 1 changelog rows older than 0s, passed by clients: fast, slow, typo
 held back by client slow \(table items\): 3 rows; token saved \d+(ms|s) ago

@@ -31,8 +31,8 @@ type demoFlags struct {
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newCommand("demo", "demo [--dsn DSN] [flags]", `
 Checks that a consumer that crashes with deliveries not yet acknowledged misses no change and
-gets those deliveries again. It installs the schema, creates and captures the table "orders",
-and runs concurrent writers that insert, update and delete orders for --duration, each
+gets those deliveries again. It installs the schema, creates and captures the table
+"`+demoTable+`", and runs concurrent writers that insert, update and delete orders for --duration, each
 statement its own transaction. A consumer (client "`+demoClient+`", hybrid mode)
 records every event it receives and acknowledges the newest every `+strconv.Itoa(demoAckEvery)+` events (and once none
 has arrived for `+demoAckIdle.String()+`), so it always holds some deliveries unacknowledged.
@@ -54,15 +54,16 @@ deliveries left unacknowledged, all delivered again after the restart, and the s
 
 After the writers stop, the consumer drains until every written row is delivered,
 --drain-timeout passes, or nothing has been delivered for 2s with rows still missing. Then
-every changelog row of "orders" is checked against the deliveries, and the demo says what it
+every changelog row of "`+demoTable+`" is checked against the deliveries, and the demo says what it
 checked. The last line is
   demo: written=N delivered=M replayed=R lost=L
 (replayed: deliveries beyond the first of a row; lost: rows never delivered). Exits 1 if any
 row was lost.
 
 Without --dsn it starts a throwaway PostgreSQL from the local server binaries (initdb and
-postgres) and removes it afterwards. With --dsn it works in that database: it creates "orders"
-if missing and resets the saved position of client "`+demoClient+`".`, stdout, stderr)
+postgres) and removes it afterwards. With --dsn it works in that database: it creates
+"`+demoTable+`" if missing, starts client "`+demoClient+`" afresh and deletes its token at
+the end.`, stdout, stderr)
 	var f demoFlags
 	c.fs.StringVar(&f.dsn, "dsn", "", "database to use (default: start a throwaway PostgreSQL)")
 	c.fs.IntVar(&f.writers, "writers", 4, "concurrent writers")
@@ -132,7 +133,14 @@ func demo(ctx context.Context, c *command, f demoFlags) error {
 	}
 	logger := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	consumer := newDemoConsumer(dsn, db, logger)
-	defer func() { _ = consumer.stop(ctx) }()
+	defer func() {
+		_ = consumer.stop(ctx)
+		cleanCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+		defer cancel()
+		if _, err := pgchangestream.DeleteToken(cleanCtx, db, demoClient, pgchangestream.AdminOptions{}); err != nil {
+			c.warn("delete the token of client %s: %v", demoClient, err)
+		}
+	}()
 	w, err := consumer.start(ctx)
 	if err != nil {
 		return err

@@ -62,7 +62,7 @@ func (r *demoRun) write(ctx context.Context, rng *rand.Rand) error {
 		select {
 		case err := <-done:
 			if err != nil {
-				return fmt.Errorf("write orders: %w", err)
+				return fmt.Errorf("write %s: %w", demoTable, err)
 			}
 			if ctx.Err() != nil {
 				return interrupted(ctx)

@@ -11,11 +11,12 @@ import (
 	"time"
 )
 
-// demoTable is the table the demo writes and watches.
-const demoTable = "orders"
+// demoTable is the table the demo writes and watches, named so that it cannot be a table of the
+// database's own.
+const demoTable = "pgchangestream_demo_orders"
 
 // demoTableSQL creates the demo table. Its uuid ids become the changelog's record_id.
-const demoTableSQL = `CREATE TABLE IF NOT EXISTS orders (
+const demoTableSQL = `CREATE TABLE IF NOT EXISTS ` + demoTable + ` (
 	id         uuid PRIMARY KEY DEFAULT gen_random_uuid(),
 	customer   text NOT NULL,
 	item       text NOT NULL,
@@ -112,14 +113,14 @@ func (d *demoWriters) statement(ctx context.Context, w *writer) error {
 	var err error
 	switch r := rng.Float64(); {
 	case len(w.live) > 0 && r < 0.2:
-		_, err = d.db.ExecContext(ctx, `UPDATE orders SET status = $2, quantity = quantity + 1 WHERE id = $1`,
+		_, err = d.db.ExecContext(ctx, `UPDATE `+demoTable+` SET status = $2, quantity = quantity + 1 WHERE id = $1`,
 			w.live[rng.IntN(len(w.live))], demoStatuses[rng.IntN(len(demoStatuses))])
 		if err == nil {
 			d.updates.Add(1)
 		}
 	case len(w.live) > 0 && r < 0.3:
 		i := rng.IntN(len(w.live))
-		_, err = d.db.ExecContext(ctx, `DELETE FROM orders WHERE id = $1`, w.live[i])
+		_, err = d.db.ExecContext(ctx, `DELETE FROM `+demoTable+` WHERE id = $1`, w.live[i])
 		if err == nil {
 			w.live[i] = w.live[len(w.live)-1]
 			w.live = w.live[:len(w.live)-1]
@@ -127,7 +128,7 @@ func (d *demoWriters) statement(ctx context.Context, w *writer) error {
 		}
 	default:
 		var id string
-		err = d.db.QueryRowContext(ctx, `INSERT INTO orders (customer, item, quantity) VALUES ($1, $2, $3) RETURNING id`,
+		err = d.db.QueryRowContext(ctx, `INSERT INTO `+demoTable+` (customer, item, quantity) VALUES ($1, $2, $3) RETURNING id`,
 			demoCustomers[rng.IntN(len(demoCustomers))], demoItems[rng.IntN(len(demoItems))], 1+rng.IntN(5)).Scan(&id)
 		if err == nil {
 			w.live = append(w.live, id)

@@ -223,10 +223,17 @@ func atoi(t *testing.T, s string) int {
 // replays.
 func runDemoTest(t *testing.T, crashes int, args ...string) (stdout string, replayed int) {
 	t.Helper()
-	_, dsn := pgtest.NewDatabase(t, "")
+	db, dsn := pgtest.NewDatabase(t, "")
+	// The user's own orders table: the demo must not touch it.
+	execSQL(t, db, `CREATE TABLE orders (id int PRIMARY KEY, total numeric)`, `INSERT INTO orders VALUES (1, 9.5)`)
 	code, stdout, stderr := runCmd(t, append([]string{"demo", "--dsn", dsn, "--progress", "200ms",
 		"--crashes", strconv.Itoa(crashes)}, args...)...)
 	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	var orders, tokens int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM orders`).Scan(&orders))
+	assert.Equal(t, 1, orders, "the user's orders table is left alone")
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM resume_tokens`).Scan(&tokens))
+	assert.Zero(t, tokens, "the demo removes its token")
 	lines := strings.Split(strings.TrimSuffix(stdout, "\n"), "\n")
 	m := summaryLine.FindStringSubmatch(lines[len(lines)-1])
 	require.NotNil(t, m, "last line %q", lines[len(lines)-1])

@@ -38,7 +38,8 @@ const mainUsage = `Usage: pgchangestream <command> [flags]
 Commands:
   demo            start writers and a consumer that crashes and restarts; check that every
                   written row was delivered
-  tail            stream the changes of one table to stdout, acknowledging them
+  tail            stream the changes of one table to stdout; with --client, acknowledge
+                  them and save the position under that name
   status          list every client's saved position, its lag and the rows after it
   token list      list every client's saved token
   token reset     move a client's saved position (beginning, newest, a time, an id)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"database/sql"
@@ -23,7 +22,11 @@ const (
 	tokenWithTime = "id+time"  // {"timestamp": ..., "eventID": ...}: what this library writes
 	tokenIDOnly   = "id-only"  // {"eventID": ...}: older tokens; the time is the row's changed_at
 	tokenRowGone  = "row-gone" // id-only, and the row is gone: the next start replays the table
-	tokenInvalid  = "invalid"  // not a token the watcher can load
+	// Upgraded changelog: {"timestamp", "eventID"} plus a snapshot.
+	tokenSnapshot   = "snapshot"   // "snapshot": every row it sees is passed
+	tokenSwitchover = "switchover" // "switchover": from a legacy token, of the rows it sees
+	tokenDelta      = "delta"      // "snapshot" with "deltaEnd": inside a delta, up to eventID
+	tokenInvalid    = "invalid"    // not a token the watcher can load
 )
 
 // clientStatus is one row of the status output.
@@ -47,14 +50,19 @@ type clientStatus struct {
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newCommand("status", "status [--dsn DSN] [--format table|json] [--table TABLE] [--client-table C=T]... [flags]", `
 Lists every client in the token table: its saved position (changelog id and changed_at), when
-it was saved, the age of the position (the database's now() minus the position's changed_at),
-the lag and the backlog. The backlog is the number of changelog rows after the position; the
-lag is the age of the oldest of them, from its changed_at (the start of the transaction that
-wrote it), 0 when there is none: the same lag as the library's Stats.Lag, seen from the saved
-position. The backlog counts the rows of the table the client's token records (saved by its
-watcher); --client-table CLIENT=TABLE names another (repeatable), --table names it for clients
-whose token records none, and a client with neither counts the rows of every table (the
-backlog_table field is then null).
+it was saved, the age of the position (the database's now() minus the position's changed_at;
+none for a position before every row, such as a new client's on a table without rows), the lag
+and the backlog. The backlog is the number of changelog rows the token does not certify: what
+a watcher restarting from it would deliver, counted as Watcher.Backlog and 'prune' count it
+(snapshot tokens of an upgraded changelog included). The lag is the age of the oldest of them,
+from its changed_at (the start of the transaction that wrote it), 0 when there is none: the
+library's Stats.Lag, seen from the saved token. The backlog counts the rows of the table the
+client's token records (saved by its watcher); --client-table CLIENT=TABLE names another
+(repeatable), --table names it for clients whose token records none, and a client with neither
+counts the rows of every table (the backlog_table field is then null).
+
+Token formats: id+time ({"timestamp", "eventID"}), id-only ({"eventID"}), row-gone (id-only,
+its row deleted), snapshot, switchover and delta (upgraded changelog), invalid.
 
 A token not saved for --stale-after is flagged stale: a running watcher saves its token at
 least once a minute (Config.CheckpointRefreshInterval) while it has nothing pending, so a stale
@@ -94,6 +102,7 @@ backlog counts every row.`, stdout, stderr)
 		if err != nil {
 			return err
 		}
+		opts := pgchangestream.AdminOptions{ChangelogTable: *changelog, TokenTable: *tokens}
 		db, err := connectFlagDSN(ctx, *dsn)
 		if err != nil {
 			return err
@@ -104,7 +113,7 @@ backlog counts every row.`, stdout, stderr)
 				return err
 			}
 		}
-		rows, err := loadStatus(ctx, db, cl, tok, *staleAfter, func(client, recorded string) string {
+		rows, err := loadStatus(ctx, db, opts, *staleAfter, func(client, recorded string) string {
 			return cmp.Or(tables[client], recorded, *table)
 		})
 		if err != nil {
@@ -132,130 +141,81 @@ func parseClientTables(values []string) (map[string]string, error) {
 
 // loadStatus reads every client's token and computes its position, age, lag and backlog, and
 // whether it is stale; tableOf names a client's table ("" for every table) from its name and
-// the table its token records.
-func loadStatus(ctx context.Context, db *sql.DB, changelog, tokens string, staleAfter time.Duration,
+// the table its token records. Position, backlog and lag are the library's own
+// (pgchangestream.SavedTokenBacklog): what a watcher restarting from the token would deliver.
+func loadStatus(ctx context.Context, db *sql.DB, opts pgchangestream.AdminOptions, staleAfter time.Duration,
 	tableOf func(client, recorded string) string) ([]clientStatus, error) {
-	rows, err := db.QueryContext(ctx, `SELECT client_name, resume_token::text, last_updated, now() FROM `+
-		tokens+` ORDER BY client_name`)
+	tokens, err := pgchangestream.ListTokens(ctx, db, opts)
 	if err != nil {
-		return nil, fmt.Errorf("read saved positions: %w", err)
+		return nil, err
 	}
-	var (
-		out []clientStatus
-		now time.Time
-	)
-	for rows.Next() {
-		var (
-			s     clientStatus
-			saved sql.NullTime
-		)
-		if err := rows.Scan(&s.Client, &s.Token, &saved, &now); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("read saved positions: %w", err)
-		}
-		if saved.Valid {
-			s.SavedAt = &saved.Time
-			s.Stale = now.Sub(saved.Time) >= staleAfter
-		}
-		out = append(out, s)
+	var now time.Time
+	if err := db.QueryRowContext(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return nil, fmt.Errorf("read the database's clock: %w", err)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read saved positions: %w", err)
-	}
-	backlogSQL := `SELECT count(*), COALESCE(extract(epoch FROM now() - min(changed_at))::float8, 0) FROM ` + changelog +
-		` WHERE (changed_at, id) > ($1, $2)`
-	for i := range out {
-		s := &out[i]
-		pos, err := resolvePosition(ctx, db, changelog, s)
-		if err != nil {
-			return nil, err
+	out := make([]clientStatus, 0, len(tokens))
+	for _, t := range tokens {
+		s := clientStatus{Client: t.Client, Token: t.Token}
+		if !t.UpdatedAt.IsZero() {
+			s.SavedAt = &t.UpdatedAt
+			s.Stale = now.Sub(t.UpdatedAt) >= staleAfter
 		}
-		if s.TokenFormat == tokenInvalid {
+		s.TokenFormat, s.Table = tokenFormat(t.Token)
+		table := tableOf(s.Client, deref(s.Table))
+		b, err := pgchangestream.SavedTokenBacklog(ctx, db, t.Token, table, opts)
+		switch {
+		case errors.Is(err, pgchangestream.ErrInvalidSavedToken):
+			s.TokenFormat, s.Error = tokenInvalid, strings.TrimPrefix(err.Error(), pgchangestream.ErrInvalidSavedToken.Error()+": ")
+			out = append(out, s)
 			continue
+		case err != nil:
+			return nil, fmt.Errorf("client %s: %w", s.Client, err)
 		}
-		if s.PositionTime != nil {
-			age := math.Round(now.Sub(*s.PositionTime).Seconds()*1000) / 1000
-			s.AgeSeconds = &age
+		id, lag := b.Position.ID, math.Round(b.Lag.Seconds()*1000)/1000
+		s.PositionID, s.Backlog, s.LagSeconds = &id, &b.Rows, &lag
+		if b.RowGone {
+			s.TokenFormat = tokenRowGone
 		}
-		q, args := backlogSQL, []any{pos.ChangedAt, pos.ID}
-		if table := tableOf(s.Client, deref(s.Table)); table != "" {
-			q, args = q+` AND table_name = $3`, append(args, table)
+		if at := b.Position.ChangedAt; !at.IsZero() { // zero: before every row, no row to date it
+			age := math.Round(now.Sub(at).Seconds()*1000) / 1000
+			s.PositionTime, s.AgeSeconds = &at, &age
+		}
+		if table != "" {
 			s.BacklogTable = &table
 		}
-		var (
-			n   int64
-			lag float64
-		)
-		if err := db.QueryRowContext(ctx, q, args...).Scan(&n, &lag); err != nil {
-			return nil, fmt.Errorf("count the backlog of client %s: %w", s.Client, err)
-		}
-		lag = math.Round(max(lag, 0)*1000) / 1000
-		s.Backlog, s.LagSeconds = &n, &lag
+		out = append(out, s)
 	}
 	return out, nil
 }
 
-// resolvePosition decodes s.Token, sets the token format and position fields of s, and returns
-// the position a watcher loading this token would resume after.
-func resolvePosition(ctx context.Context, db *sql.DB, changelog string, s *clientStatus) (pgchangestream.Position, error) {
+// tokenFormat names the format of a saved token from the fields it has, and returns the table it
+// records (nil for none). Whether it loads is the library's to say.
+func tokenFormat(token string) (string, *string) {
 	var t struct {
-		Timestamp string      `json:"timestamp"`
-		EventID   json.Number `json:"eventID"`
-		Table     string      `json:"table"`
+		Timestamp  string `json:"timestamp"`
+		Snapshot   string `json:"snapshot"`
+		DeltaEnd   string `json:"deltaEnd"`
+		Switchover string `json:"switchover"`
+		Table      string `json:"table"`
 	}
-	dec := json.NewDecoder(bytes.NewReader([]byte(s.Token)))
-	dec.UseNumber()
-	err := dec.Decode(&t)
+	if json.Unmarshal([]byte(token), &t) != nil {
+		return tokenInvalid, nil
+	}
+	var table *string
 	if t.Table != "" {
-		s.Table = &t.Table
+		table = &t.Table
 	}
-	var id int64
-	if err == nil {
-		id, err = parseEventID(t.EventID)
-	}
-	if err != nil {
-		s.TokenFormat, s.Error = tokenInvalid, err.Error()
-		return pgchangestream.Position{}, nil
-	}
-	s.PositionID = &id
-	if t.Timestamp != "" {
-		ts, err := time.Parse(time.RFC3339Nano, t.Timestamp)
-		if err != nil {
-			s.PositionID, s.TokenFormat, s.Error = nil, tokenInvalid, "timestamp: "+err.Error()
-			return pgchangestream.Position{}, nil
-		}
-		ts = ts.Truncate(time.Microsecond).UTC()
-		s.TokenFormat, s.PositionTime = tokenWithTime, &ts
-		return pgchangestream.Position{ChangedAt: ts, ID: id}, nil
-	}
-	var ts time.Time
-	err = db.QueryRowContext(ctx, `SELECT changed_at FROM `+changelog+` WHERE id = $1`, id).Scan(&ts)
 	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		// Like the watcher: before every row, so that everything is replayed.
-		s.TokenFormat = tokenRowGone
-		return pgchangestream.Position{ID: id}, nil
-	case err != nil:
-		return pgchangestream.Position{}, fmt.Errorf("look up the row of client %s's token: %w", s.Client, err)
+	case t.Timestamp == "":
+		return tokenIDOnly, table
+	case t.Switchover != "":
+		return tokenSwitchover, table
+	case t.DeltaEnd != "":
+		return tokenDelta, table
+	case t.Snapshot != "":
+		return tokenSnapshot, table
 	}
-	ts = ts.UTC()
-	s.TokenFormat, s.PositionTime = tokenIDOnly, &ts
-	return pgchangestream.Position{ChangedAt: ts, ID: id}, nil
-}
-
-// parseEventID parses a token's eventID: an integer, possibly written as a float.
-func parseEventID(n json.Number) (int64, error) {
-	if n == "" {
-		return 0, errors.New("no eventID")
-	}
-	if id, err := strconv.ParseInt(n.String(), 10, 64); err == nil {
-		return id, nil
-	}
-	f, err := n.Float64()
-	if err != nil || f != float64(int64(f)) {
-		return 0, fmt.Errorf("eventID %s is not an integer", n)
-	}
-	return int64(f), nil
+	return tokenWithTime, table
 }
 
 // writeStatusTable writes the rows as an aligned table.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/pgchangestream/pgchangestream"
@@ -36,7 +37,9 @@ const endPoll = 50 * time.Millisecond
 // runTail runs "tail".
 func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newCommand("tail", "tail --table TABLE [--dsn DSN] [flags]", `
-Streams the changes of TABLE to stdout as they are committed, one line per event.
+Streams the changes of TABLE to stdout as they are committed, one line per event. It exits 1
+when the changelog has no row of TABLE and TABLE does not exist or has no id column (nothing
+could ever arrive), and says why it waits when TABLE is not captured or has no change yet.
 
 Without --client, tail saves nothing: it starts after the newest existing change (see --from)
 and leaves no trace in the token table. With --client NAME it acknowledges events once their
@@ -138,7 +141,7 @@ func tail(ctx context.Context, c *command, f tailFlags) error {
 		ClientName: f.client, TableName: f.table, Mode: mode, ConnString: dsn,
 		ChangelogTable: f.changelog, TokenTable: f.tokens, NotifyChannel: f.channel,
 		Ephemeral: f.client == "" || f.noAck,
-		Logger:    slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level})),
+		Logger:    slog.New(tableChecked{slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level})}),
 	}
 	if f.client == "" {
 		cfg.ClientName = ephemeralClient
@@ -176,22 +179,63 @@ type streamOptions struct {
 	atEnd bool // stop once caught up
 }
 
-// checkTailTable fails when the changelog table is missing and warns when it has no row for the
-// table yet (a typo, or a table not captured).
+// tableStateQuery asks, of table $1 (a bare name, as the changelog records it): whether the
+// changelog has a row of it, whether a table of that name exists, whether it has an id column,
+// and whether it has a trigger (as the watcher's own check, a trigger counts as captured).
+const tableStateQuery = `SELECT EXISTS (SELECT FROM %s WHERE table_name = $1),
+	EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.relname = $1 AND c.relkind IN ('r', 'p')),
+	EXISTS (SELECT FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+		WHERE c.relname = $1 AND c.relkind IN ('r', 'p') AND a.attname = 'id' AND a.attnum > 0 AND NOT a.attisdropped),
+	EXISTS (SELECT FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+		WHERE c.relname = $1 AND NOT t.tgisinternal)`
+
+// checkTailTable fails when the changelog table is missing, or when the changelog has no row of
+// the table and the table does not exist or has no id column (nothing will ever arrive). When
+// the table can be captured but has no row yet, it says once why tail waits.
 func checkTailTable(ctx context.Context, c *command, db *sql.DB, changelog string, f tailFlags) error {
 	if err := requireTable(ctx, db, "changelog table", f.changelog, changelog); err != nil {
 		return err
 	}
-	var any bool
-	err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT FROM `+changelog+` WHERE table_name = $1)`, f.table).Scan(&any)
+	var rows, exists, hasID, captured bool
+	err := db.QueryRowContext(ctx, fmt.Sprintf(tableStateQuery, changelog), f.table).Scan(&rows, &exists, &hasID, &captured)
 	if err != nil {
-		return fmt.Errorf("check changelog rows of %s: %w", f.table, err)
+		return fmt.Errorf("check table %s: %w", f.table, err)
 	}
-	if !any {
-		c.warn("the changelog has no row for table %q yet; is it captured ('%s schema capture %s')? waiting for changes",
-			f.table, prog, f.table)
+	switch {
+	case rows: // a dropped table's history can still be read
+	case !exists:
+		return fmt.Errorf("table %q does not exist (--table is the table's name, without schema)", f.table)
+	case !hasID:
+		return fmt.Errorf("table %q has no \"id\" column: changes are recorded by its id, so it cannot be captured", f.table)
+	case !captured:
+		c.warn("table %q is not captured: no change of it is recorded (capture it with '%s schema capture %s'); "+
+			"waiting for changes", f.table, prog, f.table)
+	default:
+		c.warn("table %q has no recorded change yet; waiting for changes", f.table)
 	}
 	return nil
+}
+
+// tableChecked is a log handler that drops the watcher's start-up warning about a table without
+// changelog rows: checkTailTable has checked the table, and said why tail waits.
+type tableChecked struct{ slog.Handler }
+
+// tableWarning starts the watcher's warning that tableChecked drops.
+const tableWarning = "no changelog row and no table with a trigger has Config.TableName"
+
+func (h tableChecked) Handle(ctx context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, tableWarning) {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h tableChecked) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return tableChecked{h.Handler.WithAttrs(attrs)}
+}
+
+func (h tableChecked) WithGroup(name string) slog.Handler {
+	return tableChecked{h.Handler.WithGroup(name)}
 }
 
 // stream starts w, writes every delivery to stdout and, with opts.ack, acknowledges each batch

@@ -74,6 +74,14 @@ func (f *adminFlags) connect(ctx context.Context) (*sql.DB, error) {
 	return connectFlagDSN(ctx, *f.dsn)
 }
 
+// listedToken is one client of "token list --format json": the token as a JSON object, and
+// saved_at named as in status and prune.
+type listedToken struct {
+	Client  string          `json:"client"`
+	Token   json.RawMessage `json:"token"`
+	SavedAt time.Time       `json:"saved_at"`
+}
+
 // runTokenList runs "token list".
 func runTokenList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newCommand("token list", "token list [--dsn DSN] [--format table|json] [flags]", `
@@ -98,7 +106,11 @@ Lists every client of the token table: its saved token as stored, and when it wa
 			return err
 		}
 		if *format == "json" {
-			return writeJSON(stdout, tokens)
+			out := make([]listedToken, len(tokens))
+			for i, t := range tokens {
+				out[i] = listedToken{Client: t.Client, Token: json.RawMessage(t.Token), SavedAt: t.UpdatedAt}
+			}
+			return writeJSON(stdout, out)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
 		fmt.Fprintln(tw, "CLIENT\tSAVED\tTOKEN")
@@ -242,8 +254,14 @@ it. It needs --yes, or --dry-run to print the old and new token only.`, stdout, 
 			}
 			old = "none"
 		}
+		kept := *table
+		if kept == "" {
+			_, recorded := tokenFormat(old)
+			kept = deref(recorded)
+		}
+		where := fmt.Sprintf("%s; new token %s", describeReset(target, pos), pgchangestream.ResetTokenJSON(pos, kept))
 		if *dryRun {
-			_, err := fmt.Fprintf(stdout, "would reset client %s to %s (token now %s)\n", client, pos, old)
+			_, err := fmt.Fprintf(stdout, "would reset client %s to %s (token now %s)\n", client, where, old)
 			return err
 		}
 		if *table != "" {
@@ -254,9 +272,21 @@ it. It needs --yes, or --dry-run to print the old and new token only.`, stdout, 
 		if err != nil {
 			return activeError(err)
 		}
-		_, err = fmt.Fprintf(stdout, "reset client %s to %s (token was %s)\n", client, pos, old)
+		_, err = fmt.Fprintf(stdout, "reset client %s to %s (token was %s)\n", client, where, old)
 		return err
 	}())
+}
+
+// describeReset says, as an operator reads it, where target places a client (pos, as
+// ResetPosition returned it).
+func describeReset(target pgchangestream.ResetTarget, pos pgchangestream.Position) string {
+	switch {
+	case !target.Time.IsZero():
+		return "after every row written before " + target.Time.UTC().Format(time.RFC3339Nano)
+	case pos.ChangedAt.IsZero(): // the beginning, or newest of an empty changelog
+		return "the beginning (before every row)"
+	}
+	return fmt.Sprintf("after row %d (changed_at %s)", pos.ID, pos.ChangedAt.UTC().Format(time.RFC3339Nano))
 }
 
 // runTokenDelete runs "token delete CLIENT".
