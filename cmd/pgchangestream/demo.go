@@ -137,7 +137,7 @@ func demo(ctx context.Context, c *command, f demoFlags) error {
 		_ = consumer.stop(ctx)
 		cleanCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
 		defer cancel()
-		if _, err := pgchangestream.DeleteToken(cleanCtx, db, demoClient, pgchangestream.AdminOptions{}); err != nil {
+		if err := deleteDemoToken(cleanCtx, db); err != nil {
 			c.warn("delete the token of client %s: %v", demoClient, err)
 		}
 	}()
@@ -313,4 +313,20 @@ func summarize(out *progressLine, ids []int64, seen map[int64]int, ackErrors uin
 // firstIDs returns at most the first ten ids, for messages.
 func firstIDs(ids []int64) []int64 {
 	return ids[:min(len(ids), 10)]
+}
+
+// deleteDemoToken deletes the demo client's token, waiting while the sessions of a crashed
+// consumer still hold the client's lock (they end a moment after the crash).
+func deleteDemoToken(ctx context.Context, db *sql.DB) error {
+	for {
+		_, err := pgchangestream.DeleteToken(ctx, db, demoClient, pgchangestream.AdminOptions{})
+		if !errors.Is(err, pgchangestream.ErrClientActive) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }

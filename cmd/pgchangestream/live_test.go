@@ -233,7 +233,7 @@ func runDemoTest(t *testing.T, crashes int, args ...string) (stdout string, repl
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM orders`).Scan(&orders))
 	assert.Equal(t, 1, orders, "the user's orders table is left alone")
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM resume_tokens`).Scan(&tokens))
-	assert.Zero(t, tokens, "the demo removes its token")
+	assert.Zero(t, tokens, "the demo removes its token; stderr:\n%s", stderr)
 	lines := strings.Split(strings.TrimSuffix(stdout, "\n"), "\n")
 	m := summaryLine.FindStringSubmatch(lines[len(lines)-1])
 	require.NotNil(t, m, "last line %q", lines[len(lines)-1])
