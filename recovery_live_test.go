@@ -116,7 +116,9 @@ func runReuseTrial(t *testing.T, srv *pgtest.Server, mode Mode, variant string) 
 		cfg.BufferSize = 0
 		w = e.start(cfg)
 	}
-	got := receiveUntil(t, w, after, liveWait)
+	// Notify mode reads again only once its LISTEN connection is back, after a backoff of up to
+	// listenRetryMax: allow for it on a loaded machine.
+	got := receiveUntil(t, w, after, liveWait+2*listenRetryMax)
 	t.Logf("counter back at %d after %d; rows %v committed after the crash delivered among %v", xmax, seen, after, got)
 	if variant != "stopped" {
 		require.Positive(t, w.Stats().Rewinds, "the watcher did not go back to its saved token")
