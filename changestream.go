@@ -27,18 +27,21 @@ const (
 // [Watcher.Start]; read [Watcher.Events]; acknowledge with [Watcher.MarkProcessed]; stop with
 // [Watcher.Close].
 type Watcher struct {
-	cfg    Config              // immutable after New
-	cfgErr error               // immutable; set only by NewPostgreSQLChangeStreamWatcher
-	log    *slog.Logger        // immutable
-	q      queries             // immutable
-	listen *pgconn.Config      // immutable; nil when not listening
-	events chan EventWithToken // sent on and closed by the reader goroutine only (or by Close before Start)
-	wake   chan struct{}       // capacity 1; listener → reader: read now
-	ready  chan struct{}       // closed by the listener after its first connect attempt
-	primed signal              // fired after the first read, or when stopping before (see Ready)
-	wg     sync.WaitGroup      // reader, listener, saver, marker, prefetch and lock goroutines
-	health health              // failures and their counters; safe for concurrent use
-	excl   exclusive           // the exclusive lock; see exclusive.go
+	cfg    Config       // immutable after New
+	cfgErr error        // immutable; set only by NewPostgreSQLChangeStreamWatcher
+	log    *slog.Logger // immutable
+	// instance is random per watcher and immutable: it names this watcher's acknowledgement
+	// markers in the token (txack.go).
+	instance string
+	q        queries             // immutable
+	listen   *pgconn.Config      // immutable; nil when not listening
+	events   chan EventWithToken // sent on and closed by the reader goroutine only (or by Close before Start)
+	wake     chan struct{}       // capacity 1; listener → reader: read now
+	ready    chan struct{}       // closed by the listener after its first connect attempt
+	primed   signal              // fired after the first read, or when stopping before (see Ready)
+	wg       sync.WaitGroup      // reader, listener, saver, marker, prefetch and lock goroutines
+	health   health              // failures and their counters; safe for concurrent use
+	excl     exclusive           // the exclusive lock; see exclusive.go
 
 	// Lifecycle, guarded by lifeMu.
 	lifeMu  sync.Mutex
@@ -79,6 +82,12 @@ type Watcher struct {
 	fenced        bool
 	epoch         int64
 	unfencedNoted bool // the unfenced token table was reported
+	// txAcked: MarkProcessedTx was called, so saves carry the acknowledgement marker and
+	// never write over a later one (txack.go). Set once, under ckMu.
+	txAcked bool
+	// txSeq: the highest delivery seq a MarkProcessedTx wrote, committed or not (atomic; read
+	// by saves, which look for its marker while it is above the seq acknowledged in memory).
+	txSeq atomic.Uint64
 
 	// The last background save failure, returned once, guarded by errMu: not ckMu, so that an
 	// acknowledgement in batched mode never waits for a save it did not ask for.
@@ -155,19 +164,20 @@ func NewPostgreSQLChangeStreamWatcher(db *sql.DB, clientName, tableName, connStr
 
 func newWatcher(cfg Config) *Watcher {
 	return &Watcher{
-		cfg:    cfg,
-		log:    cfg.Logger.With("client", cfg.ClientName, "table", cfg.TableName),
-		q:      buildQueries(cfg),
-		events: make(chan EventWithToken, cfg.BufferSize),
-		wake:   make(chan struct{}, 1),
-		ready:  make(chan struct{}),
-		mark:   marker{wake: make(chan struct{}, 1)},
-		ring:   pending.New(cfg.MaxPending, Position.predecessor),
-		recent: newRecentIDs(recentCapacity),
-		batch:  make([]changelogRow, 0, cfg.BatchSize+1), // a delta's first page reads one more
-		spare:  make([]changelogRow, 0, cfg.BatchSize+1),
-		pager:  deltaPager{pageSize: cfg.BatchSize, maxIDs: maxDeltaIDs},
-		health: health{listenCritical: cfg.Mode == ModeNotify},
+		cfg:      cfg,
+		log:      cfg.Logger.With("client", cfg.ClientName, "table", cfg.TableName),
+		q:        buildQueries(cfg),
+		instance: newInstanceID(),
+		events:   make(chan EventWithToken, cfg.BufferSize),
+		wake:     make(chan struct{}, 1),
+		ready:    make(chan struct{}),
+		mark:     marker{wake: make(chan struct{}, 1)},
+		ring:     pending.New(cfg.MaxPending, Position.predecessor),
+		recent:   newRecentIDs(recentCapacity),
+		batch:    make([]changelogRow, 0, cfg.BatchSize+1), // a delta's first page reads one more
+		spare:    make([]changelogRow, 0, cfg.BatchSize+1),
+		pager:    deltaPager{pageSize: cfg.BatchSize, maxIDs: maxDeltaIDs},
+		health:   health{listenCritical: cfg.Mode == ModeNotify},
 	}
 }
 

@@ -138,7 +138,7 @@ func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, e
 		pos.span = &s
 	}
 	if save && !w.cfg.Ephemeral {
-		if err := w.writeToken(ctx, pos); err != nil {
+		if err := w.writeToken(ctx, pos, w.ackedSeq()); err != nil {
 			return Position{}, fmt.Errorf("save start position to token table %s: %w", w.cfg.TokenTable, err)
 		}
 		w.ckWrites.Add(1)
@@ -302,7 +302,21 @@ func (w *Watcher) saveCheckpoint(ctx context.Context, rule saveRule) error {
 func (w *Watcher) writeCheckpoint(ctx context.Context, rule saveRule, write *SaveObservation) (saved bool, _ error) {
 	w.ckMu.Lock()
 	defer w.ckMu.Unlock()
-	p, ok, busy := w.checkpoint()
+	for try := 1; ; try++ {
+		saved, err := w.writeCheckpointOnce(ctx, rule, write)
+		if !errors.Is(err, errAckAhead) || try == ackAheadTries {
+			return saved, err
+		}
+	}
+}
+
+// writeCheckpointOnce is one compute-and-save of writeCheckpoint, after applying an
+// acknowledgement committed in a transaction. ckMu must be held.
+func (w *Watcher) writeCheckpointOnce(ctx context.Context, rule saveRule, write *SaveObservation) (saved bool, _ error) {
+	if err := w.catchUpTxAcks(ctx); err != nil {
+		return false, fmt.Errorf("pgchangestream: %s: %w", opSave, err)
+	}
+	p, seq, ok, busy := w.checkpoint()
 	// With nothing pending the checkpoint is the cursor: a refresh saves the newest snapshot
 	// read (or the same position again), and passes no delivery.
 	refresh := rule != saveChanged && !busy && time.Since(w.savedAt) >= w.cfg.CheckpointRefreshInterval
@@ -316,15 +330,19 @@ func (w *Watcher) writeCheckpoint(ctx context.Context, rule saveRule, write *Sav
 		return false, nil
 	}
 	start := time.Now()
-	err := w.writeToken(ctx, p)
+	err := w.writeToken(ctx, p, seq)
 	*write = SaveObservation{Start: start, Duration: time.Since(start), Checkpoint: p}
+	if errors.Is(err, errAckAhead) { // computed again at once
+		return false, err
+	}
 	if err != nil {
 		w.ckErrors.Add(1)
 		if errors.Is(err, ErrServerRecovered) {
 			w.askRewind()
 		}
 		err = fmt.Errorf("pgchangestream: %s %s to token table %s: %w", opSave, p, w.cfg.TokenTable, err)
-		if !errors.Is(ctx.Err(), context.Canceled) { // the caller gave up: no fault of the database's
+		// The caller gave up, or a caller's transaction holds the row: no fault of the database's.
+		if !errors.Is(ctx.Err(), context.Canceled) && !errors.Is(err, errTokenLocked) {
 			w.health.fail(opSave, err)
 		}
 		write.Err = err
@@ -396,6 +414,10 @@ func (w *Watcher) saveLoop(ctx context.Context) {
 			return
 		}
 		err := w.saveInBackground(ctx, rule)
+		if errors.Is(err, errTokenLocked) { // a caller's transaction is acknowledging: the next tick saves
+			w.log.Debug("checkpoint save deferred", "error", err)
+			continue
+		}
 		if err == nil {
 			continue
 		}

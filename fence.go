@@ -94,18 +94,30 @@ func (w *Watcher) lockLostErr() error {
 	return fmt.Errorf("%w: the lock session was released", ErrExclusiveLost)
 }
 
-// writeToken saves p as the client's token. It is fenced to the watcher's owner epoch when it
-// claimed one (the first save of a fenced new client creates the token row with epoch 1, on the
-// lock session), and a position read in a server incarnation is written only while the server
-// is still in it (see rewind.go). A fenced save that matches no row stops the watcher and
-// returns an error wrapping ErrFenced; a save whose incarnation ended writes nothing and returns
-// ErrServerRecovered. ckMu must be held.
-func (w *Watcher) writeToken(ctx context.Context, p Position) error {
-	tok := string(encodeToken(p, w.cfg.TableName))
+// writeToken saves p as the client's token; seq is the last delivery acknowledged in memory
+// when p was computed (the marker of a watcher that acknowledged in a transaction, txack.go).
+// It is fenced to the watcher's owner epoch when it claimed one (the first save of a fenced new
+// client creates the token row with epoch 1, on the lock session), and a position read in a
+// server incarnation is written only while the server is still in it (see rewind.go). A fenced
+// save that matches no row stops the watcher and returns an error wrapping ErrFenced; a save
+// whose incarnation ended writes nothing and returns ErrServerRecovered. ckMu must be held.
+func (w *Watcher) writeToken(ctx context.Context, p Position, seq uint64) error {
+	tok := encodeToken(p, w.cfg.TableName)
 	var inc string
 	if p.span != nil {
 		inc = p.span.inc
 	}
+	switch {
+	case w.fenced && w.epoch == 0: // the lock session ends with a crash: it cannot outlive the incarnation
+		return w.claimNew(ctx, string(tok))
+	case w.txAcked:
+		return w.writeMarked(ctx, tok, seq, inc)
+	}
+	return w.writePlain(ctx, string(tok), inc)
+}
+
+// writePlain is writeToken's statement without a marker. ckMu must be held.
+func (w *Watcher) writePlain(ctx context.Context, tok, inc string) error {
 	var (
 		res sql.Result
 		err error
@@ -116,8 +128,6 @@ func (w *Watcher) writeToken(ctx context.Context, p Position) error {
 		return err
 	case !w.fenced:
 		res, err = w.cfg.DB.ExecContext(ctx, w.q.saveTokenInc, w.cfg.ClientName, tok, inc)
-	case w.epoch == 0: // the lock session ends with a crash: it cannot outlive the incarnation
-		return w.claimNew(ctx, tok)
 	case inc == "":
 		res, err = w.cfg.DB.ExecContext(ctx, w.q.saveFenced, w.cfg.ClientName, tok, w.epoch)
 	default:
@@ -129,19 +139,26 @@ func (w *Watcher) writeToken(ctx context.Context, p Position) error {
 	if n, err := res.RowsAffected(); err != nil || n == 1 {
 		return err
 	}
-	if !w.fenced { // only the incarnation can have stopped an upsert
+	return w.noWriteErr(ctx, w.cfg.DB, w.fenced, w.epoch, inc)
+}
+
+// noWriteErr explains a save that matched no row: the incarnation ended (ErrServerRecovered),
+// or, fenced to epoch, a later owner claimed the client (ErrFenced: the watcher stops). q is
+// where the save ran.
+func (w *Watcher) noWriteErr(ctx context.Context, q queryer, fenced bool, epoch int64, inc string) error {
+	if !fenced { // only the incarnation can have stopped an upsert
 		return ErrServerRecovered
 	}
 	if inc != "" {
 		var same bool
-		if err := w.cfg.DB.QueryRowContext(ctx, w.q.incarnationIs, inc).Scan(&same); err != nil {
+		if err := q.QueryRowContext(ctx, w.q.incarnationIs, inc).Scan(&same); err != nil {
 			return fmt.Errorf("the save wrote nothing; checking why: %w", err)
 		}
 		if !same {
 			return ErrServerRecovered
 		}
 	}
-	err = fmt.Errorf("%w: the token row no longer holds owner epoch %d", ErrFenced, w.epoch)
+	err := fmt.Errorf("%w: the token row no longer holds owner epoch %d", ErrFenced, epoch)
 	w.stopOwning(err, "fenced off: a later watcher owns this client; stopping")
 	return err
 }

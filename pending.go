@@ -62,11 +62,11 @@ func (w *Watcher) checkpointLocked() (p Position, ok bool) {
 	return p, true
 }
 
-// checkpoint computes the position to save under mu (see checkpointLocked); busy reports
-// deliveries pending or a floor.
-func (w *Watcher) checkpoint() (p Position, ok, busy bool) {
+// checkpoint computes the position to save under mu (see checkpointLocked), and the seq of the
+// last delivery acknowledged; busy reports deliveries pending or a floor.
+func (w *Watcher) checkpoint() (p Position, seq uint64, ok, busy bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock() // the ring's code runs under mu: a panic in it must not leave mu held
 	p, ok = w.checkpointLocked()
-	return p, ok, w.ring.Len() > 0 || w.ring.HasFloor()
+	return p, w.ring.AckedSeq(), ok, w.ring.Len() > 0 || w.ring.HasFloor()
 }

@@ -62,6 +62,13 @@ type queries struct {
 	// loadToken, saveToken: the saved token. saveFenced: saveToken of an exclusive watcher,
 	// only while the row's owner_epoch is still its own ($3): see fence.go.
 	loadToken, saveToken, saveFenced string
+	// ackSave and ackTx save a token that carries the acknowledgement marker (txack.go): the
+	// watcher's own saves once it acknowledged in a caller's transaction, and MarkProcessedTx's
+	// write in that transaction. Indexed by ackIndex; the parameters are those of saveToken,
+	// saveTokenInc, saveFenced and saveFencedInc. ackSave does not wait for a row lock. readAck:
+	// the stored token's marker.
+	ackSave, ackTx [4]string
+	readAck        string
 	// epochColumn: whether the token table ($1, quoted) has the owner_epoch column.
 	// claimEpoch: on the lock session, when it holds the lock (classid $2, objid $3), the
 	// client's next owner epoch and its saved token; claimNew: the same for a client without a
@@ -175,6 +182,16 @@ func buildQueries(cfg Config) queries {
 		markInDelta: mark(`SELECT id FROM ` + cl + ` WHERE id > $2 AND id <= $3 AND table_name = $1
 			AND pg_visible_in_snapshot(txid, $4::pg_snapshot)`),
 		unprocessed: `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2 AND processed = FALSE`,
+		readAck:     `SELECT resume_token->'ack'->>'w', resume_token->'ack'->>'seq' FROM ` + tok + ` WHERE client_name = $1`,
+	}
+	for i := range q.ackSave {
+		fenced, withInc := ackIndexParts(i)
+		var incQ string
+		if withInc {
+			incQ = incarnation
+		}
+		q.ackSave[i] = ackSaveSQL(tok, fenced, incQ, true)
+		q.ackTx[i] = ackSaveSQL(tok, fenced, incQ, false)
 	}
 	if cfg.DisableProcessedFlag {
 		q.unprocessed = `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2`

@@ -26,6 +26,9 @@ type Position[P any] interface {
 //     entries tracked, MinPredecessor scans.
 //   - Ack(id) removes the prefix of entries up to and including the earliest entry with that id,
 //     and clears the floor, since everything evicted was delivered before any tracked entry.
+//     AckSeq(s) removes the entries with a seq up to s, and clears the floor when every evicted
+//     entry had a seq up to s. Both raise the acknowledged seq (AckedSeq), which never goes
+//     back. PeekAck reports what Ack would do and changes nothing.
 //
 // A Ring is not safe for concurrent use; its owner guards it with its delivery lock.
 type Ring[P Position[P]] struct {
@@ -41,6 +44,9 @@ type Ring[P Position[P]] struct {
 
 	floor    P
 	hasFloor bool
+
+	evictedSeq uint64 // seq of the newest evicted entry
+	ackedSeq   uint64 // highest seq acknowledged
 }
 
 type entry[P any] struct {
@@ -90,6 +96,7 @@ func (r *Ring[P]) Push(seq uint64, id int64, pos P) (evicted bool) {
 // evictOldest drops the head entry into the floor.
 func (r *Ring[P]) evictOldest() {
 	p := r.predecessor(r.buf[r.head].pos)
+	r.evictedSeq = r.buf[r.head].seq
 	if !r.hasFloor || p.Compare(r.floor) < 0 {
 		r.floor = p
 		r.hasFloor = true
@@ -118,6 +125,7 @@ func (r *Ring[P]) Ack(id int64) int {
 	i := r.head
 	for k := range r.n {
 		if r.buf[i].id == id {
+			r.ackedSeq = max(r.ackedSeq, r.buf[i].seq)
 			r.dropHead(k + 1)
 			r.hasFloor = false
 			return k + 1
@@ -129,6 +137,44 @@ func (r *Ring[P]) Ack(id int64) int {
 	}
 	return 0
 }
+
+// PeekAck reports what Ack(id) would do, changing nothing: seq is the seq of the delivery it
+// would acknowledge, and min the lowest predecessor of the deliveries that would stay tracked
+// (hasMin is false when none would: the ack also clears the floor). ok is false when the id is
+// not tracked, and Ack would change nothing.
+func (r *Ring[P]) PeekAck(id int64) (seq uint64, min P, hasMin, ok bool) {
+	i := r.head
+	for range r.n {
+		if ok {
+			min, hasMin = minIf(min, hasMin, r.predecessor(r.buf[i].pos)), true
+		} else if r.buf[i].id == id {
+			seq, ok = r.buf[i].seq, true
+		}
+		i++
+		if i == len(r.buf) {
+			i = 0
+		}
+	}
+	return seq, min, hasMin, ok
+}
+
+// AckSeq acknowledges every tracked delivery whose seq is up to seq, and clears the floor when
+// every evicted delivery's seq was up to seq too. It returns how many entries were removed.
+func (r *Ring[P]) AckSeq(seq uint64) int {
+	k := 0
+	for k < r.n && r.buf[(r.head+k)%len(r.buf)].seq <= seq {
+		k++
+	}
+	r.dropHead(k)
+	if r.hasFloor && r.evictedSeq <= seq {
+		r.hasFloor = false
+	}
+	r.ackedSeq = max(r.ackedSeq, seq)
+	return k
+}
+
+// AckedSeq returns the highest seq acknowledged by Ack or AckSeq (0 before any).
+func (r *Ring[P]) AckedSeq() uint64 { return r.ackedSeq }
 
 // Rebase moves every tracked delivery, and the floor, to pos: from here on they hold the
 // checkpoint at pos's predecessor until they are acknowledged, whatever positions they had. The

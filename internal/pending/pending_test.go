@@ -114,6 +114,44 @@ func TestEvictionFloor(t *testing.T) {
 	require.Equal(t, pos{4, 3}, p)
 }
 
+func TestPeekAckChangesNothing(t *testing.T) {
+	r := newRing(8)
+	for i := int64(1); i <= 4; i++ {
+		r.Push(uint64(i), 10+i, pos{i, 10 + i})
+	}
+	seq, min, hasMin, ok := r.PeekAck(12)
+	require.True(t, ok)
+	require.Equal(t, uint64(2), seq)
+	require.True(t, hasMin)
+	require.Equal(t, predecessor(pos{3, 13}), min, "what stays after acking the second delivery")
+	require.Equal(t, 4, r.Len(), "nothing was acknowledged")
+	require.Zero(t, r.AckedSeq())
+
+	_, _, hasMin, ok = r.PeekAck(14)
+	require.True(t, ok)
+	require.False(t, hasMin, "acking the newest leaves nothing pending")
+	_, _, _, ok = r.PeekAck(99)
+	require.False(t, ok, "an unknown id certifies nothing")
+}
+
+func TestAckSeq(t *testing.T) {
+	r := newRing(3)
+	for i := int64(1); i <= 5; i++ { // 1 and 2 are evicted: [3 4 5]
+		r.Push(uint64(i), i, pos{i, i})
+	}
+	require.Equal(t, 0, r.AckSeq(1), "evicted deliveries are not tracked")
+	require.True(t, r.HasFloor(), "delivery 2 was evicted and is not acknowledged by seq 1")
+	require.Equal(t, 1, r.AckSeq(3))
+	require.False(t, r.HasFloor(), "every evicted delivery is at or before seq 3")
+	require.Equal(t, uint64(3), r.AckedSeq())
+	require.Equal(t, 0, r.AckSeq(2), "an older seq acknowledges nothing more")
+	require.Equal(t, uint64(3), r.AckedSeq(), "and never lowers the acknowledged seq")
+	p, _ := r.MinPredecessor()
+	require.Equal(t, pos{4, 3}, p)
+	require.Equal(t, 1, r.Ack(4))
+	require.Equal(t, uint64(4), r.AckedSeq())
+}
+
 // model is the obviously-correct version of the pending rules: every delivery ever made, with a
 // flag for acknowledged.
 type model struct {
@@ -145,6 +183,7 @@ func (m *model) ackThrough(i int) {
 func FuzzPending(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 200, 4, 130, 5}, uint8(4))
 	f.Add([]byte{9, 9, 9, 9, 9, 9, 9, 9, 255, 1, 129}, uint8(2))
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 0xc3, 8, 0x81, 0xc9, 10}, uint8(3))
 	f.Fuzz(func(t *testing.T, ops []byte, capacity uint8) {
 		r := newRing(int(capacity%8) + 1)
 		m := &model{}
@@ -173,14 +212,47 @@ func FuzzPending(f *testing.F) {
 				if m.cursor.Before(p) {
 					m.cursor = p
 				}
+			} else if op&0x40 != 0 { // ack by seq, as a committed transactional ack does
+				s := uint64(op&0x3f) % (seq + 1)
+				before := r.Len()
+				n := r.AckSeq(s)
+				want := 0 // the tracked entries with a seq up to s: the newest deliveries are tracked
+				for k := range before {
+					if seq-uint64(before-1-k) <= s {
+						want++
+					}
+				}
+				require.Equal(t, want, n)
+				require.GreaterOrEqual(t, r.AckedSeq(), s)
+				if s > 0 {
+					m.ackThrough(int(s) - 1)
+				}
 			} else if len(m.ids) > 0 { // ack
-				k := int(op&0x7f) % (len(m.ids) + 2)
+				k := int(op&0x3f) % (len(m.ids) + 2)
 				id := int64(-1)
 				if k < len(m.ids) {
 					id = m.ids[k]
 				}
 				before := r.Len()
-				if n := r.Ack(id); n > 0 {
+				minBefore, floorBefore := r.MinPredecessor()
+				pSeq, pMin, pHasMin, pOK := r.PeekAck(id)
+				minAfterPeek, floorAfterPeek := r.MinPredecessor()
+				require.Equal(t, before, r.Len(), "PeekAck changes nothing")
+				require.Equal(t, minBefore, minAfterPeek)
+				require.Equal(t, floorBefore, floorAfterPeek)
+				ackedBefore := r.AckedSeq()
+				n := r.Ack(id)
+				require.Equal(t, pOK, n > 0, "PeekAck finds what Ack acknowledges")
+				if pOK {
+					require.Equal(t, max(ackedBefore, pSeq), r.AckedSeq())
+					require.Equal(t, seq-uint64(before-n), pSeq, "PeekAck names the acknowledged delivery")
+					gotMin, gotHas := r.MinPredecessor()
+					require.Equal(t, pHasMin, gotHas)
+					if gotHas {
+						require.Equal(t, pMin, gotMin, "PeekAck predicts the checkpoint after the ack")
+					}
+				}
+				if n > 0 {
 					// The ring acknowledged the delivery with index len-before+n-1 (the tracked
 					// entries are the newest). It is the model's earliest unacknowledged one
 					// with the id, unless that one was evicted: the known limit of an id

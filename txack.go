@@ -1,0 +1,323 @@
+package pgchangestream
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Acknowledgements in the caller's transaction (contract rule 19). MarkProcessedTx computes,
+// under mu and changing nothing, the checkpoint that acknowledging a token would give, and
+// writes it in the caller's transaction with a marker, "ack": {"w": <instance>, "seq": <s>}:
+// this watcher (its random instance id) acknowledged every delivery up to seq s. Memory learns
+// of the acknowledgement only from the database, once it is committed: while one may be
+// outstanding, each save first reads the stored marker and acknowledges in memory the
+// deliveries up to its seq (catchUpTxAcks).
+//
+// From the first MarkProcessedTx on, the watcher's own saves carry the marker too, and every
+// marked statement is conditional: it writes nothing over a marker of this instance with a
+// higher seq. So neither an own save nor an earlier transaction that commits after a later one
+// moves the token back. An own save that wrote nothing for that reason applies the stored
+// marker and computes again. Own saves take the row lock with NOWAIT: while a caller's
+// transaction holds the token row they fail at once (errTokenLocked) and a later save tries
+// again, so no watcher lock waits on a caller's transaction.
+
+// errTokenLocked is wrapped by the error of a save that found the token row locked, by a
+// transaction that acknowledged with MarkProcessedTx and has not ended yet.
+var errTokenLocked = errors.New("the token row is locked by an open transaction (a MarkProcessedTx not yet " +
+	"committed or rolled back); a later save tries again")
+
+// errAckAhead is a save that wrote nothing because a later acknowledgement of this watcher was
+// committed meanwhile; the save applied it and computes again.
+var errAckAhead = errors.New("a later acknowledgement in a transaction was committed meanwhile")
+
+// ackAheadTries bounds the saves computed again after errAckAhead: each try applies a marker
+// committed after the previous one.
+const ackAheadTries = 3
+
+// MarkProcessedTx acknowledges token as [Watcher.MarkProcessed] does (cumulatively, in delivery
+// order), but writes the checkpoint it gives in tx, the caller's transaction, so that the
+// acknowledgement takes effect exactly when tx commits: effects written in the same transaction
+// and the acknowledgement are kept or lost together. If tx commits, the acknowledgement holds: it
+// is in the database at once, and in the watcher's memory (Stats, later saves) no later than its
+// next save. If tx rolls back, nothing changed. Nothing is acknowledged in memory before the
+// commit, and no later save of the watcher writes an older position over it.
+//
+// An empty token, or the token of no pending delivery, acknowledges nothing; tx then saves the
+// current checkpoint, as MarkProcessed does. A token that is not a decimal int64 returns an
+// error wrapping [ErrInvalidToken] and writes nothing.
+//
+// The write waits for the token row's lock, like any update in tx; while tx holds it, the
+// watcher's own saves fail at once and are tried again later. An error means tx must not be
+// committed as a processed event: roll it back. That includes an error wrapping [ErrFenced] (a
+// later owner claimed the client: the write affected no row) or [ErrServerRecovered] (the
+// server recovered since the position was read). An [Config.Ephemeral] watcher saves no token
+// and refuses. Legacy changelogs work as upgraded ones do.
+func (w *Watcher) MarkProcessedTx(ctx context.Context, tx *sql.Tx, token []byte) error {
+	switch {
+	case w.cfgErr != nil:
+		return w.cfgErr
+	case tx == nil:
+		return errors.New("pgchangestream: MarkProcessedTx: the transaction is nil")
+	case w.cfg.Ephemeral:
+		return errors.New("pgchangestream: MarkProcessedTx: an ephemeral watcher saves no token; use MarkProcessed")
+	}
+	id, ok, err := parseToken(token)
+	if err != nil {
+		return fmt.Errorf("pgchangestream: MarkProcessedTx: %w", err)
+	}
+	fenced, epoch, err := w.beginTxAck()
+	if err != nil {
+		return fmt.Errorf("pgchangestream: MarkProcessedTx: %w", err)
+	}
+	p, seq, err := w.peekCheckpoint(id, ok)
+	if err != nil {
+		return fmt.Errorf("pgchangestream: MarkProcessedTx: %w", err)
+	}
+	var inc string
+	if p.span != nil {
+		inc = p.span.inc
+	}
+	tok := string(appendAck(encodeToken(p, w.cfg.TableName), w.instance, seq))
+	w.noteTxAck(seq)
+	res, err := tx.ExecContext(ctx, w.q.ackTx[ackIndex(fenced, inc)], saveArgs(w.cfg.ClientName, tok, fenced, epoch, inc)...)
+	if err == nil {
+		var n int64
+		if n, err = res.RowsAffected(); err == nil && n != 1 {
+			err = w.whyNoTxWrite(ctx, tx, seq, fenced, epoch, inc)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("pgchangestream: MarkProcessedTx: save %s to token table %s: %w", p, w.cfg.TokenTable, err)
+	}
+	return nil
+}
+
+// whyNoTxWrite explains a MarkProcessedTx write that affected no row: nil when a later
+// acknowledgement of this watcher was committed first (it certifies this one too).
+func (w *Watcher) whyNoTxWrite(ctx context.Context, tx *sql.Tx, seq uint64, fenced bool, epoch int64, inc string) error {
+	stored, mine, found, err := w.readAck(ctx, tx)
+	switch {
+	case err != nil:
+		return fmt.Errorf("the save wrote nothing; checking why: %w", err)
+	case mine && stored >= seq:
+		return nil
+	case !found && !fenced:
+		return errors.New("the client has no token row (it was deleted): the watcher's next save creates it again")
+	}
+	err = w.noWriteErr(ctx, tx, fenced, epoch, inc)
+	if errors.Is(err, ErrServerRecovered) {
+		w.askRewind()
+	}
+	return err
+}
+
+// beginTxAck switches the watcher's saves to marked ones (under ckMu, so no unmarked save is
+// under way) and returns the fencing of the transactional write.
+func (w *Watcher) beginTxAck() (fenced bool, epoch int64, _ error) {
+	w.ckMu.Lock()
+	defer w.ckMu.Unlock()
+	if err := w.excl.lostErr(); err != nil {
+		return false, 0, err
+	}
+	if w.fenced && w.epoch == 0 {
+		return false, 0, errors.New("the client is not claimed yet: wait for the first event")
+	}
+	w.txAcked = true
+	return w.fenced, w.epoch, nil
+}
+
+// peekCheckpoint returns the checkpoint that acknowledging id (when ok) would give, and the
+// seq of the last delivery it acknowledges, changing nothing.
+func (w *Watcher) peekCheckpoint(id int64, ok bool) (Position, uint64, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock() // the ring's code runs under mu: a panic in it must not leave mu held
+	p, loaded := w.checkpointLocked()
+	if !loaded {
+		return Position{}, 0, errors.New("the saved token is not loaded yet")
+	}
+	seq := w.ring.AckedSeq()
+	if !ok {
+		return p, seq, nil
+	}
+	s, m, hasMin, found := w.ring.PeekAck(id)
+	if !found {
+		return p, seq, nil
+	}
+	p = w.cursor
+	if hasMin {
+		p = minPosition(p, m)
+	}
+	return p, max(seq, s), nil
+}
+
+// noteTxAck records that a transaction may acknowledge up to seq, so that saves look for its
+// marker. It acknowledges nothing.
+func (w *Watcher) noteTxAck(seq uint64) {
+	for {
+		old := w.txSeq.Load()
+		if seq <= old || w.txSeq.CompareAndSwap(old, seq) {
+			return
+		}
+	}
+}
+
+// catchUpTxAcks acknowledges in memory what a committed MarkProcessedTx of this watcher
+// acknowledged, while one may be outstanding. It reads the committed row, so it never waits for
+// an open transaction. ckMu must be held.
+func (w *Watcher) catchUpTxAcks(ctx context.Context) error {
+	if !w.txAcked || w.txSeq.Load() <= w.ackedSeq() {
+		return nil
+	}
+	seq, mine, _, err := w.readAck(ctx, w.cfg.DB)
+	if err != nil {
+		return fmt.Errorf("read the acknowledgement in token table %s: %w", w.cfg.TokenTable, err)
+	}
+	if mine {
+		w.applyTxAck(seq)
+	}
+	return nil
+}
+
+// applyTxAck acknowledges in memory every delivery up to seq, named by a committed marker.
+func (w *Watcher) applyTxAck(seq uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock() // the ring's code runs under mu: a panic in it must not leave mu held
+	if seq > w.ring.AckedSeq() {
+		w.acked += uint64(w.ring.AckSeq(seq))
+	}
+}
+
+// ackedSeq returns the seq of the last delivery acknowledged in memory.
+func (w *Watcher) ackedSeq() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ring.AckedSeq()
+}
+
+// queryer is what reading the token row needs: a *sql.DB, or a caller's *sql.Tx.
+type queryer interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// readAck reads the stored token's marker: mine when this watcher wrote it, with its seq;
+// found is false when the client has no token row.
+func (w *Watcher) readAck(ctx context.Context, q queryer) (seq uint64, mine, found bool, err error) {
+	var instance, s sql.NullString
+	err = q.QueryRowContext(ctx, w.q.readAck, w.cfg.ClientName).Scan(&instance, &s)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return 0, false, false, nil
+	case err != nil:
+		return 0, false, false, err
+	case instance.String != w.instance || !s.Valid:
+		return 0, false, true, nil
+	}
+	seq, err = strconv.ParseUint(s.String, 10, 64)
+	if err != nil {
+		return 0, false, true, fmt.Errorf("acknowledgement seq %q: %w", s.String, err)
+	}
+	return seq, true, true, nil
+}
+
+// writeMarked is writeToken once the watcher acknowledged in a transaction: the token carries
+// the marker of seq, and the save neither waits for the row lock nor writes over a later
+// marker of this watcher (errAckAhead, after applying it). ckMu must be held.
+func (w *Watcher) writeMarked(ctx context.Context, tok []byte, seq uint64, inc string) error {
+	t := string(appendAck(tok, w.instance, seq))
+	res, err := w.cfg.DB.ExecContext(ctx, w.q.ackSave[ackIndex(w.fenced, inc)], saveArgs(w.cfg.ClientName, t, w.fenced, w.epoch, inc)...)
+	if err != nil {
+		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable {
+			return fmt.Errorf("%w: %w", errTokenLocked, err)
+		}
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 1 {
+		return err
+	}
+	stored, mine, found, err := w.readAck(ctx, w.cfg.DB)
+	switch {
+	case err != nil:
+		return fmt.Errorf("the save wrote nothing; checking why: %w", err)
+	case mine && stored > seq:
+		w.applyTxAck(stored)
+		return errAckAhead
+	case !found && !w.fenced: // the row was deleted: create it again, as an unmarked save does
+		return w.writePlain(ctx, t, inc)
+	}
+	return w.noWriteErr(ctx, w.cfg.DB, w.fenced, w.epoch, inc)
+}
+
+// appendAck returns token JSON tok with the marker of instance's acknowledgements up to seq.
+func appendAck(tok []byte, instance string, seq uint64) []byte {
+	b := append(tok[:len(tok)-1:len(tok)-1], `,"ack":{"w":"`...)
+	b = append(b, instance...)
+	b = append(b, `","seq":`...)
+	b = strconv.AppendUint(b, seq, 10)
+	return append(b, "}}"...)
+}
+
+// newInstanceID returns the random id that names a watcher's acknowledgement markers.
+func newInstanceID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return hex.EncodeToString(b[:])
+}
+
+// saveArgs returns the parameters of a save statement (see saveTokenSQL).
+func saveArgs(client, tok string, fenced bool, epoch int64, inc string) []any {
+	args := []any{client, tok}
+	if fenced {
+		args = append(args, epoch)
+	}
+	if inc != "" {
+		args = append(args, inc)
+	}
+	return args
+}
+
+// ackIndex is the index in queries.ackSave and ackTx of a fenced save and of one conditioned
+// on an incarnation; ackIndexParts is its inverse.
+func ackIndex(fenced bool, inc string) int {
+	i := 0
+	if fenced {
+		i |= 1
+	}
+	if inc != "" {
+		i |= 2
+	}
+	return i
+}
+
+func ackIndexParts(i int) (fenced, withInc bool) { return i&1 != 0, i&2 != 0 }
+
+// ackSaveSQL is the statement that saves a marked token $2 of client $1: an update of the row
+// (fenced: only while its owner epoch is $3; given the incarnation subquery, only while the
+// server's incarnation is still the last parameter) that writes nothing over a marker of the
+// same watcher with a higher seq. With nowait it fails at once when the row is locked.
+func ackSaveSQL(tokenTable string, fenced bool, incarnation string, nowait bool) string {
+	q := `UPDATE ` + tokenTable + ` AS tok SET resume_token = $2::jsonb, last_updated = now()
+	WHERE tok.client_name = $1`
+	n := 3
+	if fenced {
+		q += ` AND ` + fenceCondition
+		n++
+	}
+	if incarnation != "" {
+		q += ` AND ` + incarnation + ` = $` + strconv.Itoa(n)
+	}
+	q += `
+	AND NOT COALESCE(tok.resume_token->'ack'->>'w' = $2::jsonb->'ack'->>'w'
+		AND (tok.resume_token->'ack'->>'seq')::numeric > ($2::jsonb->'ack'->>'seq')::numeric, false)`
+	if nowait {
+		q += `
+	AND EXISTS (SELECT FROM ` + tokenTable + ` AS l WHERE l.client_name = $1 FOR UPDATE NOWAIT)`
+	}
+	return q
+}
