@@ -114,6 +114,7 @@ type Watcher struct {
 	legacyNoted    bool      // the legacy changelog was reported (by the load, which the reader runs)
 	upgradeChecked time.Time // when a legacy watcher last looked for the txid column
 	hasInc         bool      // the changelog has an incarnation table (set by the load; see rewind.go)
+	readNow        bool      // readBatch ended a span at a snapshot it did not take: read on at once
 	incNoted       bool      // its absence was reported
 
 	// rewindAsked is set by a save (under ckMu) that found the server recovered since its

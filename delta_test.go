@@ -135,12 +135,37 @@ func TestLargeDeltaIsListedThenReadByID(t *testing.T) {
 		for len(w.Events()) > 0 {
 			got = append(got, string((<-w.Events()).ResumeToken))
 		}
-		require.Equal(t, len(got) < 5, full, "more follows at once until the list is used up")
+		require.True(t, full, "more follows at once: the list, then the next delta, whose rows may have notified while the list was read")
 	}
 	require.Equal(t, []string{"6", "7", "8", "9", "10"}, got)
 	require.True(t, w.Stats().Cursor.atDeltaStart(), "the list ended the delta")
 	require.Equal(t, "100:108:", w.Stats().Cursor.span.base.String())
 	require.Nil(t, w.pager.ids, "the list is dropped with its delta")
+	require.NoError(t, mock.ExpectationsWereMet())
+}
+
+// A watcher that ends a delta whose end snapshot it loaded with the token (a restart, or a
+// rewind after a server recovery) reads the next delta at once: rows committed since that
+// snapshot notified before the watcher listened, and no NOTIFY will come for them. A delta whose
+// end this read took waits for the next NOTIFY as usual.
+func TestLoadedDeltaEndReadsTheNextDeltaAtOnce(t *testing.T) {
+	ctx := context.Background()
+	w, mock := newMockWatcher(t, Config{})
+	expectUpgradedLoad(w, mock, "100:109:", nil, savedTokenRows(
+		`{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"100:105:","deltaEnd":"100:108:","deltaAfterID":5}`))
+	require.NoError(t, w.load(ctx))
+	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "104", int64(maxID), "107", int64(maxID), "100:108:", int64(5)).
+		WillReturnRows(sqlmock.NewRows(deltaCols))
+	full, err := w.readOnce(ctx)
+	require.NoError(t, err)
+	require.True(t, full, "the loaded delta ended: the next one is read at once")
+
+	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:110:"))
+	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "107", int64(maxID), "109", int64(maxID), "100:110:", int64(minID)).
+		WillReturnRows(sqlmock.NewRows(deltaCols))
+	full, err = w.readOnce(ctx)
+	require.NoError(t, err)
+	require.False(t, full, "a delta this read took the end of waits for the next NOTIFY")
 	require.NoError(t, mock.ExpectationsWereMet())
 }
 

@@ -80,10 +80,12 @@ func (w *Watcher) run(ctx context.Context) {
 func (w *Watcher) readOnce(ctx context.Context) (full bool, err error) {
 	if w.skipFree.Load() {
 		_, err := w.readBatch(ctx)
+		again := w.readNow
+		w.readNow = false
 		if errors.Is(err, errRewound) {
 			return true, nil
 		}
-		return err == nil && w.next != nil, err
+		return err == nil && (w.next != nil || again), err
 	}
 	hints := w.takeHints()
 	_, err = w.readBatch(ctx)
@@ -142,7 +144,9 @@ func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 	w.mu.Lock()
 	from := w.cursor
 	w.mu.Unlock()
+	tookEnd := false // this read took the end snapshot of from's span
 	if from.atDeltaStart() {
+		tookEnd = true
 		end, inc, err := w.currentSnapshot(ctx)
 		if err != nil {
 			return 0, fmt.Errorf("read changelog: take snapshot: %w", err)
@@ -188,6 +192,12 @@ func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 	}
 	if !more && from.span != nil {
 		w.endSpan(from)
+		if !tookEnd {
+			// The span ended at a snapshot taken earlier (by an earlier read, or loaded with the
+			// token, or the switch-over's): rows committed since may have notified before, so
+			// the next delta is read at once rather than at the next NOTIFY.
+			w.readNow = true
+		}
 	}
 	return n, nil
 }
