@@ -27,7 +27,7 @@ func testStatements(cfg Config) testhooks.Statements {
 	return testhooks.Statements{
 		Detect: q.detect, DetectArg: quoteIdentifier(cfg.ChangelogTable),
 		DetectIncArg: quoteIdentifier(incarnationTable(cfg.ChangelogTable)), DeltaStart: q.deltaStart,
-		LoadToken: q.loadToken, SaveToken: q.saveToken, Newest: q.newest,
+		LoadToken: q.loadToken, SaveToken: q.saveToken, AckTx: q.ackTx[ackIndex(false, "")], Newest: q.newest,
 		TableCheck: tableCheckQuery(cfg.ChangelogTable), Read: q.read, Snapshot: q.snapshot,
 		DeltaRange: q.deltaRange, Unprocessed: q.unprocessed,
 	}

@@ -2,8 +2,11 @@ package pgchangestreamtest_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"log"
+
+	"github.com/DATA-DOG/go-sqlmock"
 
 	"github.com/pgchangestream/pgchangestream"
 	"github.com/pgchangestream/pgchangestream/pgchangestreamtest"
@@ -102,5 +105,59 @@ func ExampleMock() {
 	fmt.Println("expectations met:", m.ExpectationsWereMet() == nil)
 	// Output:
 	// paid: 1
+	// expectations met: true
+}
+
+// invoicing is a consumer that writes its effect and acknowledges the event in one transaction.
+type invoicing struct{ db *sql.DB }
+
+func (c invoicing) handle(ctx context.Context, w *pgchangestreamtest.FakeWatcher, ev pgchangestream.EventWithToken) error {
+	tx, err := c.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() // after Commit it does nothing
+	key, _ := ev.Event["documentKey"].(map[string]any)
+	if _, err := tx.ExecContext(ctx, "INSERT INTO invoices (order_id) VALUES ($1)", key["_id"]); err != nil {
+		return err
+	}
+	if err := w.MarkProcessedTx(ctx, tx, ev.ResumeToken); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// A consumer acknowledging in its own transaction, on a sqlmock database: the test expects the
+// commit, so it tells the fake the transaction committed.
+func ExampleFakeWatcher_MarkProcessedTx() {
+	ctx := context.Background()
+	db, mock, err := sqlmock.New()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	w := pgchangestreamtest.NewFakeWatcher(pgchangestream.Config{TableName: "orders"})
+	w.Push(pgchangestreamtest.Insert("o1", map[string]any{"total": 5}))
+	w.Start(ctx)
+	defer w.Close(ctx)
+
+	mock.ExpectBegin()
+	mock.ExpectExec("INSERT INTO invoices").WillReturnResult(sqlmock.NewResult(1, 1))
+	mock.ExpectCommit()
+	if err := (invoicing{db}).handle(ctx, w, <-w.Events()); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("acknowledged before the fake is told:", w.Acked())
+	for _, tx := range w.OpenTxs() {
+		w.Committed(tx)
+	}
+	saved, _ := w.Saved()
+	fmt.Println("acknowledged:", w.Acked())
+	fmt.Println("saved after change:", saved.ID)
+	fmt.Println("expectations met:", mock.ExpectationsWereMet() == nil)
+	// Output:
+	// acknowledged before the fake is told: []
+	// acknowledged: [1]
+	// saved after change: 1
 	// expectations met: true
 }

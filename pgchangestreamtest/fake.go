@@ -24,6 +24,10 @@ import (
 // [FakeWatcher.Saved] is what the watcher would have written, [FakeWatcher.Acked] the
 // deliveries the acknowledgements certified. Filtered progress is saved by MarkProcessed and
 // Close only (the watcher also saves it when idle).
+//
+// [FakeWatcher.MarkProcessedTx] acknowledges in a transaction (a sqlmock or real *sql.Tx) and
+// takes effect when the test says the transaction committed: [FakeWatcher.Committed],
+// [FakeWatcher.RolledBack] and [FakeWatcher.OpenTxs].
 type FakeWatcher struct {
 	cfg    pgchangestream.Config // defaults filled; immutable
 	events chan pgchangestream.EventWithToken
@@ -51,6 +55,8 @@ type FakeWatcher struct {
 	hasSaved  bool
 	processed pgchangestream.Position // the highest position saved: the processed flag's reach
 	saveErr   error
+	txAcks    []txAck // MarkProcessedTx acknowledgements whose transaction has not ended, in call order
+	savedSeq  uint64  // the seq of the last delivery the saved checkpoint acknowledges
 }
 
 var (
@@ -229,10 +235,7 @@ func (f *FakeWatcher) saveLocked() error {
 	if !f.started {
 		return nil
 	}
-	p := f.cursor
-	if m, ok := f.ring.MinPredecessor(); ok && m.Before(p) {
-		p = m
-	}
+	p := f.checkpointLocked()
 	if f.hasSaved && p.Compare(f.saved) == 0 {
 		return nil
 	}
@@ -241,11 +244,27 @@ func (f *FakeWatcher) saveLocked() error {
 		return fmt.Errorf("pgchangestreamtest: save checkpoint %s: %w", p, f.saveErr)
 	}
 	f.stats.CheckpointWrites++
-	f.saved, f.hasSaved = p, true
+	f.storeLocked(p, f.ring.AckedSeq())
+	return nil
+}
+
+// checkpointLocked returns min(cursor, floor, predecessor of every pending delivery). mu must
+// be held.
+func (f *FakeWatcher) checkpointLocked() pgchangestream.Position {
+	p := f.cursor
+	if m, ok := f.ring.MinPredecessor(); ok && m.Before(p) {
+		p = m
+	}
+	return p
+}
+
+// storeLocked records p as the saved checkpoint, acknowledging the deliveries up to seq. mu
+// must be held.
+func (f *FakeWatcher) storeLocked(p pgchangestream.Position, seq uint64) {
+	f.saved, f.hasSaved, f.savedSeq = p, true, seq
 	if f.processed.Before(p) {
 		f.processed = p
 	}
-	return nil
 }
 
 // Close stops delivering, closes Events, then saves the checkpoint if it changed. Deliveries

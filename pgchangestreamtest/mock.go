@@ -261,8 +261,28 @@ func (m *Mock) ExpectSaveFailure(throughID int64, err error) {
 	m.expectSave(throughID).WillReturnError(err)
 }
 
+// ExpectTxAck expects the write of [pgchangestream.Watcher.MarkProcessedTx] in the caller's
+// transaction: the token of the checkpoint that certifies every row read up to the one with id
+// throughID, as ExpectSave, with the watcher's acknowledgement marker. Expect it between the
+// transaction's begin and its commit or rollback, after the consumer's own statements before
+// it. From the first MarkProcessedTx on, the watcher's own saves are conditional on the marker
+// and read it first; ExpectSave does not expect those, so a test of MarkProcessedTx expects no
+// save after it.
+func (m *Mock) ExpectTxAck(throughID int64) {
+	m.t.Helper()
+	m.expectWrite("ExpectTxAck", m.st.AckTx, throughID).WillReturnResult(sqlmock.NewResult(0, 1))
+}
+
 // expectSave expects the token save of ExpectSave.
 func (m *Mock) expectSave(throughID int64) *sqlmock.ExpectedExec {
+	m.t.Helper()
+	return m.expectWrite("ExpectSave", m.st.SaveToken, throughID)
+}
+
+// expectWrite expects the token write stmt of the checkpoint that certifies the rows read
+// through throughID. name is the helper that expects it, for its errors.
+func (m *Mock) expectWrite(name, stmt string, throughID int64) *sqlmock.ExpectedExec {
+	m.t.Helper()
 	i := -1
 	for k, p := range m.read {
 		if p.ID == throughID {
@@ -270,13 +290,13 @@ func (m *Mock) expectSave(throughID int64) *sqlmock.ExpectedExec {
 		}
 	}
 	if i < 0 {
-		m.t.Fatalf("pgchangestreamtest: ExpectSave(%d): no row with this id was read", throughID)
+		m.t.Fatalf("pgchangestreamtest: %s(%d): no row with this id was read", name, throughID)
 	}
 	if m.upgraded {
-		m.t.Fatalf("pgchangestreamtest: ExpectSave: saves are expected on a legacy changelog only (see Mock)")
+		m.t.Fatalf("pgchangestreamtest: %s: saves are expected on a legacy changelog only (see Mock)", name)
 	}
 	tok := certifies{through: i, read: slices.Clone(m.read)}
-	return m.ExpectExec(m.st.SaveToken).WithArgs(m.cfg.ClientName, tok)
+	return m.ExpectExec(stmt).WithArgs(m.cfg.ClientName, tok)
 }
 
 // certifies matches a saved token that certifies the rows of read up to index through (the

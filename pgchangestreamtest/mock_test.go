@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgchangestream/pgchangestream"
@@ -139,4 +140,50 @@ func TestMockWrongExpectationFailsFast(t *testing.T) {
 	require.Contains(t, msg, "expectations: there is a remaining expectation")
 	require.Contains(t, msg, "cannot load the start position")
 	require.Contains(t, msg, "shipping")
+}
+
+// runTxAck has the watcher's first three deliveries processed in one transaction of the mock:
+// an effect insert, then MarkProcessedTx of the second delivery, then the commit.
+func runTxAck(t *testing.T, m *Mock) error {
+	t.Helper()
+	ctx := t.Context()
+	w := newWatcher(t, m)
+	m.StartWatcher(ctx, w)
+	var toks [][]byte
+	for range 3 {
+		toks = append(toks, (<-w.Events()).ResumeToken)
+	}
+	tx, err := m.DB.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	_, err = tx.ExecContext(ctx, "INSERT INTO effects VALUES ($1)", "12")
+	require.NoError(t, err)
+	if err := w.MarkProcessedTx(ctx, tx, toks[1]); err != nil {
+		return errors.Join(err, tx.Rollback())
+	}
+	return tx.Commit()
+}
+
+func TestMockExpectTxAck(t *testing.T) {
+	m := NewMock(t, mockConfig())
+	m.ExpectStart(Start{Newest: pgchangestream.Position{ID: 10}})
+	m.ExpectRead(Insert("o1", nil), Insert("o2", nil), Insert("o3", nil))
+	m.ExpectBegin()
+	m.ExpectExec("INSERT INTO effects VALUES ($1)").WithArgs("12").WillReturnResult(sqlmock.NewResult(0, 1))
+	m.ExpectTxAck(12)
+	m.ExpectCommit()
+	require.NoError(t, runTxAck(t, m))
+	require.NoError(t, m.ExpectationsWereMet())
+}
+
+// A token that certifies another row than the one expected does not match: the write fails
+// (and so does the rollback, unexpected while the write is still expected).
+func TestMockExpectTxAckChecksTheToken(t *testing.T) {
+	m := NewMock(t, mockConfig())
+	m.ExpectStart(Start{Newest: pgchangestream.Position{ID: 10}})
+	m.ExpectRead(Insert("o1", nil), Insert("o2", nil), Insert("o3", nil))
+	m.ExpectBegin()
+	m.ExpectExec("INSERT INTO effects VALUES ($1)").WithArgs("12").WillReturnResult(sqlmock.NewResult(0, 1))
+	m.ExpectTxAck(13)
+	require.ErrorContains(t, runTxAck(t, m), "MarkProcessedTx")
+	require.Error(t, m.ExpectationsWereMet(), "the write expected was not sent")
 }

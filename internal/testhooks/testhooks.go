@@ -19,6 +19,9 @@ type Statements struct {
 	DeltaStart string
 	// LoadToken, SaveToken: the saved token alone.
 	LoadToken, SaveToken string
+	// AckTx: MarkProcessedTx's write of the token in the caller's transaction (unfenced, with
+	// no incarnation check).
+	AckTx string
 	// Newest: the start position of a client without a saved token.
 	Newest string
 	// TableCheck: the start-up check that some changelog row or trigger has the table name.

@@ -29,6 +29,9 @@ type drainSpec struct {
 	// shape is the backlog drained: items rows (the default), items rows all written by one
 	// transaction, or health_events rows.
 	shape backlogShape
+	// effects says whether the consumer writes an effect row per event, and how it then
+	// acknowledges (effects.go); the effects are checked once the drain is done.
+	effects effectMode
 }
 
 // backlogShape says which rows a drain's backlog holds.
@@ -69,12 +72,20 @@ func drain(ctx context.Context, d *database, client string, n int, spec drainSpe
 	ctx, cancel := context.WithTimeout(ctx, drainTimeout)
 	defer cancel()
 	defer func() { _ = w.Close(context.WithoutCancel(ctx)) }()
+	if spec.effects != noEffects {
+		if err := d.createEffects(ctx); err != nil {
+			return 0, err
+		}
+	}
 
 	start := time.Now()
 	w.Start(ctx)
-	if spec.workers > 0 {
+	switch {
+	case spec.effects != noEffects:
+		err = consumeWithEffects(ctx, w, d, n, spec.effects)
+	case spec.workers > 0:
 		err = consumeConcurrently(ctx, w, n, spec.workers)
-	} else {
+	default:
 		err = consumeInOrder(ctx, w, n)
 	}
 	if err == nil {

@@ -76,6 +76,11 @@ func markdown(r *results, m machine) string {
 	p("- `drain_sync_concurrent` has a dispatcher that numbers deliveries in receive order and hands")
 	p("  them to %d workers, which finish out of order; a worker whose completion advances the", concurrentWorkers)
 	p("  contiguous watermark calls `MarkProcessed` with the watermark's token.")
+	p("- `drain_txack` and `drain_effect_sync` insert one row per event into an effects table of the")
+	p("  drained database (`DisableProcessedFlag`, so the acknowledgement alone is compared):")
+	p("  `drain_txack` runs `BEGIN; INSERT effect; MarkProcessedTx; COMMIT`, `drain_effect_sync` an")
+	p("  autocommit `INSERT effect`, then `MarkProcessed` (CheckpointInterval 0). Each drain checks")
+	p("  that the table holds one row per event.")
 	p("- `drain_bulk_sync` is `drain_sync` of a backlog inserted by one statement, so one transaction")
 	p("  writes every row with the same `changed_at`; each event is acknowledged and saved.")
 	p("- `drain_health` is `drain_batched` of `health_events (id uuid, document jsonb)` rows shaped like")
@@ -251,6 +256,12 @@ const limitsText = `## What limits each figure
   estimates a handful of rows for ` + "`table_name = $1`" + ` and reads each batch with a bitmap
   scan that fetches and sorts every remaining row of the table, so each batch costs time in
   proportion to the backlog. Autovacuum's first ANALYZE ends it.
+- **drain_txack** and **drain_effect_sync**: one effect row per event. drain_txack commits the
+  effect and the acknowledgement together (` + "`MarkProcessedTx`" + `): one WAL flush but four round
+  trips per event (BEGIN, the effect, the token update, COMMIT). drain_effect_sync commits the
+  effect, then saves the token (` + "`MarkProcessed`" + `, CheckpointInterval 0): two flushes, two round
+  trips. Where a flush costs about a round trip, as here, the round trips decide; on storage
+  with slower flushes the ratio should rise (not measured here).
 - **drain_bulk_sync**: the same per-ack saves as drain_sync; every row shares one changed_at, so
   the reads page through the backlog by id alone within that timestamp.
 - **drain_health**: the same reader as drain_batched, with five times the JSON per row and, for

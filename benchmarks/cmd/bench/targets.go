@@ -64,6 +64,8 @@ func (r *results) drainTargets(v variant) []target {
 		ratioTarget(label("(no processed flag) drain_sync / upsert_limit"), f("drain_sync_noflag_eps"), r.UpsertLimitWPS,
 			k("drain_sync_noflag_eps"), "upsert_limit_wps", 0.8),
 	}
+	ts = append(ts, ratioTarget(label("effect + MarkProcessedTx in one tx / effect then MarkProcessed"),
+		f("drain_txack_eps"), f("drain_effect_sync_eps"), k("drain_txack_eps"), k("drain_effect_sync_eps"), txAckGoal))
 	for _, b := range r.Params.Backlogs {
 		goal := 2.0
 		if b < 10_000 {

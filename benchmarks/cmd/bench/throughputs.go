@@ -75,6 +75,10 @@ func throughputs(o options) []throughput {
 		drainWith("drain_bulk_sync_eps", "drain_sync of a backlog written by one transaction (one changed_at)", n,
 			drainSpec{shape: bulkShape}),
 		drainWith("drain_sync_noflag_eps", "drain_sync with DisableProcessedFlag", n, drainSpec{disableProcessedFlag: true}),
+		drainWith("drain_txack_eps", "one effect row per event: BEGIN; INSERT effect; MarkProcessedTx; COMMIT, "+
+			"DisableProcessedFlag", n, drainSpec{effects: effectsInTx, disableProcessedFlag: true}),
+		drainWith("drain_effect_sync_eps", "one effect row per event: INSERT effect (autocommit), then MarkProcessed "+
+			"(CheckpointInterval 0), DisableProcessedFlag", n, drainSpec{effects: effectsThenAck, disableProcessedFlag: true}),
 		drainWith("drain_sync_concurrent_eps", itoa(concurrentWorkers)+
 			" workers, contiguous watermark acked, CheckpointInterval 0", n, drainSpec{workers: concurrentWorkers}),
 		watermillAt(n, func(key string) string { return key }),
