@@ -112,3 +112,32 @@ func runTxAckChild(t *testing.T, dsn string, mode Mode) {
 		c.crash() // an error: start again from the saved token
 	}
 }
+
+// A delivery replayed after a crash (no acknowledgement saved) has the key it had the first
+// time: "<table>/<changelog id>".
+func TestLiveIdempotencyKeyStableAcrossReplay(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	cfg := e.config(ModeHybrid)
+	cfg.StartFromBeginning = true
+	ids := e.insert(3)
+	keys := func() []string {
+		c := e.startCrashable(cfg)
+		defer c.crash()
+		var got []string
+		for range ids {
+			select {
+			case ev := <-c.Events():
+				k, err := ev.IdempotencyKey()
+				require.NoError(t, err)
+				got = append(got, k)
+			case <-time.After(liveWait):
+				t.Fatalf("%d of %d events delivered", len(got), len(ids))
+			}
+		}
+		return got
+	}
+	first := keys()
+	require.Equal(t, []string{fmt.Sprintf("items/%d", ids[0]), fmt.Sprintf("items/%d", ids[1]), fmt.Sprintf("items/%d", ids[2])}, first)
+	require.Equal(t, first, keys(), "the replayed deliveries have the same keys")
+}
