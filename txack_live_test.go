@@ -34,22 +34,32 @@ func TestLiveTxAckExactlyOnce(t *testing.T) {
 
 // TestLiveTxAckExactlyOnceServerFaults: the same as [TestLiveTxAckExactlyOnce], the session
 // terminations replaced by faults of the server of the test's own: a restart (fast shutdown)
-// and a kill (SIGKILL, then crash recovery), in turn.
+// and a kill (SIGKILL, then crash recovery), in turn, each while the consumer goes on, so that
+// it lands at any point of a transaction.
 func TestLiveTxAckExactlyOnceServerFaults(t *testing.T) {
 	srv := pgtest.NewServer(t, pgtest.Options{})
 	for _, mode := range []Mode{ModePolling, ModeNotify, ModeHybrid} {
 		t.Run(string(mode), func(t *testing.T) {
 			e := newLiveOn(t, srv)
-			faults := 0
-			fault := func() {
+			faults, pending := 0, make(chan error, 1)
+			fault := func() { // on its own goroutine, so that it lands while the consumer goes on
 				f := srv.Restart
 				if faults%2 == 1 {
 					f = srv.Kill
 				}
-				require.NoError(t, f(context.Background()))
 				faults++
+				go func() { pending <- f(context.Background()) }()
 			}
-			runTxAckExactlyOnce(t, e, mode, func(int) bool { return faults >= 4 }, txAckRounds(t, e, mode, fault))
+			rounds := txAckRounds(t, e, mode, fault)
+			round := func(rng *rand.Rand, drain bool) bool {
+				before := faults
+				interrupted := rounds(rng, drain)
+				if faults > before { // the server is up again before the next round
+					require.NoError(t, <-pending)
+				}
+				return interrupted
+			}
+			runTxAckExactlyOnce(t, e, mode, func(int) bool { return faults >= 4 }, round)
 			t.Logf("%s: %d server faults (restarts and kills in turn)", mode, faults)
 		})
 	}
