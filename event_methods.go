@@ -51,6 +51,26 @@ func (e EventWithToken) GetNodeName() (string, error) {
 	return "", errors.New("pgchangestream: no node name in fullDocument.healthevent")
 }
 
+// IdempotencyKey returns a key for the change the event reports, for effects outside the
+// database: "<table>/<changelog id>", the event's ns.coll and _id._data, e.g. "items/452". Every
+// delivery of one changelog row has the same key, also when it is delivered again after a
+// restart, a crash or a failed acknowledgement; every other row of the changelog has another.
+// A consumer that records the keys of the effects it applied (or passes the key to a service
+// that deduplicates by it) can skip a replayed delivery. It fails when the event has no
+// ns.coll string or no _id.
+func (e EventWithToken) IdempotencyKey() (string, error) {
+	ns, _ := e.Event["ns"].(map[string]any)
+	table, _ := ns["coll"].(string)
+	if table == "" {
+		return "", errors.New("pgchangestream: event has no ns.coll")
+	}
+	id, err := e.GetDocumentID()
+	if err != nil {
+		return "", err
+	}
+	return table + "/" + id, nil
+}
+
 // GetResumeToken returns the event's resume token, for [Watcher.MarkProcessed].
 func (e EventWithToken) GetResumeToken() []byte { return e.ResumeToken }
 

@@ -1,6 +1,7 @@
 package pgchangestream
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -130,5 +131,46 @@ func TestEventUnmarshalDocument(t *testing.T) {
 			var d doc
 			require.Error(t, EventWithToken{Event: ev}.UnmarshalDocument(&d))
 		})
+	}
+}
+
+// The idempotency key is "<table>/<changelog id>": the same for every delivery of one changelog
+// row, different for each other row or table; an event without either part is an error.
+func TestEventIdempotencyKey(t *testing.T) {
+	key := func(ev Event) (string, error) { return EventWithToken{Event: ev}.IdempotencyKey() }
+	row := evRow("INSERT", "", `{"a":1}`)
+	first, _, err := buildEvent(row, "items", "")
+	require.NoError(t, err)
+	got, err := key(first)
+	require.NoError(t, err)
+	require.Equal(t, "items/"+strconv.FormatInt(row.ID, 10), got)
+	again, _, err := buildEvent(row, "items", "")
+	require.NoError(t, err)
+	replayed, err := key(again)
+	require.NoError(t, err)
+	require.Equal(t, got, replayed, "a replayed delivery has the same key")
+
+	other := *row
+	other.ID++
+	next, _, err := buildEvent(&other, "items", "")
+	require.NoError(t, err)
+	k, err := key(next)
+	require.NoError(t, err)
+	require.NotEqual(t, got, k, "another row, another key")
+	elsewhere, _, err := buildEvent(row, "public.orders", "")
+	require.NoError(t, err)
+	k, err = key(elsewhere)
+	require.NoError(t, err)
+	require.Equal(t, "public.orders/"+strconv.FormatInt(row.ID, 10), k)
+
+	for name, ev := range map[string]Event{
+		"empty event":    {},
+		"no _id":         {"ns": map[string]any{"coll": "items"}},
+		"no ns":          {"_id": map[string]any{"_data": "7"}},
+		"empty ns.coll":  {"_id": map[string]any{"_data": "7"}, "ns": map[string]any{"coll": ""}},
+		"ns.coll number": {"_id": map[string]any{"_data": "7"}, "ns": map[string]any{"coll": 3}},
+	} {
+		_, err := key(ev)
+		require.Error(t, err, name)
 	}
 }

@@ -2,6 +2,8 @@ package pgchangestream
 
 import (
 	"context"
+	"database/sql"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -9,6 +11,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 )
 
 // TestLiveTxAckExactlyOnce: contract rule 19. While writers commit, a consumer inserts one row
@@ -21,68 +25,133 @@ func TestLiveTxAckExactlyOnce(t *testing.T) {
 	for _, mode := range []Mode{ModePolling, ModeNotify, ModeHybrid} {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()
-			runTxAckExactlyOnce(t, mode)
+			e := newLive(t)
+			runTxAckExactlyOnce(t, e, mode, func(interrupts int) bool { return interrupts >= 8 },
+				txAckRounds(t, e, mode, e.terminateOthers))
 		})
 	}
 }
 
-func runTxAckExactlyOnce(t *testing.T, mode Mode) {
-	e := newLive(t)
-	_, err := e.db.Exec(`CREATE TABLE effects (changelog_id bigint NOT NULL)`)
+// TestLiveTxAckExactlyOnceServerFaults: the same as [TestLiveTxAckExactlyOnce], the session
+// terminations replaced by faults of the server of the test's own: a restart (fast shutdown)
+// and a kill (SIGKILL, then crash recovery), in turn, each while the consumer goes on, so that
+// it lands at any point of a transaction.
+func TestLiveTxAckExactlyOnceServerFaults(t *testing.T) {
+	srv := pgtest.NewServer(t, pgtest.Options{})
+	for _, mode := range []Mode{ModePolling, ModeNotify, ModeHybrid} {
+		t.Run(string(mode), func(t *testing.T) {
+			e := newLiveOn(t, srv)
+			faults, pending := 0, make(chan error, 1)
+			fault := func() { // on its own goroutine, so that it lands while the consumer goes on
+				f := srv.Restart
+				if faults%2 == 1 {
+					f = srv.Kill
+				}
+				faults++
+				go func() { pending <- f(context.Background()) }()
+			}
+			rounds := txAckRounds(t, e, mode, fault)
+			round := func(rng *rand.Rand, drain bool) bool {
+				before := faults
+				interrupted := rounds(rng, drain)
+				if faults > before { // the server is up again before the next round
+					require.NoError(t, <-pending)
+				}
+				return interrupted
+			}
+			runTxAckExactlyOnce(t, e, mode, func(int) bool { return faults >= 4 }, round)
+			t.Logf("%s: %d server faults (restarts and kills in turn)", mode, faults)
+		})
+	}
+}
+
+// txAckRound runs the consumer once and reports whether it was interrupted; drain asks it to
+// consume until it has caught up.
+type txAckRound func(rng *rand.Rand, drain bool) bool
+
+// runTxAckExactlyOnce runs rounds of the consumer while writers commit, until enough(the
+// interruptions so far), then until the consumer has caught up with the stopped writers (or
+// two rounds added no effect), and checks that the effects table has exactly one row per committed changelog row, keyed by the
+// event's IdempotencyKey.
+func runTxAckExactlyOnce(t *testing.T, e *liveEnv, mode Mode, enough func(interrupts int) bool, round txAckRound) {
+	_, err := e.db.Exec(`CREATE TABLE effects (changelog_id bigint NOT NULL, idempotency_key text NOT NULL)`)
 	require.NoError(t, err)
-	const rows = 150
-	writersDone := make(chan struct{})
-	go func() { // writers: one row per transaction; a terminated session just tries again
-		defer close(writersDone)
-		for n := 0; n < rows; {
-			if _, err := e.db.Exec(`INSERT INTO items (n) VALUES (1)`); err == nil {
-				n++
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}()
+	writers := e.startWriters(1, 5*time.Millisecond)
 	rng := rand.New(rand.NewPCG(uint64(len(mode)), 19))
-	interrupts := 0
-	for round := 0; ; round++ {
-		done := func() bool {
-			select {
-			case <-writersDone:
-				return e.effectsCount() == e.changelogCount()
-			default:
-				return false
-			}
-		}()
-		if done {
-			break
+	interrupts, stopped, idle, effects := 0, false, 0, -1
+	for r := 0; idle < 2; r++ { // after the writers stopped: until two drain rounds add nothing
+		if !stopped && enough(interrupts) {
+			writers.stop()
+			stopped = true
 		}
-		require.Less(t, round, 200, "the consumer makes no progress")
-		cfg := e.config(mode)
-		cfg.StartFromBeginning = true
-		c := e.startCrashable(cfg)
-		limit := 5 + rng.IntN(25)
-		kind := rng.IntN(3)
-		if txAckConsume(t, e, c, limit, kind, rng) {
+		if n := e.effectsCount(); stopped {
+			if n == e.changelogCount() {
+				break
+			}
+			if idle++; n != effects {
+				idle = 0
+			}
+			effects = n
+		}
+		require.Less(t, r, 300, "the consumer makes no progress")
+		if round(rng, stopped) {
 			interrupts++
 		}
-		c.crash()
 	}
-	var total, distinct, missing int
-	require.NoError(t, e.db.QueryRow(`SELECT count(*), count(DISTINCT changelog_id) FROM effects`).Scan(&total, &distinct))
+	var total, distinct, missing, badKeys int
+	require.NoError(t, e.db.QueryRow(`SELECT count(*), count(DISTINCT changelog_id),
+		count(*) FILTER (WHERE idempotency_key <> $1 || '/' || changelog_id) FROM effects`, liveTable).
+		Scan(&total, &distinct, &badKeys))
 	require.NoError(t, e.db.QueryRow(`SELECT count(*) FROM datastore_changelog c WHERE table_name = $1
 		AND NOT EXISTS (SELECT FROM effects WHERE changelog_id = c.id)`, liveTable).Scan(&missing))
-	t.Logf("%s: %d effects for %d changelog rows after %d interruptions", mode, total, e.changelogCount(), interrupts)
+	rows := e.changelogCount()
+	t.Logf("%s: %d effects (%d distinct) for %d changelog rows (%d committed by the writers) after %d interruptions",
+		mode, total, distinct, rows, writers.committed(), interrupts)
 	require.Zero(t, missing, "no committed changelog row is without its effect")
 	require.Equal(t, distinct, total, "no effect is written twice")
-	require.Equal(t, e.changelogCount(), total)
+	require.Equal(t, rows, total)
+	require.GreaterOrEqual(t, rows, writers.committed(), "every row the writers committed is in the changelog")
+	require.Zero(t, badKeys, "each effect's idempotency key is its table and changelog id")
 	require.Positive(t, interrupts)
 }
 
-// txAckConsume consumes up to limit events of c, each in its own transaction with its effect,
-// then interrupts: kind 0 stops the watcher with a transaction open and commits it after; kind
-// 1 terminates every other session of the database and goes on until an error; kind 2 just
-// stops. It returns whether it interrupted, and stops at the first error (a later
-// acknowledgement would certify the event whose transaction failed).
-func txAckConsume(t *testing.T, e *liveEnv, c *crashable, limit, kind int, rng *rand.Rand) bool {
+// txAckRounds returns the in-process round: a watcher on a pool of its own consumes a random
+// number of events, is interrupted (fault is the session fault of kind 1, see txAckConsume) and
+// crashes.
+func txAckRounds(t *testing.T, e *liveEnv, mode Mode, fault func()) txAckRound {
+	return func(rng *rand.Rand, drain bool) bool {
+		cfg := e.config(mode)
+		cfg.StartFromBeginning = true
+		c := e.startCrashable(cfg)
+		defer c.crash()
+		limit, kind := 5+rng.IntN(25), rng.IntN(3)
+		if drain {
+			limit, kind = math.MaxInt, 2
+		}
+		return txAckConsume(t, e.db, c, limit, kind, rng, txAckFault{session: fault})
+	}
+}
+
+// txAckFault is what txAckConsume does at its interruption points: session is the fault of
+// kind 1; mark, when set, is told "begin" once a transaction is open, "acked" once
+// MarkProcessedTx wrote in it and "commit" once it committed.
+type txAckFault struct {
+	session func()
+	mark    func(phase string)
+}
+
+func (f txAckFault) at(phase string) {
+	if f.mark != nil {
+		f.mark(phase)
+	}
+}
+
+// txAckConsume consumes up to limit events of c, each in its own transaction on db with its
+// effect, then interrupts: kind 0 stops the watcher with a transaction open and commits it
+// after; kind 1 applies f.session and goes on until an error; kind 2 just stops. It returns
+// whether it interrupted, and stops at the first error (a later acknowledgement would certify
+// the event whose transaction failed).
+func txAckConsume(t *testing.T, db *sql.DB, c *crashable, limit, kind int, rng *rand.Rand, f txAckFault) bool {
 	ctx := context.Background()
 	for n := 0; ; n++ {
 		var ev EventWithToken
@@ -95,13 +164,12 @@ func txAckConsume(t *testing.T, e *liveEnv, c *crashable, limit, kind int, rng *
 		case <-time.After(2 * time.Second): // caught up
 			return false
 		}
-		tx, err := e.db.BeginTx(ctx, nil)
+		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
 			return true
 		}
-		id, err := strconv.ParseInt(string(ev.ResumeToken), 10, 64)
-		require.NoError(t, err)
-		if _, err := tx.Exec(`INSERT INTO effects (changelog_id) VALUES ($1)`, id); err != nil {
+		f.at("begin")
+		if err := insertEffect(t, tx, ev); err != nil {
 			_ = tx.Rollback()
 			return true
 		}
@@ -109,6 +177,7 @@ func txAckConsume(t *testing.T, e *liveEnv, c *crashable, limit, kind int, rng *
 			_ = tx.Rollback()
 			return true
 		}
+		f.at("acked")
 		last := n+1 >= limit
 		if last && kind == 0 {
 			c.stop() // the watcher stops before the transaction ends
@@ -118,8 +187,9 @@ func txAckConsume(t *testing.T, e *liveEnv, c *crashable, limit, kind int, rng *
 		if err := tx.Commit(); err != nil {
 			return true
 		}
+		f.at("commit")
 		if last && kind == 1 {
-			e.terminateOthers()
+			f.session()
 			kind, limit = 2, n+1+rng.IntN(10) // go on for a while, then stop
 			continue
 		}
@@ -127,6 +197,16 @@ func txAckConsume(t *testing.T, e *liveEnv, c *crashable, limit, kind int, rng *
 			return true
 		}
 	}
+}
+
+// insertEffect writes ev's effect in tx: its changelog id and idempotency key.
+func insertEffect(t *testing.T, tx *sql.Tx, ev EventWithToken) error {
+	id, err := strconv.ParseInt(string(ev.ResumeToken), 10, 64)
+	require.NoError(t, err)
+	key, err := ev.IdempotencyKey()
+	require.NoError(t, err)
+	_, err = tx.Exec(`INSERT INTO effects (changelog_id, idempotency_key) VALUES ($1, $2)`, id, key)
+	return err
 }
 
 func (e *liveEnv) effectsCount() int {
