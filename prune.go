@@ -152,10 +152,24 @@ func (opts PruneOptions) reach(arg func(any) string) []string {
 	return conds
 }
 
+// restrictedTokensSQL reads whether a restrictive row-level security policy of the token table
+// ($1) applies to the current role, which then does not see every client's token.
+const restrictedTokensSQL = `SELECT COALESCE(row_security_active(to_regclass($1)), false) AND EXISTS (
+	SELECT FROM pg_policy p WHERE p.polrelid = to_regclass($1) AND NOT p.polpermissive
+	AND EXISTS (SELECT FROM unnest(p.polroles) r WHERE r = 0 OR pg_has_role(current_user, r, 'USAGE')))`
+
 // pruneTokens returns the tokens that count for the rows Prune may delete: all but the ignored
 // ones and, with Table set, those of other tables. It adds their clients to res.Clients, or to
 // res.Unresolved for those whose row is gone.
 func pruneTokens(ctx context.Context, db *sql.DB, tables adminTables, opts PruneOptions, res *PruneResult) ([]pruneToken, error) {
+	var restricted bool
+	if err := db.QueryRowContext(ctx, restrictedTokensSQL, tables.tok).Scan(&restricted); err != nil {
+		return nil, fmt.Errorf("read the policies of token table %s: %w", tables.tokens, err)
+	}
+	if restricted {
+		return nil, fmt.Errorf("token table %s hides other clients' tokens from this role (RestrictTokens): "+
+			"prune as the table's owner or a BYPASSRLS role, which see every token", tables.tokens)
+	}
 	saved, err := ListTokens(ctx, db, opts.AdminOptions)
 	if err != nil {
 		return nil, err

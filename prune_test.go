@@ -71,6 +71,7 @@ func holderRows(n int64) *sqlmock.Rows {
 
 func TestPruneDeletesInBatchesBelowEveryToken(t *testing.T) {
 	db, mock := mockDB(t)
+	expectTokensVisible(mock, false)
 	mock.ExpectQuery(wantListTokens).WillReturnRows(tokenRows(
 		"a", `{"timestamp":"2026-01-02T03:04:05Z","eventID":9}`,
 		"b", `{"timestamp":"2026-01-02T03:04:05Z","eventID":9,"snapshot":"10:20:"}`,
@@ -103,6 +104,7 @@ func TestPruneDeletesInBatchesBelowEveryToken(t *testing.T) {
 
 func TestPruneDeletesNothingBelowAnUnresolvedToken(t *testing.T) {
 	db, mock := mockDB(t)
+	expectTokensVisible(mock, false)
 	mock.ExpectQuery(wantListTokens).WillReturnRows(tokenRows(
 		"a", `{"timestamp":"2026-01-02T03:04:05Z","eventID":9}`, "gone", `{"eventID":4}`))
 	mock.ExpectQuery(`SELECT changed_at FROM "datastore_changelog" WHERE id = $1`).WithArgs(int64(4)).
@@ -113,6 +115,7 @@ func TestPruneDeletesNothingBelowAnUnresolvedToken(t *testing.T) {
 	require.NoError(t, mock.ExpectationsWereMet(), "no DELETE")
 
 	db, mock = mockDB(t)
+	expectTokensVisible(mock, false)
 	mock.ExpectQuery(wantListTokens).WillReturnRows(tokenRows())
 	res, err = Prune(context.Background(), db, PruneOptions{})
 	require.NoError(t, err)
@@ -120,6 +123,7 @@ func TestPruneDeletesNothingBelowAnUnresolvedToken(t *testing.T) {
 	require.NoError(t, mock.ExpectationsWereMet())
 
 	db, mock = mockDB(t)
+	expectTokensVisible(mock, false)
 	mock.ExpectQuery(wantListTokens).WillReturnRows(tokenRows("bad", `{"eventID":"x"}`))
 	_, err = Prune(context.Background(), db, PruneOptions{})
 	require.ErrorContains(t, err, "client bad: ")
@@ -127,6 +131,7 @@ func TestPruneDeletesNothingBelowAnUnresolvedToken(t *testing.T) {
 
 func TestPruneDryRunCounts(t *testing.T) {
 	db, mock := mockDB(t)
+	expectTokensVisible(mock, false)
 	mock.ExpectQuery(wantListTokens).WillReturnRows(tokenRows("a", `{"timestamp":"2026-01-02T03:04:05Z","eventID":9}`))
 	mock.ExpectQuery(`SELECT count(*) FROM "datastore_changelog" c WHERE c.changed_at < now() - make_interval(secs => $1::float8)
 	AND (c.changed_at, c.id) <= ($2::timestamptz, $3::bigint)`).WithArgs(float64(0), t0, int64(9)).
@@ -157,6 +162,7 @@ func TestPruneCountsATokenForItsTableOnly(t *testing.T) {
 	AND (c.changed_at, c.id) > ($3::timestamptz, $4::bigint) AND NOT (c.changed_at, c.id) <= ($5::timestamptz, $6::bigint)`
 
 	db, mock := mockDB(t)
+	expectTokensVisible(mock, false)
 	mock.ExpectQuery(wantListTokens).WillReturnRows(listed())
 	mock.ExpectQuery(count+`c.table_name = $2
 	AND (c.changed_at, c.id) <= ($3::timestamptz, $4::bigint)
@@ -171,6 +177,7 @@ func TestPruneCountsATokenForItsTableOnly(t *testing.T) {
 	require.NoError(t, mock.ExpectationsWereMet())
 
 	db, mock = mockDB(t)
+	expectTokensVisible(mock, false)
 	mock.ExpectQuery(wantListTokens).WillReturnRows(listed())
 	tableToken := func(n int) string {
 		return `(c.table_name <> $` + strconv.Itoa(n) + ` OR (c.changed_at, c.id) <= ($` + strconv.Itoa(n+1) +
@@ -191,5 +198,22 @@ func TestPruneCountsATokenForItsTableOnly(t *testing.T) {
 		{Client: "other", Table: "other", Rows: 3, SavedAt: t0, Age: time.Hour},
 		{Client: "items2", Table: "items", Rows: 2, SavedAt: t0, Age: time.Hour},
 	}}, res)
+	require.NoError(t, mock.ExpectationsWereMet())
+}
+
+// expectTokensVisible expects Prune's check of the token table's policies: restricted, whether a
+// restrictive policy hides other clients' tokens from this role.
+func expectTokensVisible(mock sqlmock.Sqlmock, restricted bool) {
+	mock.ExpectQuery(restrictedTokensSQL).WithArgs(`"resume_tokens"`).
+		WillReturnRows(sqlmock.NewRows([]string{"restricted"}).AddRow(restricted))
+}
+
+// TestPruneRefusesARoleThatSeesSomeTokensOnly: a role restricted to some clients' tokens would
+// prune rows the hidden clients have not consumed; Prune refuses before reading any token.
+func TestPruneRefusesARoleThatSeesSomeTokensOnly(t *testing.T) {
+	db, mock := mockDB(t)
+	expectTokensVisible(mock, true)
+	_, err := Prune(t.Context(), db, PruneOptions{})
+	require.ErrorContains(t, err, "hides other clients' tokens from this role")
 	require.NoError(t, mock.ExpectationsWereMet())
 }

@@ -241,12 +241,13 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 		Changelog, ChangelogLiteral, TokenTable, Function, Channel string
 		Indexes, TxidIndexes                                       []string
 		TxidColumn, LockTimeout, Incarnation                       string
-		TokenTableLiteral, EpochColumn                             string
+		TokenTableLiteral, EpochColumn, FunctionLiteral            string
 	}{
 		ddlLockKey, p.changelog, quoteLiteral(p.changelog), quoteIdentifier(opts.TokenTable),
 		quoteIdentifier(opts.FunctionName), quoteLiteral(opts.NotifyChannel), inTx, txidInTx,
 		txidColumn, alterLockTimeout.String(), quoteIdentifier(incarnationTable(opts.ChangelogTable)),
 		quoteLiteral(quoteIdentifier(opts.TokenTable)), epochColumn,
+		quoteLiteral(quoteIdentifier(opts.FunctionName) + "()"),
 	})
 	if err != nil {
 		return installPlan{}, err

@@ -96,7 +96,7 @@ argument 'no_notify' (SchemaOptions.WithoutNotify) writes the row without the NO
 transaction that is to be prepared (PREPARE TRANSACTION) must not send.
 */ -}}
 CREATE OR REPLACE FUNCTION {{.Function}}() RETURNS trigger
-LANGUAGE plpgsql AS $body$
+LANGUAGE plpgsql SECURITY DEFINER AS $body$
 DECLARE
     changelog_id BIGINT;
 BEGIN
@@ -120,3 +120,26 @@ BEGIN
     RETURN NULL;
 END
 $body$;
+
+{{/* ---- begin: trigger function privileges ----
+The trigger function runs with the rights of its owner, the changelog's owner, so writers of
+captured tables need no privilege on the changelog or its sequence, and cannot insert changelog
+rows themselves. Its search_path is pinned to pg_catalog, the changelog's schema (where the
+unqualified changelog name was found at install time: the installer's search_path) and pg_temp
+last, so no writer's search_path or temporary object changes what its body refers to. The names
+come from the catalog and are quoted by format(); the function body itself runs no dynamic SQL.
+*/ -}}
+DO $definer$
+DECLARE
+    fn  regprocedure := to_regprocedure({{.FunctionLiteral}});
+    nsp name;
+    own name;
+BEGIN
+    SELECT n.nspname, r.rolname INTO nsp, own
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_roles r ON r.oid = c.relowner
+    WHERE c.oid = to_regclass({{.ChangelogLiteral}});
+    EXECUTE format('ALTER FUNCTION %s OWNER TO %I', fn, own);
+    EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp', fn, nsp);
+END
+$definer$;
+{{- /* ---- end: trigger function privileges ---- */}}

@@ -1,0 +1,194 @@
+package pgchangestream
+
+import (
+	"database/sql"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// grant runs one GRANT (or REVOKE) as the owner.
+func (e *liveEnv) grant(stmt string) {
+	e.t.Helper()
+	_, err := e.db.Exec(stmt)
+	require.NoError(e.t, err)
+}
+
+// TestLiveWriterNeedsOnlyItsTable: a role with INSERT on a captured table and nothing else writes
+// it, and its change reaches a watcher; it cannot insert a changelog row of its own.
+func TestLiveWriterNeedsOnlyItsTable(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	role, writer := e.withRole("writer")
+	e.grant(`GRANT INSERT ON items TO ` + role)
+	w := e.start(e.fromBeginning(ModeHybrid))
+
+	_, err := writer.Exec(`INSERT INTO items (n) VALUES (7)`)
+	require.NoError(t, err, "a writer needs no privilege on the changelog")
+	ids := receiveWithin(t, w, 1, liveWait)
+	require.Len(t, ids, 1)
+
+	_, err = writer.Exec(`INSERT INTO datastore_changelog (table_name, record_id, operation, new_values)
+		VALUES ('items', gen_random_uuid(), 'INSERT', '{"n": 666}')`)
+	require.ErrorContains(t, err, "permission denied for table datastore_changelog")
+	requireNothingWithin(t, w, liveQuiet)
+}
+
+// dsnAs returns the database's connection string for the role (quoted, as withRole returns it).
+func (e *liveEnv) dsnAs(role string) string {
+	e.t.Helper()
+	u, err := url.Parse(e.dsn)
+	require.NoError(e.t, err)
+	u.User = url.User(strings.Trim(role, `"`))
+	return u.String()
+}
+
+// TestLiveClientCannotMoveAnotherClientsToken: a watcher role restricted to client "a" cannot
+// save, fence or delete the token of client "c", while its own exclusive watcher claims the
+// client, streams and saves fenced checkpoints; the owner still administers every token.
+func TestLiveClientCannotMoveAnotherClientsToken(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	role, client := e.withRole("client_a")
+	e.grant(`GRANT SELECT, UPDATE ON datastore_changelog TO ` + role)
+	e.grant(`GRANT SELECT, INSERT, UPDATE, DELETE ON resume_tokens TO ` + role)
+	ids := e.insert(3)
+	other := e.start(e.fromBeginning(ModePolling)) // client "c", as the owner
+	require.Equal(t, ids, receiveWithin(t, other, 3, liveWait))
+	require.NoError(t, other.MarkProcessed(t.Context(), []byte(strconv.FormatInt(ids[0], 10))))
+	require.NoError(t, other.Close(t.Context()))
+	before := e.rawToken("c")
+	require.NoError(t, RestrictTokens(t.Context(), e.db, strings.Trim(role, `"`), []string{"a"}, SchemaOptions{}))
+
+	forged := `{"timestamp": "2999-01-01T00:00:00Z", "eventID": "99999999"}`
+	requireRefused(t, client, `INSERT INTO resume_tokens (client_name, resume_token) VALUES ('c', $1)
+		ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token`, forged)
+	requireRefused(t, client, `INSERT INTO resume_tokens (client_name, resume_token) VALUES ('new', $1)`, forged)
+	requireRefused(t, client, `UPDATE resume_tokens SET resume_token = $1 WHERE client_name = 'c'`, forged)
+	requireRefused(t, client, `UPDATE resume_tokens SET owner_epoch = 99 WHERE client_name = 'c'`)
+	requireRefused(t, client, `DELETE FROM resume_tokens WHERE client_name = 'c'`)
+	require.Equal(t, before, e.rawToken("c"), "another client's token is unchanged")
+	_, err := Prune(t.Context(), client, PruneOptions{})
+	require.ErrorContains(t, err, "hides other clients' tokens")
+
+	cfg := e.fromBeginning(ModeHybrid)
+	cfg.DB, cfg.ConnString, cfg.ClientName, cfg.Exclusive = client, e.dsnAs(role), "a", true
+	w := e.start(cfg)
+	waitFor(t, func() bool { return w.Stats().Active }, "the exclusive watcher claims client a")
+	got := receiveWithin(t, w, 3, liveWait)
+	require.Equal(t, ids, got)
+	require.NoError(t, w.MarkProcessed(t.Context(), []byte(strconv.FormatInt(got[2], 10))))
+	require.Equal(t, e.position(ids[2]), e.savedToken("a"), "its own fenced save works")
+	require.Equal(t, int64(1), liveScalar[int64](t, e.db, `SELECT owner_epoch FROM resume_tokens WHERE client_name = 'a'`))
+	listed, err := ListTokens(t.Context(), client, AdminOptions{})
+	require.NoError(t, err)
+	require.Len(t, listed, 1, "it sees its own token only")
+	require.NoError(t, w.Close(t.Context()))
+
+	require.NoError(t, ResetToken(t.Context(), e.db, "a", Position{}, AdminOptions{}), "the owner administers every token")
+	require.NoError(t, RemoveRestrictions(t.Context(), e.db, strings.Trim(role, `"`), SchemaOptions{}))
+	_, err = client.Exec(`UPDATE resume_tokens SET last_updated = now() WHERE client_name = 'c'`)
+	require.NoError(t, err)
+	require.Equal(t, 2, liveScalar[int](t, client, `SELECT count(*) FROM resume_tokens`), "lifted")
+}
+
+// requireRefused requires stmt to fail with a permission or row-level security error, or to
+// change no row.
+func requireRefused(t *testing.T, db *sql.DB, stmt string, args ...any) {
+	t.Helper()
+	res, err := db.Exec(stmt, args...)
+	if err != nil {
+		require.Regexp(t, `permission denied|row-level security`, err.Error())
+		return
+	}
+	n, err := res.RowsAffected()
+	require.NoError(t, err)
+	require.Zero(t, n, "%s changed a row", stmt)
+}
+
+// TestLiveUpgradedWriterGrantsCanBeRevoked: on the existing schema a writer holds the old grants
+// (INSERT and SELECT (id) on the changelog, USAGE on its sequence). InstallSchema, run while it writes, makes the
+// trigger function run as the owner; RevokeWriterGrantsSQL then lists exactly the old grants,
+// refusing before the upgrade, and once they are revoked the writer still writes and can no
+// longer forge a changelog row.
+func TestLiveUpgradedWriterGrantsCanBeRevoked(t *testing.T) {
+	t.Parallel()
+	e := newLegacy(t)
+	role, writer := e.withRole("writer")
+	e.grant(`GRANT INSERT ON health_events TO ` + role)
+	// The old trigger function's INSERT ... RETURNING id needs SELECT on id too.
+	e.grant(`GRANT INSERT, SELECT (id) ON datastore_changelog TO ` + role)
+	e.grant(`GRANT USAGE ON SEQUENCE datastore_changelog_id_seq TO ` + role)
+	_, err := RevokeWriterGrantsSQL(t.Context(), e.db, SchemaOptions{})
+	require.ErrorContains(t, err, "run InstallSchema first")
+
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { // a writer busy throughout the upgrade
+		for {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			if _, err := writer.Exec(`INSERT INTO health_events (item) VALUES ('x')`); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	require.NoError(t, InstallSchema(t.Context(), e.db, SchemaOptions{}))
+	close(stop)
+	require.NoError(t, <-done, "writes go on during the upgrade")
+
+	stmts, err := RevokeWriterGrantsSQL(t.Context(), e.db, SchemaOptions{})
+	require.NoError(t, err)
+	require.Equal(t, []string{
+		`REVOKE INSERT ON TABLE "public"."datastore_changelog" FROM ` + role,
+		`REVOKE SELECT (id) ON TABLE "public"."datastore_changelog" FROM ` + role,
+		`REVOKE USAGE, UPDATE ON SEQUENCE "public"."datastore_changelog_id_seq" FROM ` + role,
+	}, stmts)
+	for _, s := range stmts {
+		e.grant(s)
+	}
+	var before int
+	require.NoError(t, e.db.QueryRow(`SELECT count(*) FROM datastore_changelog WHERE table_name = 'health_events'`).Scan(&before))
+	_, err = writer.Exec(`INSERT INTO health_events (item) VALUES ('after')`)
+	require.NoError(t, err)
+	var after int
+	require.NoError(t, e.db.QueryRow(`SELECT count(*) FROM datastore_changelog WHERE table_name = 'health_events'`).Scan(&after))
+	require.Equal(t, before+1, after)
+	_, err = writer.Exec(`INSERT INTO datastore_changelog (table_name, record_id, operation) VALUES ('items', gen_random_uuid(), 'DELETE')`)
+	require.ErrorContains(t, err, "permission denied for table datastore_changelog")
+	stmts, err = RevokeWriterGrantsSQL(t.Context(), e.db, SchemaOptions{})
+	require.NoError(t, err)
+	require.Empty(t, stmts, "nothing left to revoke")
+}
+
+// TestLiveTriggerSearchPathIsPinned: a writer's temporary table named like the changelog does
+// not catch its changes: the trigger function's search_path is pinned, pg_temp last.
+func TestLiveTriggerSearchPathIsPinned(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	role, writer := e.withRole("writer")
+	e.grant(`GRANT INSERT ON items TO ` + role)
+	e.grant(`GRANT TEMPORARY ON DATABASE ` + liveScalar[string](t, e.db, `SELECT quote_ident(current_database())`) + ` TO ` + role)
+	conn, err := writer.Conn(t.Context())
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = conn.ExecContext(t.Context(), `CREATE TEMP TABLE datastore_changelog (id bigint, table_name text, record_id text,
+		operation text, old_values jsonb, new_values jsonb)`)
+	require.NoError(t, err)
+	_, err = conn.ExecContext(t.Context(), `SET search_path = pg_temp, public`)
+	require.NoError(t, err)
+	_, err = conn.ExecContext(t.Context(), `INSERT INTO items (n) VALUES (5)`)
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, conn.QueryRowContext(t.Context(), `SELECT count(*) FROM pg_temp.datastore_changelog`).Scan(&n))
+	require.Zero(t, n, "the change did not go to the temporary table")
+	require.Equal(t, 1, liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog WHERE new_values->>'n' = '5'`))
+}
