@@ -3,9 +3,11 @@ package pgchangestream
 import (
 	"database/sql"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -191,4 +193,82 @@ func TestLiveTriggerSearchPathIsPinned(t *testing.T) {
 	require.NoError(t, conn.QueryRowContext(t.Context(), `SELECT count(*) FROM pg_temp.datastore_changelog`).Scan(&n))
 	require.Zero(t, n, "the change did not go to the temporary table")
 	require.Equal(t, 1, liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog WHERE new_values->>'n' = '5'`))
+}
+
+// planNodes returns the node lines of an EXPLAIN text, without their conditions.
+func planNodes(plan string) []string {
+	var nodes []string
+	for _, line := range strings.Split(plan, "\n") {
+		if !regexp.MustCompile(`^\s*[A-Z][A-Za-z ]*: `).MatchString(line) {
+			nodes = append(nodes, line)
+		}
+	}
+	return nodes
+}
+
+// TestLiveConsumerReadsOnlyItsTables: a role restricted to the changelog rows of items streams
+// items, sees and marks none of the rows of another table, and its reads keep the plans of an
+// unrestricted role: index ranges of the stream index and of the txid index. Other roles still
+// see every row, and writers still write.
+func TestLiveConsumerReadsOnlyItsTables(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	liveExec(t, e.db, `CREATE TABLE others (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), n int)`)
+	require.NoError(t, CaptureChanges(t.Context(), e.db, "others", SchemaOptions{}))
+	role, reader := e.withRole("reader")
+	openRole, open := e.withRole("open")
+	for _, r := range []string{role, openRole} {
+		e.grant(`GRANT SELECT, UPDATE ON datastore_changelog TO ` + r)
+		e.grant(`GRANT SELECT, INSERT, UPDATE ON resume_tokens TO ` + r)
+	}
+	liveExec(t, e.db, `INSERT INTO items (n) SELECT g FROM generate_series(1, 3000) g`)
+	liveExec(t, e.db, `INSERT INTO others (n) SELECT g FROM generate_series(1, 3000) g`)
+	liveExec(t, e.db, `ANALYZE datastore_changelog`)
+	require.NoError(t, RestrictReads(t.Context(), e.db, strings.Trim(role, `"`), []string{liveTable}, SchemaOptions{}))
+
+	count := `SELECT count(*) FROM datastore_changelog WHERE table_name = 'others'`
+	require.Zero(t, liveScalar[int](t, reader, count), "the restricted role sees no row of others")
+	require.Equal(t, 3000, liveScalar[int](t, open, count), "an unrestricted role sees them all")
+	require.Equal(t, 3000, liveScalar[int](t, reader, `SELECT count(*) FROM datastore_changelog`))
+	requireRefused(t, reader, `UPDATE datastore_changelog SET processed = TRUE WHERE table_name = 'others'`)
+
+	w, err := New(e.config(ModePolling))
+	require.NoError(t, err)
+	var at time.Time
+	var id int64
+	require.NoError(t, e.db.QueryRow(`SELECT changed_at, id FROM datastore_changelog WHERE table_name = $1
+		ORDER BY changed_at, id OFFSET 1500 LIMIT 1`, liveTable).Scan(&at, &id))
+	b := e.snapshot()
+	e.insert(1)
+	end := e.snapshot()
+	lo, loID, hi, hiID := rangeArgs(deltaRanges(b, end))
+	for _, q := range []struct {
+		name, sql string
+		args      []any
+		scan      string // the index range scan the unrestricted plan has too
+	}{
+		{"read", w.q.read, []any{liveTable, at, id},
+			`^Limit\n  ->  Index Scan using datastore_changelog_stream_idx on datastore_changelog\n.*Index Cond: .*ROW\(changed_at, id\) > ROW\(`},
+		{"deltaRead", w.q.deltaRead, []any{liveTable, lo, loID, hi, hiID, end.String(), int64(minID)},
+			`(Bitmap Index Scan on|Index Scan using) datastore_changelog_txid_idx.*\n.*Index Cond: .*ROW\(txid, id\) > ROW\(r\.lo, r\.lo_id\)`},
+	} {
+		explainAs := func(db *sql.DB) string {
+			return explain(t, db, `EXPLAIN (COSTS OFF) `+q.sql, q.args...)
+		}
+		restricted, unrestricted := explainAs(reader), explainAs(open)
+		require.Equal(t, planNodes(unrestricted), planNodes(restricted), "%s: the same plan under the policy:\n%s", q.name, restricted)
+		require.Regexp(t, q.scan, restricted, q.name)
+		require.NotContains(t, restricted, "Seq Scan", q.name)
+	}
+
+	cfg := e.fromBeginning(ModeHybrid)
+	cfg.DB, cfg.ConnString = reader, e.dsnAs(role)
+	items := e.start(cfg)
+	require.Len(t, receiveWithin(t, items, 3001, liveWait), 3001, "it streams items")
+	cfg.TableName, cfg.ClientName = "others", "o"
+	hidden := e.start(cfg)
+	requireNothingWithin(t, hidden, liveQuiet)
+	require.NoError(t, hidden.Health(), "a table it may not read looks empty")
+	ids := e.insert(1)
+	require.Equal(t, ids, receiveWithin(t, items, 1, liveWait), "the trigger still writes under row-level security")
 }
