@@ -8,6 +8,8 @@
 //	pgchangestream token   list|reset|delete  list, move or delete saved tokens
 //	pgchangestream prune   [flags]            delete the changelog rows every client has passed
 //	pgchangestream schema  install|capture    create the changelog schema, capture a table
+//	pgchangestream grants  revoke-writers|restrict-reads|restrict-tokens|unrestrict
+//	                                          least-privilege grants and row-level security
 //
 // Every subcommand takes --help. Exit codes: 0 success, 1 runtime failure, 2 usage error.
 package main
@@ -47,6 +49,8 @@ Commands:
   prune           delete the changelog rows every client has passed
   schema install  create the changelog table, the token table and the trigger function
   schema capture  attach the trigger function to a table
+  grants          print the REVOKEs of old writer grants; restrict a role to its tables'
+                  changelog rows or its clients' tokens (row-level security)
 
 Run 'pgchangestream <command> --help' for the flags of a command.
 Exit codes: 0 success, 1 runtime failure, 2 usage error.
@@ -71,6 +75,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runToken(ctx, rest, stdout, stderr)
 	case "prune":
 		return runPrune(ctx, rest, stdout, stderr)
+	case "grants":
+		return runGrants(ctx, rest, stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		if len(rest) > 0 && rest[0] != "help" {
 			return run(ctx, append(rest[:len(rest):len(rest)], "--help"), stdout, stderr)
@@ -78,7 +84,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, mainUsage)
 		return exitOK
 	default:
-		fmt.Fprintf(stderr, "%s: unknown command %q (commands: demo, tail, status, token, prune, schema; see '%s --help')\n",
+		fmt.Fprintf(stderr, "%s: unknown command %q (commands: demo, tail, status, token, prune, schema, grants; see '%s --help')\n",
 			prog, cmd, prog)
 		return exitUsage
 	}

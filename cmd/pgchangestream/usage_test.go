@@ -18,7 +18,7 @@ func TestHelpExitsZero(t *testing.T) {
 		flags []string
 	}{
 		{[]string{"--help"}, "Usage: pgchangestream <command>",
-			[]string{"demo", "tail", "status", "token list", "token reset", "token delete", "prune", "schema install"}},
+			[]string{"demo", "tail", "status", "token list", "token reset", "token delete", "prune", "schema install", "grants"}},
 		{[]string{"help", "tail"}, "Usage: pgchangestream tail", []string{"--table"}},
 		{[]string{"demo", "--help"}, "Usage: pgchangestream demo",
 			[]string{"--dsn", "--writers", "--rate", "--duration", "--crashes", "--seed", "--progress", "--drain-timeout"}},
@@ -37,6 +37,14 @@ func TestHelpExitsZero(t *testing.T) {
 		{[]string{"prune", "--help"}, "Usage: pgchangestream prune",
 			[]string{"--dsn", "--older-than", "--dry-run", "--ignore-client", "--table", "--batch", "--format"}},
 		{[]string{"schema", "--help"}, "Usage: pgchangestream schema install", nil},
+		{[]string{"grants", "--help"}, "Usage: pgchangestream grants revoke-writers", nil},
+		{[]string{"grants", "revoke-writers", "-h"}, "Usage: pgchangestream grants revoke-writers",
+			[]string{"--dsn", "--changelog-table", "--function"}},
+		{[]string{"grants", "restrict-reads", "-h"}, "Usage: pgchangestream grants restrict-reads",
+			[]string{"--dsn", "--print", "--changelog-table"}},
+		{[]string{"grants", "restrict-tokens", "-h"}, "Usage: pgchangestream grants restrict-tokens",
+			[]string{"--dsn", "--print", "--token-table"}},
+		{[]string{"grants", "unrestrict", "-h"}, "Usage: pgchangestream grants unrestrict", []string{"--dsn"}},
 		{[]string{"schema", "install", "-h"}, "Usage: pgchangestream schema install",
 			[]string{"--dsn", "--print", "--changelog-table", "--token-table", "--channel", "--function"}},
 		{[]string{"schema", "capture", "--help"}, "Usage: pgchangestream schema capture",
