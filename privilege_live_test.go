@@ -90,7 +90,7 @@ func TestLiveClientCannotMoveAnotherClientsToken(t *testing.T) {
 	require.Len(t, listed, 1, "it sees its own token only")
 	require.NoError(t, w.Close(t.Context()))
 
-	require.NoError(t, ResetToken(t.Context(), e.db, "a", Position{}, AdminOptions{}), "the owner administers every token")
+	require.NoError(t, ResetToken(t.Context(), e.db, "c", Position{}, AdminOptions{}), "the owner administers every token")
 	require.NoError(t, RemoveRestrictions(t.Context(), e.db, strings.Trim(role, `"`), SchemaOptions{}))
 	_, err = client.Exec(`UPDATE resume_tokens SET last_updated = now() WHERE client_name = 'c'`)
 	require.NoError(t, err)

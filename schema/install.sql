@@ -133,13 +133,15 @@ DO $definer$
 DECLARE
     fn  regprocedure := to_regprocedure({{.FunctionLiteral}});
     nsp name;
-    own name;
+    own oid;
 BEGIN
-    SELECT n.nspname, r.rolname INTO nsp, own
-    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_roles r ON r.oid = c.relowner
+    SELECT n.nspname, c.relowner INTO nsp, own
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
     WHERE c.oid = to_regclass({{.ChangelogLiteral}});
-    EXECUTE format('ALTER FUNCTION %s OWNER TO %I', fn, own);
     EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp', fn, nsp);
+    IF (SELECT proowner FROM pg_proc WHERE oid = fn) <> own THEN
+        EXECUTE format('ALTER FUNCTION %s OWNER TO %I', fn, (SELECT rolname FROM pg_roles WHERE oid = own));
+    END IF;
 END
 $definer$;
 {{- /* ---- end: trigger function privileges ---- */}}
