@@ -262,7 +262,8 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 //     protocol, which database/sql drivers use for Exec without arguments): a transaction-level
 //     advisory lock; the changelog table with its indexes if the table is missing; the token
 //     table if missing, and its owner_epoch column (Config.Exclusive) if missing; CREATE OR
-//     REPLACE of the trigger function;
+//     REPLACE of the trigger function as SECURITY DEFINER, then its search_path pinned to
+//     pg_catalog, the changelog's schema and pg_temp, and its owner set to the changelog's;
 //  2. CREATE INDEX CONCURRENTLY IF NOT EXISTS for the read index (table_name, changed_at, id),
 //     named "<changelog>_stream_idx";
 //  3. the same for the existing schema's partial (changed_at) WHERE processed = FALSE index
@@ -285,7 +286,8 @@ func InstallSchemaSQL(opts SchemaOptions) ([]string, error) {
 // [InstallSchemaSQL]'s statements. It is idempotent and keeps an existing changelog as it is
 // (including a UUID record_id), only adding missing indexes, which it builds without blocking
 // writes. Concurrent calls wait for each other; a call that has to build an index on a large
-// changelog takes as long as the build.
+// changelog takes as long as the build. The trigger function runs as the changelog's owner, so
+// writers of captured tables need no privilege on the changelog ([RevokeWriterGrantsSQL]).
 func InstallSchema(ctx context.Context, db *sql.DB, opts SchemaOptions) error {
 	p, err := newInstallPlan(opts)
 	if err != nil {
