@@ -1,0 +1,53 @@
+package pgchangestream
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestRestrictionsRejectBadInputBeforeAnyQuery: an empty list, an empty or too long role, a
+// qualified or malformed table name and an empty client name are refused with ErrInvalidConfig,
+// and nothing is sent to the database.
+func TestRestrictionsRejectBadInputBeforeAnyQuery(t *testing.T) {
+	db, mock := mockDB(t)
+	long := strings.Repeat("r", maxIdentifierLen)
+	for _, tc := range []struct {
+		name string
+		err  func() error
+		want string
+	}{
+		{"no tables", func() error { return RestrictReads(t.Context(), db, "r", nil, SchemaOptions{}) }, "no table_name given"},
+		{"no clients", func() error { return RestrictTokens(t.Context(), db, "r", []string{}, SchemaOptions{}) }, "no client_name given"},
+		{"empty role", func() error { return RestrictReads(t.Context(), db, "", []string{"a"}, SchemaOptions{}) }, `"" is not a role name`},
+		{"long role", func() error { return RestrictTokens(t.Context(), db, long, []string{"a"}, SchemaOptions{}) }, "would exceed 63 bytes"},
+		{"qualified table", func() error { return RestrictReads(t.Context(), db, "r", []string{"s.items"}, SchemaOptions{}) }, "contains a dot"},
+		{"bad table", func() error { return RestrictReads(t.Context(), db, "r", []string{"it's"}, SchemaOptions{}) }, "not a valid identifier"},
+		{"empty client", func() error { return RestrictTokens(t.Context(), db, "r", []string{"a", ""}, SchemaOptions{}) }, `"" is not a client name`},
+		{"bad changelog", func() error {
+			return RestrictReads(t.Context(), db, "r", []string{"a"}, SchemaOptions{ChangelogTable: "a;b"})
+		}, "SchemaOptions.ChangelogTable"},
+		{"unrestrict empty role", func() error { return RemoveRestrictions(t.Context(), db, "", SchemaOptions{}) }, "not a role name"},
+	} {
+		err := tc.err()
+		require.ErrorIs(t, err, ErrInvalidConfig, tc.name)
+		require.ErrorContains(t, err, tc.want, tc.name)
+	}
+	require.NoError(t, mock.ExpectationsWereMet())
+}
+
+// TestRevokeWriterGrantsRefusesBeforeTheUpgrade: while the trigger function still runs as the
+// writer (or is missing), revoking its grants would break writes: no statement is returned.
+func TestRevokeWriterGrantsRefusesBeforeTheUpgrade(t *testing.T) {
+	db, mock := mockDB(t)
+	mock.ExpectQuery(definerSQL).WithArgs(`"log_table_changes"()`).
+		WillReturnRows(mock.NewRows([]string{"prosecdef"}).AddRow(false))
+	mock.ExpectQuery(definerSQL).WithArgs(`"log_table_changes"()`).WillReturnRows(mock.NewRows([]string{"prosecdef"}))
+	for range 2 {
+		stmts, err := RevokeWriterGrantsSQL(t.Context(), db, SchemaOptions{})
+		require.ErrorContains(t, err, "run InstallSchema first")
+		require.Nil(t, stmts)
+	}
+	require.NoError(t, mock.ExpectationsWereMet())
+}
