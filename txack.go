@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Acknowledgements in the caller's transaction (contract rule 19). MarkProcessedTx computes,
@@ -233,7 +231,7 @@ func (w *Watcher) writeMarked(ctx context.Context, tok []byte, seq uint64, inc s
 	t := string(appendAck(tok, w.instance, seq))
 	res, err := w.cfg.DB.ExecContext(ctx, w.q.ackSave[ackIndex(w.fenced, inc)], saveArgs(w.cfg.ClientName, t, w.fenced, w.epoch, inc)...)
 	if err != nil {
-		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable {
+		if hasPgCode(err, lockNotAvailable) {
 			return fmt.Errorf("%w: %w", errTokenLocked, err)
 		}
 		return err
