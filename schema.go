@@ -127,6 +127,12 @@ func parkedTable(changelog string) string {
 	return changelog + "_parked"
 }
 
+// ackTable is the table of transactional handlers' acknowledgement rows beside changelog (same
+// schema, name "<name>_acks").
+func ackTable(changelog string) string {
+	return changelog + "_acks"
+}
+
 // checkSchemaName validates one name for the schema statements, naming field in the error.
 func checkSchemaName(field, name string, check func(string) error) error {
 	err := check(name)
@@ -247,13 +253,14 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 		Changelog, ChangelogLiteral, TokenTable, Function, Channel string
 		Indexes, TxidIndexes                                       []string
 		TxidColumn, LockTimeout, Incarnation                       string
-		TokenTableLiteral, EpochColumn, Parked, ParkedIndex        string
+		TokenTableLiteral, EpochColumn, Parked, ParkedIndex, Acks  string
 	}{
 		ddlLockKey, p.changelog, quoteLiteral(p.changelog), quoteIdentifier(opts.TokenTable),
 		quoteIdentifier(opts.FunctionName), quoteLiteral(opts.NotifyChannel), inTx, txidInTx,
 		txidColumn, alterLockTimeout.String(), quoteIdentifier(incarnationTable(opts.ChangelogTable)),
 		quoteLiteral(quoteIdentifier(opts.TokenTable)), epochColumn,
 		quoteIdentifier(parkedTable(opts.ChangelogTable)), quoteIdentifier(unqualified(parkedTable(opts.ChangelogTable)) + "_key_idx"),
+		quoteIdentifier(ackTable(opts.ChangelogTable)),
 	})
 	if err != nil {
 		return installPlan{}, err
@@ -268,7 +275,8 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 //     protocol, which database/sql drivers use for Exec without arguments): a transaction-level
 //     advisory lock; the changelog table with its indexes if the table is missing; the token
 //     table if missing, and its owner_epoch column (Config.Exclusive) if missing; the
-//     dead-letter table of [Watcher.Process] ("<changelog>_parked") if missing; CREATE OR
+//     dead-letter table of [Watcher.Process] ("<changelog>_parked") and the acknowledgement
+//     rows of [Watcher.ProcessTx] ("<changelog>_acks") if missing; CREATE OR
 //     REPLACE of the trigger function;
 //  2. CREATE INDEX CONCURRENTLY IF NOT EXISTS for the read index (table_name, changed_at, id),
 //     named "<changelog>_stream_idx";

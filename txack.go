@@ -121,13 +121,22 @@ func (w *Watcher) whyNoTxWrite(ctx context.Context, tx *sql.Tx, seq uint64, fenc
 func (w *Watcher) beginTxAck() (fenced bool, epoch int64, _ error) {
 	w.ckMu.Lock()
 	defer w.ckMu.Unlock()
+	fenced, epoch, err := w.txFenceLocked()
+	if err == nil {
+		w.txAcked = true
+	}
+	return fenced, epoch, err
+}
+
+// txFenceLocked returns the fencing of a write in a transaction: whether it is fenced, and by
+// which owner epoch. ckMu must be held.
+func (w *Watcher) txFenceLocked() (fenced bool, epoch int64, _ error) {
 	if err := w.excl.lostErr(); err != nil {
 		return false, 0, err
 	}
 	if w.fenced && w.epoch == 0 {
 		return false, 0, errors.New("the client is not claimed yet: wait for the first event")
 	}
-	w.txAcked = true
 	return w.fenced, w.epoch, nil
 }
 

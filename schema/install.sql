@@ -95,6 +95,18 @@ CREATE TABLE IF NOT EXISTS {{.Parked}} (
 CREATE INDEX IF NOT EXISTS {{.ParkedIndex}} ON {{.Parked}} (client_name, event_key, id);
 
 {{/*
+The acknowledgement rows of transactional handlers (Watcher.ProcessTx): one per event a
+client's handler committed, written in the handler's transaction. The key makes a second
+transaction for the same event fail to claim it; the rows a saved token certifies are deleted.
+*/ -}}
+CREATE TABLE IF NOT EXISTS {{.Acks}} (
+    client_name  VARCHAR(255) NOT NULL,
+    changelog_id BIGINT NOT NULL,
+    acked_at     TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+    PRIMARY KEY (client_name, changelog_id)
+);
+
+{{/*
 The owner epoch fences the saves of exclusive watchers. A nullable column without a default is
 a catalog change only (no rewrite); its ACCESS EXCLUSIVE lock waits at most lock_timeout for the
 saves in flight (InstallSchema then tries again). Old watchers leave it alone.
