@@ -183,3 +183,10 @@ func (w *Watcher) claimNew(ctx context.Context, token string) error {
 	w.log.Info("claimed the client", "owner_epoch", w.epoch)
 	return nil
 }
+
+// lockForUpdate is a sub-select that locks the token row of client (a placeholder) FOR UPDATE:
+// the lock that waits for the transactional acknowledgements in flight, which hold the row FOR
+// KEY SHARE (see ackrows.go), while the saves' own updates do not.
+func lockForUpdate(tok, client string) string {
+	return `SELECT client_name FROM ` + tok + ` WHERE client_name = ` + client + ` FOR UPDATE`
+}

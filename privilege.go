@@ -71,12 +71,28 @@ func RestrictTokensSQL(ctx context.Context, db *sql.DB, role string, clients []s
 			return nil, fmt.Errorf("%w: RestrictTokens client: %q is not a client name", ErrInvalidConfig, c)
 		}
 	}
-	return restrictSQL(ctx, db, opts.TokenTable, "client_name", role, clients)
+	var stmts []string
+	for _, table := range clientTables(opts) {
+		s, err := restrictSQL(ctx, db, table, "client_name", role, clients)
+		if err != nil {
+			return nil, err
+		}
+		stmts = append(stmts, s...)
+	}
+	return stmts, nil
+}
+
+// clientTables are the tables whose rows belong to one client each, by client_name: the token
+// table, and Process's dead-letter table and acknowledgement rows.
+func clientTables(opts SchemaOptions) []string {
+	return []string{opts.TokenTable, parkedTable(opts.ChangelogTable), ackTable(opts.ChangelogTable)}
 }
 
 // RestrictTokens limits role (and its members) to the token rows of clients: it can read, save,
 // fence and delete only their tokens, so it cannot move another client's position, which
-// [Prune] trusts. Calling it again replaces the list; [RemoveRestrictions] lifts it. Other roles
+// [Prune] trusts. The same holds for the clients' rows of the dead-letter table and of the
+// acknowledgement rows of transactional handlers, by which another client's events could be
+// parked, released or marked done. Calling it again replaces the list; [RemoveRestrictions] lifts it. Other roles
 // are unaffected; run administration ([ResetToken], [Prune]) as the token table's owner or a
 // BYPASSRLS role. Run it as the token table's owner.
 func RestrictTokens(ctx context.Context, db *sql.DB, role string, clients []string, opts SchemaOptions) error {
@@ -87,7 +103,8 @@ func RestrictTokens(ctx context.Context, db *sql.DB, role string, clients []stri
 	return runRestriction(ctx, db, stmts, "restrict tokens of "+role)
 }
 
-// RemoveRestrictions drops role's policies on the changelog and the token table: it sees and
+// RemoveRestrictions drops role's policies on the changelog and the client tables (see
+// [RestrictTokens]): it sees and
 // writes again what unrestricted roles do. Row-level security stays enabled, with the open
 // policy.
 func RemoveRestrictions(ctx context.Context, db *sql.DB, role string, opts SchemaOptions) error {
@@ -100,7 +117,7 @@ func RemoveRestrictions(ctx context.Context, db *sql.DB, role string, opts Schem
 		return err
 	}
 	var stmts []string
-	for _, table := range []string{opts.ChangelogTable, opts.TokenTable} {
+	for _, table := range append([]string{opts.ChangelogTable}, clientTables(opts)...) {
 		stmts = append(stmts, `DROP POLICY IF EXISTS `+pgx.Identifier{name}.Sanitize()+` ON `+quoteIdentifier(table))
 	}
 	return runRestriction(ctx, db, stmts, "remove restrictions of "+role)

@@ -56,7 +56,8 @@ func TestLiveClientCannotMoveAnotherClientsToken(t *testing.T) {
 	e := newLive(t)
 	role, client := e.withRole("client_a")
 	e.grant(`GRANT SELECT, UPDATE ON datastore_changelog TO ` + role)
-	e.grant(`GRANT SELECT, INSERT, UPDATE, DELETE ON resume_tokens TO ` + role)
+	e.grant(`GRANT SELECT, INSERT, UPDATE, DELETE ON resume_tokens, datastore_changelog_acks, datastore_changelog_parked TO ` + role)
+	e.grant(`GRANT USAGE ON SEQUENCE datastore_changelog_parked_id_seq TO ` + role)
 	ids := e.insert(3)
 	other := e.start(e.fromBeginning(ModePolling)) // client "c", as the owner
 	require.Equal(t, ids, receiveWithin(t, other, 3, liveWait))
@@ -73,7 +74,13 @@ func TestLiveClientCannotMoveAnotherClientsToken(t *testing.T) {
 	requireRefused(t, client, `UPDATE resume_tokens SET owner_epoch = 99 WHERE client_name = 'c'`)
 	requireRefused(t, client, `DELETE FROM resume_tokens WHERE client_name = 'c'`)
 	require.Equal(t, before, e.rawToken("c"), "another client's token is unchanged")
-	_, err := Prune(t.Context(), client, PruneOptions{})
+	requireRefused(t, client, `INSERT INTO datastore_changelog_acks (client_name, changelog_id) VALUES ('c', $1)`, ids[1])
+	requireRefused(t, client, `INSERT INTO datastore_changelog_parked
+		(client_name, event_key, table_name, changelog_id, event, error, attempts, blocking)
+		VALUES ('c', 'k', 'items', 1, '{}', 'x', 1, TRUE)`)
+	_, err := client.Exec(`INSERT INTO datastore_changelog_acks (client_name, changelog_id) VALUES ('a', $1)`, ids[1])
+	require.NoError(t, err, "its own client's acknowledgement rows")
+	_, err = Prune(t.Context(), client, PruneOptions{})
 	require.ErrorContains(t, err, "hides other clients' tokens")
 
 	cfg := e.fromBeginning(ModeHybrid)

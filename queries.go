@@ -75,6 +75,12 @@ type queries struct {
 	// token row, inserting its start token ($2) with epoch 1 (lock: $3, $4). bumpEpoch: what
 	// token reset runs, fencing off every earlier owner.
 	epochColumn, claimEpoch, claimNew, bumpEpoch string
+	// claimAck and claimAckFenced insert, in a transactional handler's transaction, the
+	// acknowledgement row of client $1's event $2, unless one exists; the fenced form only while
+	// the token row holds owner epoch $3, which it locks FOR KEY SHARE (see ackrows.go).
+	// epochOf: the token row's owner epoch. compactAcks deletes client $1's acknowledgement rows
+	// whose changelog row is gone or certified by the condition that follows it.
+	claimAck, claimAckFenced, epochOf, compactAcks string
 	// markLegacy, markPhase, markDelta, markSwitch and markInDelta set the legacy processed flag
 	// of the rows newly certified since the rows last marked (the background marker runs them
 	// after saves). markLegacy marks table $1's legacy positions in ($2, $3) .. ($4, $5);
@@ -102,6 +108,7 @@ func buildQueries(cfg Config) queries {
 	tok := quoteIdentifier(cfg.TokenTable)
 	limit := strconv.Itoa(cfg.BatchSize)
 	inc := quoteIdentifier(incarnationTable(cfg.ChangelogTable))
+	acks := quoteIdentifier(ackTable(cfg.ChangelogTable))
 	incarnation := `(SELECT incarnation::text FROM ` + inc + `)`
 	pageLimit := strconv.Itoa(cfg.BatchSize + 1)
 	newestTxid := `(SELECT c.txid::text AS newest_txid FROM ` + cl + ` c
@@ -167,13 +174,20 @@ func buildQueries(cfg Config) queries {
 		AND attname = '` + epochColumn + `' AND NOT attisdropped)`,
 		claimEpoch: `WITH held AS (SELECT ` + heldBySessionSQL("$2", "$3") + ` AS held),
 	claimed AS (UPDATE ` + tok + ` AS tok SET ` + epochColumn + ` = COALESCE(tok.` + epochColumn + `, 0) + 1 FROM held
-		WHERE held.held AND tok.client_name = $1 RETURNING tok.` + epochColumn + `, tok.resume_token::text AS token)
+		WHERE held.held AND tok.client_name = $1 AND tok.client_name IN (` + lockForUpdate(tok, "$1") + `)
+		RETURNING tok.` + epochColumn + `, tok.resume_token::text AS token)
 	SELECT held.held, claimed.` + epochColumn + `, claimed.token FROM held LEFT JOIN claimed ON true`,
 		claimNew: `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated, ` + epochColumn + `)
 	SELECT $1, $2::jsonb, now(), 1 WHERE ` + heldBySessionSQL("$3", "$4") + `
 	ON CONFLICT (client_name) DO NOTHING RETURNING ` + epochColumn,
+		claimAck: `INSERT INTO ` + acks + ` (client_name, changelog_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		claimAckFenced: `INSERT INTO ` + acks + ` (client_name, changelog_id) SELECT tok.client_name, $2 FROM ` + tok + ` AS tok
+	WHERE tok.client_name = $1 AND ` + fenceCondition + ` FOR KEY SHARE ON CONFLICT DO NOTHING`,
+		epochOf: `SELECT ` + epochColumn + ` FROM ` + tok + ` WHERE client_name = $1`,
+		compactAcks: `DELETE FROM ` + acks + ` AS a WHERE a.client_name = $1 AND NOT EXISTS (
+	SELECT FROM ` + cl + ` c WHERE c.id = a.changelog_id AND NOT `,
 		bumpEpoch: `UPDATE ` + tok + ` SET ` + epochColumn + ` = ` + epochColumn + ` + 1 WHERE client_name = $1 AND ` +
-			epochColumn + ` IS NOT NULL`,
+			epochColumn + ` IS NOT NULL AND client_name IN (` + lockForUpdate(tok, "$1") + `)`,
 		markLegacy: mark(legacyIDs(`($2, $3)`, upTo)),
 		markPhase:  mark(legacyIDs(`($2, $3)`, upTo+` AND `+seesOrOld)),
 		markDelta:  deltaMark,

@@ -121,6 +121,18 @@ func incarnationTable(changelog string) string {
 	return changelog + "_incarnation"
 }
 
+// parkedTable is the dead-letter table of Process beside changelog (same schema, name
+// "<name>_parked").
+func parkedTable(changelog string) string {
+	return changelog + "_parked"
+}
+
+// ackTable is the table of transactional handlers' acknowledgement rows beside changelog (same
+// schema, name "<name>_acks").
+func ackTable(changelog string) string {
+	return changelog + "_acks"
+}
+
 // checkSchemaName validates one name for the schema statements, naming field in the error.
 func checkSchemaName(field, name string, check func(string) error) error {
 	err := check(name)
@@ -242,12 +254,15 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 		Indexes, TxidIndexes                                       []string
 		TxidColumn, LockTimeout, Incarnation                       string
 		TokenTableLiteral, EpochColumn, FunctionLiteral            string
+		Parked, ParkedIndex, Acks                                  string
 	}{
 		ddlLockKey, p.changelog, quoteLiteral(p.changelog), quoteIdentifier(opts.TokenTable),
 		quoteIdentifier(opts.FunctionName), quoteLiteral(opts.NotifyChannel), inTx, txidInTx,
 		txidColumn, alterLockTimeout.String(), quoteIdentifier(incarnationTable(opts.ChangelogTable)),
 		quoteLiteral(quoteIdentifier(opts.TokenTable)), epochColumn,
 		quoteLiteral(quoteIdentifier(opts.FunctionName) + "()"),
+		quoteIdentifier(parkedTable(opts.ChangelogTable)), quoteIdentifier(unqualified(parkedTable(opts.ChangelogTable)) + "_key_idx"),
+		quoteIdentifier(ackTable(opts.ChangelogTable)),
 	})
 	if err != nil {
 		return installPlan{}, err
@@ -261,9 +276,11 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 //  1. one script of several commands, run as one implicit transaction (the simple query
 //     protocol, which database/sql drivers use for Exec without arguments): a transaction-level
 //     advisory lock; the changelog table with its indexes if the table is missing; the token
-//     table if missing, and its owner_epoch column (Config.Exclusive) if missing; CREATE OR
-//     REPLACE of the trigger function as SECURITY DEFINER, then its search_path pinned to
-//     pg_catalog, the changelog's schema and pg_temp, and its owner set to the changelog's;
+//     table if missing, and its owner_epoch column (Config.Exclusive) if missing; the
+//     dead-letter table of [Watcher.Process] ("<changelog>_parked") and the acknowledgement
+//     rows of [Watcher.ProcessTx] ("<changelog>_acks") if missing; CREATE OR REPLACE of the
+//     trigger function as SECURITY DEFINER, then its search_path pinned to pg_catalog, the
+//     changelog's schema and pg_temp, and its owner set to the changelog's;
 //  2. CREATE INDEX CONCURRENTLY IF NOT EXISTS for the read index (table_name, changed_at, id),
 //     named "<changelog>_stream_idx";
 //  3. the same for the existing schema's partial (changed_at) WHERE processed = FALSE index
@@ -336,8 +353,7 @@ func (p installPlan) run(ctx context.Context, db *sql.DB) error {
 func runScript(ctx context.Context, conn *sql.Conn, script string) error {
 	for try := 1; ; try++ {
 		_, err := conn.ExecContext(ctx, script)
-		var pgErr *pgconn.PgError
-		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != lockNotAvailable || try == alterTries {
+		if err == nil || !hasPgCode(err, lockNotAvailable) || try == alterTries {
 			if err != nil {
 				return fmt.Errorf("create tables and trigger function: %w", err)
 			}
@@ -349,8 +365,17 @@ func runScript(ctx context.Context, conn *sql.Conn, script string) error {
 	}
 }
 
-// lockNotAvailable is PostgreSQL's error code for a lock_timeout.
-const lockNotAvailable = "55P03"
+// PostgreSQL's error codes the library tells apart.
+const (
+	lockNotAvailable = "55P03" // a lock_timeout or NOWAIT
+	undefinedTable   = "42P01"
+)
+
+// hasPgCode reports whether err is, or wraps, a PostgreSQL error with code.
+func hasPgCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}
 
 // dropInvalidIndexes drops those of the plan's indexes that a failed concurrent build left
 // invalid, so the builds that follow create them again.

@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Acknowledgements in the caller's transaction (contract rule 19). MarkProcessedTx computes,
@@ -123,13 +121,22 @@ func (w *Watcher) whyNoTxWrite(ctx context.Context, tx *sql.Tx, seq uint64, fenc
 func (w *Watcher) beginTxAck() (fenced bool, epoch int64, _ error) {
 	w.ckMu.Lock()
 	defer w.ckMu.Unlock()
+	fenced, epoch, err := w.txFenceLocked()
+	if err == nil {
+		w.txAcked = true
+	}
+	return fenced, epoch, err
+}
+
+// txFenceLocked returns the fencing of a write in a transaction: whether it is fenced, and by
+// which owner epoch. ckMu must be held.
+func (w *Watcher) txFenceLocked() (fenced bool, epoch int64, _ error) {
 	if err := w.excl.lostErr(); err != nil {
 		return false, 0, err
 	}
 	if w.fenced && w.epoch == 0 {
 		return false, 0, errors.New("the client is not claimed yet: wait for the first event")
 	}
-	w.txAcked = true
 	return w.fenced, w.epoch, nil
 }
 
@@ -233,7 +240,7 @@ func (w *Watcher) writeMarked(ctx context.Context, tok []byte, seq uint64, inc s
 	t := string(appendAck(tok, w.instance, seq))
 	res, err := w.cfg.DB.ExecContext(ctx, w.q.ackSave[ackIndex(w.fenced, inc)], saveArgs(w.cfg.ClientName, t, w.fenced, w.epoch, inc)...)
 	if err != nil {
-		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable {
+		if hasPgCode(err, lockNotAvailable) {
 			return fmt.Errorf("%w: %w", errTokenLocked, err)
 		}
 		return err

@@ -75,6 +75,38 @@ CREATE TABLE IF NOT EXISTS {{.TokenTable}} (
 );
 
 {{/*
+The dead-letter table of Process (ParkOnFailure, BlockOnFailure): events whose handler kept
+failing, per client, in the order they were parked. The index serves a client's listing, a key's
+events in order and the released ones.
+*/ -}}
+CREATE TABLE IF NOT EXISTS {{.Parked}} (
+    id              BIGSERIAL PRIMARY KEY,
+    client_name     VARCHAR(255) NOT NULL,
+    event_key       TEXT NOT NULL,
+    table_name      VARCHAR(100) NOT NULL,
+    changelog_id    BIGINT NOT NULL,
+    event           JSONB NOT NULL,
+    error           TEXT NOT NULL,
+    attempts        INTEGER NOT NULL,
+    blocking        BOOLEAN NOT NULL,
+    retry_requested BOOLEAN NOT NULL DEFAULT FALSE,
+    parked_at       TIMESTAMPTZ NOT NULL DEFAULT NOW()
+);
+CREATE INDEX IF NOT EXISTS {{.ParkedIndex}} ON {{.Parked}} (client_name, event_key, id);
+
+{{/*
+The acknowledgement rows of transactional handlers (Watcher.ProcessTx): one per event a
+client's handler committed, written in the handler's transaction. The key makes a second
+transaction for the same event fail to claim it; the rows a saved token certifies are deleted.
+*/ -}}
+CREATE TABLE IF NOT EXISTS {{.Acks}} (
+    client_name  VARCHAR(255) NOT NULL,
+    changelog_id BIGINT NOT NULL,
+    acked_at     TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+    PRIMARY KEY (client_name, changelog_id)
+);
+
+{{/*
 The owner epoch fences the saves of exclusive watchers. A nullable column without a default is
 a catalog change only (no rewrite); its ACCESS EXCLUSIVE lock waits at most lock_timeout for the
 saves in flight (InstallSchema then tries again). Old watchers leave it alone.

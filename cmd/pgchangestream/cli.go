@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -195,4 +196,35 @@ func positiveDuration(name string, d time.Duration) error {
 		return usagef("--%s must be positive, got %v", name, d)
 	}
 	return nil
+}
+
+// subcommand is one subcommand of a command group ("token list").
+type subcommand struct {
+	name string
+	run  func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+}
+
+// dispatch runs the subcommand of group named by args[0], or prints usage for --help.
+func dispatch(ctx context.Context, group, usage string, subs []subcommand, args []string, stdout, stderr io.Writer) int {
+	names := make([]string, len(subs))
+	for i, s := range subs {
+		names[i] = s.name
+	}
+	want := strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+	if len(args) == 0 {
+		fmt.Fprintf(stderr, "%s: %s: missing subcommand: %s (see '%s %s --help')\n", prog, group, want, prog, group)
+		return exitUsage
+	}
+	for _, s := range subs {
+		if s.name == args[0] {
+			return s.run(ctx, args[1:], stdout, stderr)
+		}
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "%s: %s: unknown subcommand %q: want %s (see '%s %s --help')\n", prog, group, args[0], want, prog, group)
+	return exitUsage
 }

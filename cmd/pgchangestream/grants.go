@@ -26,24 +26,15 @@ Run 'pgchangestream grants <subcommand> --help' for flags.
 
 // runGrants runs a "grants" subcommand.
 func runGrants(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprintf(stderr, "%s: grants: missing subcommand (see '%s grants --help')\n", prog, prog)
-		return exitUsage
+	restrict := func(kind string) func(context.Context, []string, io.Writer, io.Writer) int {
+		return func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+			return runRestrict(ctx, kind, args, stdout, stderr)
+		}
 	}
-	switch args[0] {
-	case "revoke-writers":
-		return runRevokeWriters(ctx, args[1:], stdout, stderr)
-	case "restrict-reads", "restrict-tokens":
-		return runRestrict(ctx, args[0], args[1:], stdout, stderr)
-	case "unrestrict":
-		return runUnrestrict(ctx, args[1:], stdout, stderr)
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, grantsUsage)
-		return exitOK
-	default:
-		fmt.Fprintf(stderr, "%s: grants: unknown subcommand %q (see '%s grants --help')\n", prog, args[0], prog)
-		return exitUsage
-	}
+	return dispatch(ctx, "grants", grantsUsage, []subcommand{
+		{"revoke-writers", runRevokeWriters}, {"restrict-reads", restrict("restrict-reads")},
+		{"restrict-tokens", restrict("restrict-tokens")}, {"unrestrict", runUnrestrict},
+	}, args, stdout, stderr)
 }
 
 // grantsFlags are the flags of the grants subcommands.

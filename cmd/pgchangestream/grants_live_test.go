@@ -46,9 +46,13 @@ func TestGrantsCommands(t *testing.T) {
 		assert.True(t, strings.HasPrefix(stdout, "role "+name+" restricted to "), stdout)
 	}
 	p := "pgchangestream_role_" + name
+	open := "datastore_changelog:pgchangestream_open,datastore_changelog_acks:pgchangestream_open," +
+		"datastore_changelog_parked:pgchangestream_open,resume_tokens:pgchangestream_open"
 	assert.Equal(t, "datastore_changelog:pgchangestream_open,datastore_changelog:"+p+
+		",datastore_changelog_acks:pgchangestream_open,datastore_changelog_acks:"+p+
+		",datastore_changelog_parked:pgchangestream_open,datastore_changelog_parked:"+p+
 		",resume_tokens:pgchangestream_open,resume_tokens:"+p, policies())
 	code, _, stderr = runCmd(t, "grants", "unrestrict", "--dsn", dsn, name)
 	require.Equal(t, exitOK, code, stderr)
-	assert.Equal(t, "datastore_changelog:pgchangestream_open,resume_tokens:pgchangestream_open", policies())
+	assert.Equal(t, open, policies())
 }

@@ -7,6 +7,7 @@
 //	pgchangestream status  [flags]            list the saved positions, lag and backlog of all clients
 //	pgchangestream token   list|reset|delete  list, move or delete saved tokens
 //	pgchangestream prune   [flags]            delete the changelog rows every client has passed
+//	pgchangestream parked  list|retry|drop    list, rerun or drop the events Process parked
 //	pgchangestream schema  install|capture    create the changelog schema, capture a table
 //	pgchangestream grants  revoke-writers|restrict-reads|restrict-tokens|unrestrict
 //	                                          least-privilege grants and row-level security
@@ -47,6 +48,9 @@ Commands:
   token reset     move a client's saved position (beginning, newest, a time, an id)
   token delete    delete a client's saved token
   prune           delete the changelog rows every client has passed
+  parked list     list the events Process parked after their handler kept failing
+  parked retry    run a parked event again (for a blocked key: all its parked events)
+  parked drop     delete a parked event without running it
   schema install  create the changelog table, the token table and the trigger function
   schema capture  attach the trigger function to a table
   grants          print the REVOKEs of old writer grants; restrict a role to its tables'
@@ -75,6 +79,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runToken(ctx, rest, stdout, stderr)
 	case "prune":
 		return runPrune(ctx, rest, stdout, stderr)
+	case "parked":
+		return runParked(ctx, rest, stdout, stderr)
 	case "grants":
 		return runGrants(ctx, rest, stdout, stderr)
 	case "help", "-h", "-help", "--help":
@@ -84,7 +90,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, mainUsage)
 		return exitOK
 	default:
-		fmt.Fprintf(stderr, "%s: unknown command %q (commands: demo, tail, status, token, prune, schema, grants; see '%s --help')\n",
+		fmt.Fprintf(stderr, "%s: unknown command %q (commands: demo, tail, status, token, prune, parked, schema, grants; see '%s --help')\n",
 			prog, cmd, prog)
 		return exitUsage
 	}

@@ -24,23 +24,9 @@ Run 'pgchangestream schema install --help' or 'pgchangestream schema capture --h
 
 // runSchema runs "schema install" or "schema capture".
 func runSchema(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprintf(stderr, "%s: schema: missing subcommand: install or capture (see '%s schema --help')\n", prog, prog)
-		return exitUsage
-	}
-	switch args[0] {
-	case "install":
-		return runSchemaInstall(ctx, args[1:], stdout, stderr)
-	case "capture":
-		return runSchemaCapture(ctx, args[1:], stdout, stderr)
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, schemaUsage)
-		return exitOK
-	default:
-		fmt.Fprintf(stderr, "%s: schema: unknown subcommand %q: want install or capture (see '%s schema --help')\n",
-			prog, args[0], prog)
-		return exitUsage
-	}
+	return dispatch(ctx, "schema", schemaUsage, []subcommand{
+		{"install", runSchemaInstall}, {"capture", runSchemaCapture},
+	}, args, stdout, stderr)
 }
 
 // schemaFlags are the flags of both schema subcommands.

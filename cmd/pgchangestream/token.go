@@ -29,25 +29,9 @@ Run 'pgchangestream token <subcommand> --help' for flags.
 
 // runToken runs "token list", "token reset" or "token delete".
 func runToken(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprintf(stderr, "%s: token: missing subcommand: list, reset or delete (see '%s token --help')\n", prog, prog)
-		return exitUsage
-	}
-	switch args[0] {
-	case "list":
-		return runTokenList(ctx, args[1:], stdout, stderr)
-	case "reset":
-		return runTokenReset(ctx, args[1:], stdout, stderr)
-	case "delete":
-		return runTokenDelete(ctx, args[1:], stdout, stderr)
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, tokenUsage)
-		return exitOK
-	default:
-		fmt.Fprintf(stderr, "%s: token: unknown subcommand %q: want list, reset or delete (see '%s token --help')\n",
-			prog, args[0], prog)
-		return exitUsage
-	}
+	return dispatch(ctx, "token", tokenUsage, []subcommand{
+		{"list", runTokenList}, {"reset", runTokenReset}, {"delete", runTokenDelete},
+	}, args, stdout, stderr)
 }
 
 // adminFlags are the database and table flags of the token and prune commands.
@@ -151,13 +135,14 @@ func confirmFlags(c *command) (dryRun, yes *bool) {
 		c.fs.Bool("yes", false, "make the change (required unless --dry-run)")
 }
 
-// checkConfirm returns a usage error unless exactly one of --dry-run and --yes is set.
-func checkConfirm(dryRun, yes bool) error {
+// checkConfirm returns a usage error unless exactly one of --dry-run and --yes is set; change
+// says what --yes changes.
+func checkConfirm(dryRun, yes bool, change string) error {
 	switch {
 	case dryRun && yes:
 		return usagef("--dry-run and --yes exclude each other")
 	case !dryRun && !yes:
-		return usagef("this changes the saved token: add --yes to make the change, or --dry-run to see it")
+		return usagef("this %s: add --yes to make the change, or --dry-run to see it", change)
 	}
 	return nil
 }
@@ -231,7 +216,7 @@ it. It needs --yes, or --dry-run to print the old and new token only.`, stdout, 
 		if err != nil {
 			return err
 		}
-		if err := checkConfirm(*dryRun, *yes); err != nil {
+		if err := checkConfirm(*dryRun, *yes, "changes the saved token"); err != nil {
 			return err
 		}
 		db, err := f.connect(ctx)
@@ -302,7 +287,7 @@ while a watcher of CLIENT runs, and needs --yes, or --dry-run to print the token
 		if err != nil {
 			return err
 		}
-		if err := checkConfirm(*dryRun, *yes); err != nil {
+		if err := checkConfirm(*dryRun, *yes, "changes the saved token"); err != nil {
 			return err
 		}
 		db, err := f.connect(ctx)

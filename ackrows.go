@@ -1,0 +1,79 @@
+package pgchangestream
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+)
+
+// Acknowledgement rows of transactional handlers. A handler's transaction first claims its
+// event: it inserts the row (client, changelog id) into "<changelog>_acks", whose key lets only
+// one transaction per event commit. A claim that finds the row committed learns that the
+// event's effects are committed already (a replay after a stop, a crash or a hand-over): the
+// transaction is rolled back and the event counts as done, so effects happen exactly once
+// whatever the order in which parallel transactions commit, and without any of them waiting
+// for another (they touch different rows). The saved token moves on over the contiguous prefix
+// of done events as for any acknowledgement; the rows it certifies are then deleted.
+//
+// An exclusive watcher's claim is fenced: it inserts only while the token row holds the
+// watcher's owner epoch, and locks that row FOR KEY SHARE until the transaction ends. The
+// watcher's own saves (FOR NO KEY UPDATE) do not wait for that lock; a new owner's epoch claim
+// takes the row FOR UPDATE, so it waits for the former owner's claims in flight, and any claim
+// after it finds the new epoch and fails with ErrFenced. So a former owner never commits an
+// event's effects after its successor started.
+
+// claimAck claims the event id in tx for this watcher's client. It returns false when a
+// committed transaction claimed it before: tx must then be rolled back and the event counted as
+// done. It returns an error wrapping [ErrFenced] when a later owner claimed the client.
+func (w *Watcher) claimAck(ctx context.Context, tx *sql.Tx, id int64) (bool, error) {
+	w.ckMu.Lock()
+	fenced, epoch, err := w.txFenceLocked()
+	w.ckMu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	var res sql.Result
+	if fenced {
+		res, err = tx.ExecContext(ctx, w.q.claimAckFenced, w.cfg.ClientName, id, epoch)
+	} else {
+		res, err = tx.ExecContext(ctx, w.q.claimAck, w.cfg.ClientName, id)
+	}
+	if err != nil {
+		return false, fmt.Errorf("claim event %d in %s: %w", id, ackTable(w.cfg.ChangelogTable), err)
+	}
+	n, err := res.RowsAffected()
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("claim event %d: %w", id, err)
+	case n == 1:
+		return true, nil
+	case !fenced:
+		return false, nil
+	}
+	var stored sql.NullInt64
+	if err := tx.QueryRowContext(ctx, w.q.epochOf, w.cfg.ClientName).Scan(&stored); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return false, fmt.Errorf("claim event %d wrote nothing; checking why: %w", id, err)
+	}
+	if stored.Valid && stored.Int64 == epoch {
+		return false, nil
+	}
+	return false, w.noWriteErr(ctx, tx, true, epoch, "")
+}
+
+// compactAcks deletes the client's acknowledgement rows that its saved token certifies (or
+// whose changelog row is gone): their events are never delivered again.
+func (w *Watcher) compactAcks(ctx context.Context) (int64, error) {
+	w.mu.Lock()
+	saved, loaded := w.savedMirror, w.loaded
+	w.mu.Unlock()
+	if !loaded {
+		return 0, nil
+	}
+	args := params{w.cfg.ClientName}
+	res, err := w.cfg.DB.ExecContext(ctx, w.q.compactAcks+certifiedBy(saved, args.add)+`)`, args...)
+	if err != nil {
+		return 0, fmt.Errorf("delete certified rows of %s: %w", ackTable(w.cfg.ChangelogTable), err)
+	}
+	return res.RowsAffected()
+}

@@ -1,0 +1,188 @@
+package pgchangestream
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// ErrNotParked is returned by [RetryParked] and [DropParked] for an id that is not a parked
+// event of the client.
+var ErrNotParked = errors.New("pgchangestream: no such parked event")
+
+// sqlParkedStore is the dead-letter table of one client: "<changelog>_parked", created by
+// [InstallSchema].
+type sqlParkedStore struct {
+	db     *sql.DB
+	table  string // quoted
+	name   string // for messages
+	client string
+}
+
+var _ parkedStore = (*sqlParkedStore)(nil)
+
+// newParkedStore returns the dead-letter store of client beside changelog.
+func newParkedStore(db *sql.DB, changelog, client string) *sqlParkedStore {
+	name := parkedTable(changelog)
+	return &sqlParkedStore{db: db, table: quoteIdentifier(name), name: name, client: client}
+}
+
+// parkedColumns are the columns scanParked reads, in order.
+const parkedColumns = `id, client_name, event_key, table_name, changelog_id, event::text, error, attempts, blocking, retry_requested, parked_at`
+
+// scanParked reads the rows of a query selecting parkedColumns.
+func scanParked(rows *sql.Rows) ([]ParkedEvent, error) {
+	defer rows.Close()
+	var out []ParkedEvent
+	for rows.Next() {
+		var (
+			p   ParkedEvent
+			doc []byte
+		)
+		if err := rows.Scan(&p.ID, &p.Client, &p.Key, &p.Table, &p.ChangelogID, &doc, &p.Error,
+			&p.Attempts, &p.Blocking, &p.RetryRequested, &p.ParkedAt); err != nil {
+			return nil, err
+		}
+		ev, err := unmarshalObject(doc)
+		if err != nil {
+			return nil, fmt.Errorf("parked event %d: decode its document: %w", p.ID, err)
+		}
+		p.Event = ev
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// check wraps a failed statement on the table with its name, and says how to create the table
+// when it is missing.
+func (s *sqlParkedStore) check(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if hasPgCode(err, undefinedTable) {
+		return fmt.Errorf("pgchangestream: %s: dead-letter table %s is missing (run InstallSchema): %w", what, s.name, err)
+	}
+	return fmt.Errorf("pgchangestream: %s in %s: %w", what, s.name, err)
+}
+
+func (s *sqlParkedStore) query(ctx context.Context, what, where string, args ...any) ([]ParkedEvent, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+parkedColumns+` FROM `+s.table+` WHERE `+where, args...)
+	if err != nil {
+		return nil, s.check(what, err)
+	}
+	out, err := scanParked(rows)
+	return out, s.check(what, err)
+}
+
+func (s *sqlParkedStore) park(ctx context.Context, p ParkedEvent) (int64, error) {
+	doc, err := json.Marshal(p.Event)
+	if err != nil {
+		return 0, fmt.Errorf("pgchangestream: park event %d: encode its document: %w", p.ChangelogID, err)
+	}
+	var id int64
+	err = s.db.QueryRowContext(ctx, `INSERT INTO `+s.table+
+		` (client_name, event_key, table_name, changelog_id, event, error, attempts, blocking)
+		VALUES ($1, $2, $3, $4, $5::text::jsonb, $6, $7, $8) RETURNING id`,
+		s.client, p.Key, p.Table, p.ChangelogID, string(doc), p.Error, p.Attempts, p.Blocking).Scan(&id)
+	return id, s.check("park event", err)
+}
+
+func (s *sqlParkedStore) blockedKeys(ctx context.Context) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT DISTINCT event_key FROM `+s.table+
+		` WHERE client_name = $1 AND blocking ORDER BY event_key`, s.client)
+	if err != nil {
+		return nil, s.check("read blocked keys", err)
+	}
+	defer rows.Close()
+	var keys []string
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, s.check("read blocked keys", err)
+		}
+		keys = append(keys, k)
+	}
+	return keys, s.check("read blocked keys", rows.Err())
+}
+
+func (s *sqlParkedStore) released(ctx context.Context, limit int) ([]ParkedEvent, error) {
+	return s.query(ctx, "read released events", `client_name = $1 AND retry_requested ORDER BY id LIMIT $2`, s.client, limit)
+}
+
+func (s *sqlParkedStore) keyEvents(ctx context.Context, key string) ([]ParkedEvent, error) {
+	return s.query(ctx, "read parked events of a key", `client_name = $1 AND event_key = $2 ORDER BY id`, s.client, key)
+}
+
+func (s *sqlParkedStore) repark(ctx context.Context, id int64, attempts int, errText string) error {
+	_, err := s.db.ExecContext(ctx, `UPDATE `+s.table+
+		` SET attempts = $3, error = $4, retry_requested = FALSE, parked_at = NOW() WHERE client_name = $1 AND id = $2`,
+		s.client, id, attempts, errText)
+	return s.check("park event again", err)
+}
+
+func (s *sqlParkedStore) finish(ctx context.Context, id int64) error {
+	_, err := s.db.ExecContext(ctx, `DELETE FROM `+s.table+` WHERE client_name = $1 AND id = $2`, s.client, id)
+	return s.check("remove parked event", err)
+}
+
+// parkedAdmin resolves opts and returns the store of client.
+func parkedAdmin(db *sql.DB, client string, opts AdminOptions) (*sqlParkedStore, error) {
+	t, err := opts.resolve()
+	if err != nil {
+		return nil, err
+	}
+	return newParkedStore(db, t.changelog, client), nil
+}
+
+// ListParked returns the parked events of client (of every client when client is ""), oldest
+// first. Events are parked by [Watcher.Process] under [ParkOnFailure] and [BlockOnFailure].
+func ListParked(ctx context.Context, db *sql.DB, client string, opts AdminOptions) ([]ParkedEvent, error) {
+	s, err := parkedAdmin(db, client, opts)
+	if err != nil {
+		return nil, err
+	}
+	return s.query(ctx, "list parked events", `$1 = '' OR client_name = $1 ORDER BY id`, client)
+}
+
+// RetryParked asks the running Process of client to run the parked event id again, at its next
+// look at the dead-letter table ([ProcessOptions].ParkedPollInterval). For an event parked
+// under [BlockOnFailure] it releases the event's key: every parked event of the key runs again,
+// in the order they were parked, and the key's new events run after them; if one fails again it
+// is parked again and holds the key. It returns an error wrapping [ErrNotParked] when the client
+// has no parked event id.
+func RetryParked(ctx context.Context, db *sql.DB, client string, id int64, opts AdminOptions) error {
+	s, err := parkedAdmin(db, client, opts)
+	if err != nil {
+		return err
+	}
+	res, err := db.ExecContext(ctx, `UPDATE `+s.table+` SET retry_requested = TRUE WHERE client_name = $1 AND id = $2`, client, id)
+	return s.found("retry parked event", id, res, err)
+}
+
+// DropParked deletes the parked event id of client without running it again. A key held under
+// [BlockOnFailure] stays held while it has other parked events (release it with
+// [RetryParked]); once the last is dropped, Process lets the key's new events run. It returns
+// an error wrapping [ErrNotParked] when the client has no parked event id.
+func DropParked(ctx context.Context, db *sql.DB, client string, id int64, opts AdminOptions) error {
+	s, err := parkedAdmin(db, client, opts)
+	if err != nil {
+		return err
+	}
+	res, err := db.ExecContext(ctx, `DELETE FROM `+s.table+` WHERE client_name = $1 AND id = $2`, client, id)
+	return s.found("drop parked event", id, res, err)
+}
+
+// found checks that a statement on parked event id changed a row.
+func (s *sqlParkedStore) found(what string, id int64, res sql.Result, err error) error {
+	if err != nil {
+		return s.check(what, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return s.check(what, err)
+	} else if n == 0 {
+		return fmt.Errorf("%w: client %q has no parked event %d", ErrNotParked, s.client, id)
+	}
+	return nil
+}

@@ -1,0 +1,99 @@
+package pgchangestream
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// parkedDoc is a delivered document as Process parks it.
+func parkedDoc(id int64) Event {
+	return Event{"_id": map[string]any{"_data": string(formatToken(id))}, "operationType": "insert",
+		"fullDocument": map[string]any{"id": float64(id), "name": "n\u00e9"}, "ns": map[string]any{"coll": liveTable}}
+}
+
+func TestLiveParkedStoreKeepsEventsPerClientInOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newLive(t)
+	a := newParkedStore(e.db, DefaultChangelogTable, "a")
+	b := newParkedStore(e.db, DefaultChangelogTable, "b")
+	park := func(s *sqlParkedStore, key string, id int64, blocking bool) int64 {
+		t.Helper()
+		pid, err := s.park(ctx, ParkedEvent{Key: key, Table: liveTable, ChangelogID: id, Event: parkedDoc(id),
+			Error: "boom", Attempts: 5, Blocking: blocking})
+		require.NoError(t, err)
+		return pid
+	}
+	k1 := park(a, "k1", 11, true)
+	park(a, "k2", 12, false)
+	k1b := park(a, "k1", 13, true)
+	park(b, "k1", 14, false)
+
+	evs, err := a.keyEvents(ctx, "k1")
+	require.NoError(t, err)
+	require.Len(t, evs, 2)
+	require.Equal(t, []int64{k1, k1b}, []int64{evs[0].ID, evs[1].ID}, "a key's events in the order parked")
+	got := evs[0]
+	require.Equal(t, ParkedEvent{ID: k1, Client: "a", Key: "k1", Table: liveTable, ChangelogID: 11, Event: parkedDoc(11),
+		Error: "boom", Attempts: 5, Blocking: true, ParkedAt: got.ParkedAt}, got)
+	require.WithinDuration(t, time.Now(), got.ParkedAt, time.Minute)
+
+	keys, err := a.blockedKeys(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"k1"}, keys, "only blocking events hold a key")
+	keys, err = b.blockedKeys(ctx)
+	require.NoError(t, err)
+	require.Empty(t, keys, "another client's blocks are its own")
+
+	rel, err := a.released(ctx, 10)
+	require.NoError(t, err)
+	require.Empty(t, rel, "nothing is released before an operator asks")
+	require.NoError(t, RetryParked(ctx, e.db, "a", k1b, AdminOptions{}))
+	require.NoError(t, RetryParked(ctx, e.db, "a", k1, AdminOptions{}))
+	rel, err = a.released(ctx, 1)
+	require.NoError(t, err)
+	require.Len(t, rel, 1, "at most limit")
+	require.Equal(t, k1, rel[0].ID, "oldest first")
+	require.True(t, rel[0].RetryRequested)
+
+	require.NoError(t, a.repark(ctx, k1, 10, "boom again"))
+	evs, err = a.keyEvents(ctx, "k1")
+	require.NoError(t, err)
+	require.Equal(t, []any{10, "boom again", false}, []any{evs[0].Attempts, evs[0].Error, evs[0].RetryRequested})
+
+	require.NoError(t, a.finish(ctx, k1))
+	require.NoError(t, DropParked(ctx, e.db, "a", k1b, AdminOptions{}))
+	keys, err = a.blockedKeys(ctx)
+	require.NoError(t, err)
+	require.Empty(t, keys, "a key is free once its blocking events are gone")
+
+	all, err := ListParked(ctx, e.db, "", AdminOptions{})
+	require.NoError(t, err)
+	require.Equal(t, []string{"a/k2", "b/k1"}, []string{all[0].Client + "/" + all[0].Key, all[1].Client + "/" + all[1].Key})
+	mine, err := ListParked(ctx, e.db, "b", AdminOptions{})
+	require.NoError(t, err)
+	require.Len(t, mine, 1)
+}
+
+func TestLiveParkedAdminRefusesWhatIsNotParked(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newLive(t)
+	pid, err := newParkedStore(e.db, DefaultChangelogTable, "a").park(ctx,
+		ParkedEvent{Key: "k", Table: liveTable, ChangelogID: 1, Event: parkedDoc(1), Error: "x", Attempts: 1})
+	require.NoError(t, err)
+	require.ErrorIs(t, RetryParked(ctx, e.db, "b", pid, AdminOptions{}), ErrNotParked, "another client's event")
+	require.ErrorIs(t, DropParked(ctx, e.db, "a", pid+1, AdminOptions{}), ErrNotParked)
+	require.ErrorIs(t, DropParked(ctx, e.db, "a", pid, AdminOptions{ChangelogTable: "bad name"}), ErrInvalidConfig)
+	all, err := ListParked(ctx, e.db, "a", AdminOptions{})
+	require.NoError(t, err)
+	require.Len(t, all, 1, "nothing was dropped by the refused calls")
+
+	_, err = e.db.ExecContext(ctx, `DROP TABLE `+quoteIdentifier(parkedTable(DefaultChangelogTable)))
+	require.NoError(t, err)
+	_, err = ListParked(ctx, e.db, "a", AdminOptions{})
+	require.ErrorContains(t, err, "run InstallSchema")
+}
