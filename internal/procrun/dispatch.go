@@ -78,8 +78,8 @@ type dispatcher[E any] struct {
 	backoffs backoffHeap[E]
 	mark     *watermark.Mark[E]
 	seq      uint64
-	inFlight int // deliveries taken from the source and not finished
-	busy     int // tasks at workers
+	inFlight int            // deliveries taken from the source and not finished
+	busy     int            // tasks at workers
 	reruns   map[int64]bool // parked ids queued or running as reruns
 	epoch    uint64         // polls asked for
 	polling  bool           // a poll is outstanding

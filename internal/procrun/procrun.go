@@ -82,7 +82,9 @@ type Hooks[E any] struct {
 	// finished prefix; it must not block (acknowledge in memory, wake a saver).
 	Advance func(last E)
 	Store   Store[E] // required by Park and Block
-	Stats   *Stats   // counters; may be shared across runs
+	// StoreFailed, if set, is told of each failed store call (it is tried again after Delay).
+	StoreFailed func(err error)
+	Stats       *Stats // counters; may be shared across runs
 }
 
 // Failure is the error of a run stopped by an event that failed under Stop.
@@ -114,7 +116,7 @@ func Run[E any](ctx context.Context, o Options, src <-chan E, h Hooks[E]) error 
 	defer cancelJobs()
 	d := newDispatcher(o, h, jobCtx)
 	if o.Policy == Block {
-		keys, ok := retry(ctx, o.Delay, func() ([]string, error) { return h.Store.BlockedKeys(ctx) })
+		keys, ok := retry(ctx, o.Delay, h.StoreFailed, func() ([]string, error) { return h.Store.BlockedKeys(ctx) })
 		if !ok {
 			return nil
 		}
@@ -139,12 +141,16 @@ func Run[E any](ctx context.Context, o Options, src <-chan E, h Hooks[E]) error 
 	return err
 }
 
-// retry calls f until it succeeds or ctx ends, waiting Delay between tries.
-func retry[T any](ctx context.Context, delay func(int) time.Duration, f func() (T, error)) (T, bool) {
+// retry calls f until it succeeds or ctx ends, waiting delay between tries and telling failed
+// (if set) of each error.
+func retry[T any](ctx context.Context, delay func(int) time.Duration, failed func(error), f func() (T, error)) (T, bool) {
 	for n := 1; ; n++ {
 		v, err := f()
 		if err == nil {
 			return v, true
+		}
+		if failed != nil {
+			failed(err)
 		}
 		if !sleep(ctx, delay(n)) {
 			return v, false

@@ -331,4 +331,3 @@ func TestParkNeedsAStore(t *testing.T) {
 	o.Policy = Park
 	require.Error(t, Run(context.Background(), o, r.src, r.hooks(nil)))
 }
-

@@ -13,13 +13,13 @@ func (d *dispatcher[E]) do(ctx context.Context, t task[E]) result[E] {
 	j, s := t.job, d.h.Stats
 	r := result[E]{task: t, outcome: abandoned}
 	store := func(f func() error) bool {
-		_, ok := retry(ctx, d.o.Delay, func() (struct{}, error) { return struct{}{}, f() })
+		_, ok := retry(ctx, d.o.Delay, d.h.StoreFailed, func() (struct{}, error) { return struct{}{}, f() })
 		return ok
 	}
 	switch t.kind {
 	case releaseJob:
 		var ok bool
-		if r.reruns, ok = retry(ctx, d.o.Delay, func() ([]Parked[E], error) { return d.h.Store.KeyEvents(ctx, j.Key) }); ok {
+		if r.reruns, ok = retry(ctx, d.o.Delay, d.h.StoreFailed, func() ([]Parked[E], error) { return d.h.Store.KeyEvents(ctx, j.Key) }); ok {
 			r.outcome = loaded
 		}
 		return r
