@@ -254,3 +254,19 @@ func TestDeadLettersAdapter(t *testing.T) {
 }
 
 type procrunJob = procrun.Job[EventWithToken]
+
+func TestProcessSavesWhenItStops(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeDB(testConfig(Config{}))
+		f.insert("t", t0, 2)
+		// Batched checkpoints: acknowledgements stay in memory until the hourly save.
+		w := startOn(t, t.Context(), f, Config{StartFromBeginning: true, CheckpointInterval: time.Hour})
+		errc, cancel := startProcess(t, w, ProcessOptions{}, func(context.Context, EventWithToken) error { return nil })
+		synctest.Wait()
+		require.Equal(t, Position{}, f.token(t, "c"), "nothing saved while running")
+		cancel()
+		require.NoError(t, <-errc)
+		require.Equal(t, rowPos(f, 2), f.token(t, "c"), "the stop saved the mark")
+		closeWatcher(t, w)
+	})
+}
