@@ -73,18 +73,19 @@ type dispatcher[E any] struct {
 	polls   chan uint64    // dispatcher → poller: look now (capacity 1)
 	polled  chan pollResult[E]
 
-	keys     map[string]*keyState[E]
-	ready    []*keyState[E] // keys with a queued job, none running, not in backoff; FIFO
-	backoffs backoffHeap[E]
-	mark     *watermark.Mark[E]
-	seq      uint64
-	inFlight int            // deliveries taken from the source and not finished
-	busy     int            // tasks at workers
-	reruns   map[int64]bool // parked ids queued or running as reruns
-	epoch    uint64         // polls asked for
-	polling  bool           // a poll is outstanding
-	stopping bool
-	err      error
+	keys      map[string]*keyState[E]
+	ready     []*keyState[E] // keys with a queued job, none running, not in backoff; FIFO
+	backoffs  backoffHeap[E]
+	mark      *watermark.Mark[E]
+	seq       uint64
+	inFlight  int            // deliveries taken from the source and not finished
+	busy      int            // tasks at workers
+	reruns    map[int64]bool // parked ids queued or running as reruns
+	epoch     uint64         // polls asked for
+	polling   bool           // a poll is outstanding
+	stopping  bool           // no more events are taken, no retries and no polls
+	graceOver bool           // stopping and the grace period is over: nothing more runs
+	err       error
 }
 
 func newDispatcher[E any](o Options, h Hooks[E], jobCtx context.Context) *dispatcher[E] {
@@ -128,15 +129,15 @@ func (d *dispatcher[E]) loop(ctx context.Context, src <-chan E, cancelJobs, stop
 	stop := func(err error) {
 		d.stopping, d.err, done, tick = true, err, nil, nil
 		stopPoll()
-		close(d.work) // idle workers exit; running ones report first
 		graceTimer.Reset(d.o.Grace)
 		grace = graceTimer.C
 	}
 	for {
-		if !d.stopping {
+		if !d.graceOver { // stopping: what was taken still runs during the grace period
 			d.dispatch()
 		}
-		if d.stopping && d.busy == 0 {
+		if d.stopping && d.busy == 0 && (d.graceOver || len(d.ready) == 0) {
+			close(d.work) // the workers are idle: they exit
 			return d.err
 		}
 		var in <-chan E
@@ -177,6 +178,7 @@ func (d *dispatcher[E]) loop(ctx context.Context, src <-chan E, cancelJobs, stop
 		case <-done:
 			stop(nil)
 		case <-grace:
+			d.graceOver = true
 			cancelJobs()
 		}
 	}

@@ -102,8 +102,9 @@ func (f *Failure[E]) Error() string {
 func (f *Failure[E]) Unwrap() error { return f.Err }
 
 // Run runs events from src until ctx ends (nil), src is closed (nil) or an event fails under
-// Stop (a *Failure). On the way out it stops taking events, waits up to Grace for running jobs
-// (their context stays alive meanwhile, then is cancelled), and returns once every goroutine it
+// Stop (a *Failure). On the way out it stops taking events, retrying and polling, and for up to
+// Grace goes on running the events it took (so that a quick stop leaves none unfinished); then
+// it cancels the jobs' context, waits for the running ones, and returns once every goroutine it
 // started has exited. Events not finished are never passed to Advance.
 func Run[E any](ctx context.Context, o Options, src <-chan E, h Hooks[E]) error {
 	if h.Stats == nil {

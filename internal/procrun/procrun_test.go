@@ -187,8 +187,8 @@ func TestGracePeriod(t *testing.T) {
 		require.NoError(t, <-errc) // virtual time runs through the grace period
 		require.Equal(t, int64(10*time.Second), time.Since(stopAt).Nanoseconds(), "the stop waited the grace period")
 		require.Equal(t, int64(10*time.Second), cancelledAfter.Load())
-		require.Equal(t, []int{1}, r.advancedAll(), "the finished handler is acknowledged, the unfinished one is not")
-		require.Equal(t, 0, r.attemptsOf(3), "nothing starts after the stop")
+		require.Equal(t, []int{1}, r.advancedAll(), "the finished handler is acknowledged, the unfinished one (and what follows it) is not")
+		require.Equal(t, 1, r.attemptsOf(3), "what was taken still runs during the grace period")
 	})
 }
 
@@ -330,4 +330,20 @@ func TestParkNeedsAStore(t *testing.T) {
 	o := opts(1, 1)
 	o.Policy = Park
 	require.Error(t, Run(context.Background(), o, r.src, r.hooks(nil)))
+}
+
+func TestStopRunsWhatWasTakenWithinTheGracePeriod(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t)
+		r.handle = func(context.Context, tev) { time.Sleep(time.Second) }
+		r.fail = func(tev, int) error { return nil }
+		o := opts(1, 100)
+		o.Grace = 2500 * time.Millisecond
+		errc, cancel := r.start(o, nil)
+		r.feed(events(1, 5, func(int) string { return "hot" })...)
+		cancel()
+		require.NoError(t, <-errc)
+		require.Equal(t, 3, r.lastAdvanced(), "the events run within the grace period are acknowledged")
+		require.Equal(t, []int{1, 2, 3}, r.ranOf("hot"), "none starts after it")
+	})
 }
