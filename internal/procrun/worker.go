@@ -78,6 +78,7 @@ type Stats struct {
 	Parked      atomic.Uint64 // events parked
 	HandlerTime atomic.Int64  // nanoseconds spent in handlers
 
+	longestN   atomic.Int64 // copy of longest, so that a shorter queue is noted without the lock
 	mu         sync.Mutex
 	longest    int
 	longestKey string
@@ -85,6 +86,10 @@ type Stats struct {
 
 // noteQueue records a key's queue length if it is the longest seen.
 func (s *Stats) noteQueue(key string, n int) {
+	if int64(n) <= s.longestN.Load() {
+		return
+	}
+	s.longestN.Store(int64(n))
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if n > s.longest {
