@@ -14,7 +14,7 @@ type keyState[E any] struct {
 	name    string
 	queue   []*Job[E] // FIFO; the head is the job running or waiting for its backoff
 	running bool      // a job of the key is at a worker
-	backoff bool      // the head failed and waits for its retry
+	backoff bool      // the head failed and waits for its retry (for ever once stopping)
 	inReady bool      // the key is in dispatcher.ready
 	// blocked: under Block, a parked event holds the key: its deliveries are parked without
 	// running. blockEpoch is the poll epoch when it was blocked (see applyPoll).
@@ -237,11 +237,11 @@ func (d *dispatcher[E]) apply(r result[E]) error {
 	k.running = false
 	switch r.outcome {
 	case retryIt:
-		if d.stopping {
+		k.backoff = true
+		if d.stopping { // no retries after the stop: the key stays held, the event unfinished
 			break
 		}
 		d.h.Stats.Retries.Add(1)
-		k.backoff = true
 		heap.Push(&d.backoffs, backoffEntry[E]{at: time.Now().Add(d.o.Delay(j.Attempts)), key: k})
 	case failed:
 		return &Failure[E]{Key: j.Key, Ev: j.Ev, Attempts: j.Attempts, Err: j.LastErr}

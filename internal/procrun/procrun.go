@@ -139,6 +139,8 @@ func Run[E any](ctx context.Context, o Options, src <-chan E, h Hooks[E]) error 
 	}
 	err := d.loop(ctx, src, cancelJobs, stopPoll)
 	wg.Wait()
+	h.Stats.InFlight.Store(0) // gauges of the run in progress
+	h.Stats.Busy.Store(0)
 	return err
 }
 

@@ -347,3 +347,18 @@ func TestStopRunsWhatWasTakenWithinTheGracePeriod(t *testing.T) {
 		require.Equal(t, []int{1, 2, 3}, r.ranOf("hot"), "none starts after it")
 	})
 }
+
+func TestNoRetryAfterTheStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t)
+		r.handle = func(context.Context, tev) { time.Sleep(time.Second) }
+		r.fail = func(tev, int) error { return errBoom }
+		errc, cancel := r.start(opts(1, 100), nil)
+		r.feed(tev{"a", 1})
+		cancel() // the handler is running; it fails within the grace period
+		require.NoError(t, <-errc)
+		require.Equal(t, 1, r.attemptsOf(1), "a failure after the stop is not retried")
+		require.Zero(t, r.lastAdvanced())
+		require.Zero(t, r.stats.InFlight.Load(), "the gauges are of the run in progress")
+	})
+}
