@@ -152,7 +152,8 @@ type fakeStore struct {
 	mu       sync.Mutex
 	rows     []*fakeRow
 	nextID   int64
-	failPark int // the next failPark Park calls fail
+	failPark int           // the next failPark Park calls fail
+	parkGate chan struct{} // if set, Park waits for it first
 	calls    []string
 }
 
@@ -164,6 +165,12 @@ type fakeRow struct {
 }
 
 func (s *fakeStore) Park(_ context.Context, j *Job[tev], blocking bool) error {
+	s.mu.Lock()
+	gate := s.parkGate
+	s.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls = append(s.calls, "park")

@@ -362,3 +362,46 @@ func TestNoRetryAfterTheStop(t *testing.T) {
 		require.Zero(t, r.stats.InFlight.Load(), "the gauges are of the run in progress")
 	})
 }
+
+func TestReleaseWhileTheKeyIsParking(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t)
+		store := &fakeStore{}
+		var failing atomic.Bool
+		failing.Store(true)
+		r.fail = func(e tev, _ int) error {
+			if e.n == 1 && failing.Load() {
+				return errBoom
+			}
+			return nil
+		}
+		o := opts(2, 100)
+		o.Policy = Block
+		errc, cancel := r.start(o, store)
+		r.feed(tev{"a", 1})
+		time.Sleep(4 * time.Second)
+		synctest.Wait()
+		require.Equal(t, []int{1}, store.parked())
+
+		gate := make(chan struct{})
+		store.mu.Lock()
+		store.parkGate = gate
+		store.mu.Unlock()
+		r.feed(tev{"a", 2}) // parked without running; the park waits at the gate
+		failing.Store(false)
+		store.release(1)
+		time.Sleep(o.PollInterval) // the release comes while the key's park runs
+		synctest.Wait()
+		store.mu.Lock()
+		store.parkGate = nil
+		store.mu.Unlock()
+		close(gate)
+		synctest.Wait()
+		require.Equal(t, []int{1, 2}, r.ranOf("a"), "the release waited for the park, then reran both in order")
+		require.Empty(t, store.parked())
+		require.Equal(t, 2, r.lastAdvanced())
+		cancel()
+		synctest.Wait()
+		require.NoError(t, requireStopped(t, errc))
+	})
+}
