@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgchangestream/pgchangestream/internal/pending"
+	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
 // Retry timing, and how many read ids are remembered to tell late rows from rows already read.
@@ -121,6 +122,12 @@ type Watcher struct {
 	// position was read, and cleared by the reader's rewind (under ckMu).
 	rewindAsked atomic.Bool
 	rewinds     atomic.Uint64 // added by the reader after each rewind; read by Stats
+
+	// processing is set while a Process runs (compare-and-swap by Process). procStats are its
+	// counters, kept across runs: atomics and a lock of their own (internal/procrun), written by
+	// the running engine, read by Stats.
+	processing atomic.Bool
+	procStats  procrun.Stats
 }
 
 // New validates cfg, fills its defaults and returns a watcher. It does not touch the database.

@@ -29,6 +29,11 @@ func newParkedStore(db *sql.DB, changelog, client string) *sqlParkedStore {
 	return &sqlParkedStore{db: db, table: quoteIdentifier(name), name: name, client: client}
 }
 
+// parkedStore returns the dead-letter table of the watcher's client.
+func (w *Watcher) parkedStore() parkedStore {
+	return newParkedStore(w.cfg.DB, w.cfg.ChangelogTable, w.cfg.ClientName)
+}
+
 // parkedColumns are the columns scanParked reads, in order.
 const parkedColumns = `id, client_name, event_key, table_name, changelog_id, event::text, error, attempts, blocking, retry_requested, parked_at`
 

@@ -64,8 +64,8 @@
 // offsets: it acknowledges the earliest pending delivery with that token and every delivery
 // handed out before it. Acknowledge in delivery order, or acknowledge a contiguous watermark
 // (everything up to this event is done). A caller that acknowledges a later event while an
-// earlier one is still being worked on certifies the earlier one too; callers that work out of
-// order must track their own low-water mark and acknowledge that.
+// earlier one is still being worked on certifies the earlier one too; to work out of order or in
+// parallel, use [Watcher.Process], which acknowledges the low-water mark of finished events.
 //
 // An empty token, or the token of no pending delivery, acknowledges nothing. A token that is not
 // a decimal changelog id is an error ([ErrInvalidToken]).

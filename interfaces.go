@@ -46,7 +46,7 @@ type EventWithToken struct {
 // and every delivery handed out before it. Callers must therefore ack in delivery order, or ack
 // a contiguous watermark (everything up to this event is done). A caller that acks a later event
 // while an earlier one is still being worked on certifies the earlier one too; callers that work
-// out of order must track their own low-water mark and ack that.
+// out of order use Watcher.Process, which acks the low-water mark of finished events.
 type ChangeStreamWatcher interface {
 	// Events returns the channel of deliveries. It is closed when the watcher stops.
 	Events() <-chan EventWithToken

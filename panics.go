@@ -27,10 +27,16 @@ func (w *Watcher) recoverPanic(op, where string, then func(error)) {
 	if r == nil {
 		return
 	}
-	err := fmt.Errorf("%w in the %s: %v", ErrPanic, where, r)
-	w.log.Error("recovered from a panic", "in", where, "panic", r, "stack", string(debug.Stack()))
+	err := w.panicError(where, r)
 	w.health.fail(op, err)
 	then(err)
+}
+
+// panicError logs a recovered panic r in where with its stack, and returns it as an error
+// wrapping ErrPanic.
+func (w *Watcher) panicError(where string, r any) error {
+	w.log.Error("recovered from a panic", "in", where, "panic", r, "stack", string(debug.Stack()))
+	return fmt.Errorf("%w in the %s: %v", ErrPanic, where, r)
 }
 
 // stopWith stops the watcher because of err, which Err then reports: its goroutines end and the

@@ -29,11 +29,29 @@ type Stats struct {
 	// Rewinds counts the times the watcher went back to its saved token because the server
 	// recovered from a crash, failed over or was restored (see [ErrServerRecovered]).
 	Rewinds uint64
+	// Process are the counters of [Watcher.Process] on this watcher.
+	Process ProcessStats
+}
+
+// ProcessStats are the counters of [Watcher.Process]: gauges of the run in progress (0 when
+// none runs) and totals over every run of the watcher.
+type ProcessStats struct {
+	InFlight    int           // events taken from Events and not finished
+	BusyWorkers int           // handlers (or dead-letter calls) running
+	Handled     uint64        // handler runs that succeeded, reruns of parked events included
+	Retries     uint64        // failed attempts that were retried
+	Parked      uint64        // events this watcher parked in the dead-letter table
+	HandlerTime time.Duration // the sum of the handlers' durations
+	// LongestKeyQueue is the longest queue of events of one key seen, and LongestKey its key:
+	// a hot key holding up its events shows here.
+	LongestKeyQueue int
+	LongestKey      string
 }
 
 // Stats returns the watcher's counters.
 func (w *Watcher) Stats() Stats {
 	caughtUp := w.health.isCaughtUp()
+	proc := w.processStats()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	s := Stats{
@@ -50,9 +68,18 @@ func (w *Watcher) Stats() Stats {
 		Lag:              w.lagLocked(time.Now(), caughtUp),
 		Active:           w.excl.isActive(),
 		Rewinds:          w.rewinds.Load(),
+		Process:          proc,
 	}
 	w.health.fill(&s)
 	return s
+}
+
+func (w *Watcher) processStats() ProcessStats {
+	p := &w.procStats
+	n, key := p.Longest()
+	return ProcessStats{InFlight: int(p.InFlight.Load()), BusyWorkers: int(p.Busy.Load()), Handled: p.Handled.Load(),
+		Retries: p.Retries.Load(), Parked: p.Parked.Load(), HandlerTime: time.Duration(p.HandlerTime.Load()),
+		LongestKeyQueue: n, LongestKey: key}
 }
 
 // LagState returns when a read last found nothing new, and the changed_at of the newest row

@@ -1,0 +1,397 @@
+package procrun
+
+import (
+	"container/heap"
+	"context"
+	"slices"
+	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/watermark"
+)
+
+// keyState is one key's queue and state. Dispatcher goroutine only.
+type keyState[E any] struct {
+	name    string
+	queue   []*Job[E] // FIFO; the head is the job running or waiting for its backoff
+	running bool      // a job of the key is at a worker
+	backoff bool      // the head failed and waits for its retry (for ever once stopping)
+	inReady bool      // the key is in dispatcher.ready
+	// blocked: under Block, a parked event holds the key: its deliveries are parked without
+	// running. blockEpoch is the poll epoch when it was blocked (see applyPoll).
+	blocked    bool
+	blockEpoch uint64
+	releasing  bool // a release job (loading the key's parked events) is queued or running
+}
+
+// jobKind is what a worker does with a job.
+type jobKind int
+
+const (
+	runJob     jobKind = iota // run the handler
+	parkJob                   // park without running (its key is blocked)
+	releaseJob                // load the key's parked events to rerun them
+)
+
+type task[E any] struct {
+	kind jobKind
+	job  *Job[E]
+}
+
+// outcome is what became of a task.
+type outcome int
+
+const (
+	finished  outcome = iota // done: finish it (handled, or parked)
+	retryIt                  // failed, attempts left: back off, then run again
+	failed                   // failed MaxAttempts under Stop
+	blockKey                 // parked under Block (or a blocking rerun reparked): finish it and block the key
+	loaded                   // a release job's parked events are in reruns
+	abandoned                // the stop came first: not finished
+)
+
+type result[E any] struct {
+	task    task[E]
+	outcome outcome
+	reruns  []Parked[E]
+}
+
+// pollResult is one look at the dead-letter store.
+type pollResult[E any] struct {
+	epoch    uint64
+	released []Parked[E]
+	blocked  []string
+}
+
+// dispatcher owns the scheduling state; only its goroutine (loop) touches the fields below the
+// channels.
+type dispatcher[E any] struct {
+	o       Options
+	h       Hooks[E]
+	jobCtx  context.Context
+	work    chan task[E]   // dispatcher → workers; capacity Workers, never more tasks than idle workers
+	results chan result[E] // workers → dispatcher; capacity Workers, so a worker never waits to report
+	polls   chan uint64    // dispatcher → poller: look now (capacity 1)
+	polled  chan pollResult[E]
+
+	keys      map[string]*keyState[E]
+	ready     []*keyState[E] // keys with a queued job, none running, not in backoff; FIFO
+	backoffs  backoffHeap[E]
+	mark      *watermark.Mark[E]
+	seq       uint64
+	inFlight  int            // deliveries taken from the source and not finished
+	busy      int            // tasks at workers
+	reruns    map[int64]bool // parked ids queued or running as reruns
+	epoch     uint64         // polls asked for
+	polling   bool           // a poll is outstanding
+	stopping  bool           // no more events are taken, no retries and no polls
+	graceOver bool           // stopping and the grace period is over: nothing more runs
+	err       error
+}
+
+func newDispatcher[E any](o Options, h Hooks[E], jobCtx context.Context) *dispatcher[E] {
+	return &dispatcher[E]{
+		o: o, h: h, jobCtx: jobCtx,
+		work:    make(chan task[E], o.Workers),
+		results: make(chan result[E], o.Workers),
+		polls:   make(chan uint64, 1),
+		polled:  make(chan pollResult[E], 1),
+		keys:    map[string]*keyState[E]{},
+		mark:    watermark.New[E](),
+		reruns:  map[int64]bool{},
+	}
+}
+
+func (d *dispatcher[E]) key(name string) *keyState[E] {
+	k := d.keys[name]
+	if k == nil {
+		k = &keyState[E]{name: name}
+		d.keys[name] = k
+	}
+	return k
+}
+
+// loop is the dispatcher goroutine's body (it runs on Run's goroutine).
+func (d *dispatcher[E]) loop(ctx context.Context, src <-chan E, cancelJobs, stopPoll context.CancelFunc) error {
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	var tick <-chan time.Time
+	if d.o.Policy != Stop {
+		t := time.NewTicker(d.o.PollInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	done := ctx.Done()
+	graceTimer := time.NewTimer(time.Hour)
+	graceTimer.Stop()
+	defer graceTimer.Stop()
+	var grace <-chan time.Time
+	stop := func(err error) {
+		d.stopping, d.err, done, tick = true, err, nil, nil
+		stopPoll()
+		graceTimer.Reset(d.o.Grace)
+		grace = graceTimer.C
+	}
+	for {
+		if !d.graceOver { // stopping: what was taken still runs during the grace period
+			d.dispatch()
+		}
+		if d.stopping && d.busy == 0 && (d.graceOver || len(d.ready) == 0) {
+			close(d.work) // the workers are idle: they exit
+			return d.err
+		}
+		var in <-chan E
+		if !d.stopping && d.inFlight < d.o.MaxInFlight {
+			in = src
+		}
+		var wake <-chan time.Time
+		if len(d.backoffs) > 0 && !d.stopping {
+			timer.Reset(time.Until(d.backoffs[0].at))
+			wake = timer.C
+		}
+		select {
+		case ev, ok := <-in:
+			if !ok {
+				stop(nil)
+				continue
+			}
+			d.take(ev)
+		case r := <-d.results:
+			d.busy--
+			d.h.Stats.Busy.Store(int64(d.busy))
+			if err := d.apply(r); err != nil && !d.stopping {
+				stop(err)
+			}
+		case <-wake:
+			d.endBackoffs()
+		case <-tick:
+			if !d.polling {
+				d.polling = true
+				d.epoch++
+				d.polls <- d.epoch
+			}
+		case p := <-d.polled:
+			d.polling = false
+			if !d.stopping {
+				d.applyPoll(p)
+			}
+		case <-done:
+			stop(nil)
+		case <-grace:
+			d.graceOver = true
+			cancelJobs()
+		}
+	}
+}
+
+// take queues a delivery from the source.
+func (d *dispatcher[E]) take(ev E) {
+	d.seq++
+	d.mark.Add(d.seq, ev)
+	d.inFlight++
+	d.h.Stats.InFlight.Store(int64(d.inFlight))
+	k := d.key(d.h.Key(ev))
+	d.enqueue(k, &Job[E]{Ev: ev, Key: k.name, Seq: d.seq})
+}
+
+func (d *dispatcher[E]) enqueue(k *keyState[E], j *Job[E]) {
+	k.queue = append(k.queue, j)
+	d.h.Stats.noteQueue(k.name, len(k.queue))
+	d.makeReady(k)
+}
+
+// makeReady puts k in the ready FIFO if it has work and nothing holds it.
+func (d *dispatcher[E]) makeReady(k *keyState[E]) {
+	if len(k.queue) > 0 && !k.running && !k.backoff && !k.inReady {
+		k.inReady = true
+		d.ready = append(d.ready, k)
+	}
+}
+
+// dispatch hands the head jobs of ready keys to idle workers.
+func (d *dispatcher[E]) dispatch() {
+	for d.busy < d.o.Workers && len(d.ready) > 0 {
+		k := d.ready[0]
+		d.ready[0] = nil
+		d.ready = d.ready[1:]
+		k.inReady = false
+		j := k.queue[0]
+		kind := runJob
+		switch {
+		case j.Seq == 0 && j.Parked == 0:
+			kind = releaseJob
+		case k.blocked && j.Seq > 0:
+			kind = parkJob
+		}
+		k.running = true
+		d.busy++
+		d.h.Stats.Busy.Store(int64(d.busy))
+		d.work <- task[E]{kind: kind, job: j} // never blocks: at most Workers tasks are out
+	}
+}
+
+// apply takes a worker's result; it returns the failure that stops the run, if any.
+func (d *dispatcher[E]) apply(r result[E]) error {
+	j := r.task.job
+	k := d.keys[j.Key]
+	k.running = false
+	switch r.outcome {
+	case retryIt:
+		k.backoff = true
+		if d.stopping { // no retries after the stop: the key stays held, the event unfinished
+			break
+		}
+		d.h.Stats.Retries.Add(1)
+		heap.Push(&d.backoffs, backoffEntry[E]{at: time.Now().Add(d.o.Delay(j.Attempts)), key: k})
+	case failed:
+		return &Failure[E]{Key: j.Key, Ev: j.Ev, Attempts: j.Attempts, Err: j.LastErr}
+	case finished:
+		d.finish(k)
+	case blockKey:
+		d.finish(k)
+		d.block(k)
+	case loaded:
+		d.pop(k)
+		k.releasing, k.blocked = false, false
+		var jobs []*Job[E]
+		for _, p := range r.reruns {
+			if !d.reruns[p.ID] {
+				d.reruns[p.ID] = true
+				jobs = append(jobs, &Job[E]{Ev: p.Ev, Key: k.name, Parked: p.ID, Blocking: p.Blocking})
+			}
+		}
+		k.queue = append(jobs, k.queue...)
+	case abandoned:
+	}
+	d.makeReady(k)
+	d.dropIdle(k)
+	return nil
+}
+
+// finish ends the head job of k: a delivery joins the mark, a rerun leaves the rerun set.
+func (d *dispatcher[E]) finish(k *keyState[E]) {
+	j := d.pop(k)
+	if j.Parked > 0 {
+		delete(d.reruns, j.Parked)
+		return
+	}
+	d.inFlight--
+	d.h.Stats.InFlight.Store(int64(d.inFlight))
+	if last, advanced := d.mark.Finish(j.Seq); advanced {
+		d.h.Advance(last)
+	}
+}
+
+func (d *dispatcher[E]) pop(k *keyState[E]) *Job[E] {
+	j := k.queue[0]
+	k.queue[0] = nil
+	k.queue = k.queue[1:]
+	return j
+}
+
+// block blocks k and drops its queued reruns (they stay parked, and run on the next release).
+func (d *dispatcher[E]) block(k *keyState[E]) {
+	k.blocked, k.blockEpoch = true, d.epoch
+	kept := k.queue[:0]
+	for _, j := range k.queue {
+		if j.Parked > 0 {
+			delete(d.reruns, j.Parked)
+			continue
+		}
+		kept = append(kept, j)
+	}
+	clear(k.queue[len(kept):])
+	k.queue = kept
+}
+
+// dropIdle forgets a key with nothing queued and nothing holding it, so memory follows the keys
+// with work, not every key ever seen.
+func (d *dispatcher[E]) dropIdle(k *keyState[E]) {
+	if len(k.queue) == 0 && !k.running && !k.backoff && !k.blocked && !k.releasing {
+		delete(d.keys, k.name)
+	}
+}
+
+// endBackoffs makes the keys whose backoff ended ready again.
+func (d *dispatcher[E]) endBackoffs() {
+	now := time.Now()
+	for len(d.backoffs) > 0 && !d.backoffs[0].at.After(now) {
+		k := heap.Pop(&d.backoffs).(backoffEntry[E]).key
+		k.backoff = false
+		d.makeReady(k)
+	}
+}
+
+// applyPoll queues released parked events and unblocks keys an operator dropped.
+func (d *dispatcher[E]) applyPoll(p pollResult[E]) {
+	for _, r := range p.released {
+		k := d.key(r.Key)
+		switch {
+		case d.reruns[r.ID] || k.releasing:
+		case r.Blocking: // release the key: load all its parked events first
+			k.releasing = true
+			at := 0
+			if k.running || k.backoff { // the head is taken: the release goes right after it
+				at = 1
+			}
+			k.queue = slices.Insert(k.queue, at, &Job[E]{Key: k.name})
+			d.makeReady(k)
+		case k.blocked: // runs with the key's release
+		default:
+			d.reruns[r.ID] = true
+			d.enqueue(k, &Job[E]{Ev: r.Ev, Key: k.name, Parked: r.ID})
+		}
+		d.dropIdle(k)
+	}
+	still := make(map[string]bool, len(p.blocked))
+	for _, name := range p.blocked {
+		still[name] = true
+	}
+	for _, k := range d.keys {
+		// A key blocked since the poll was asked for may not be in its answer yet.
+		if k.blocked && !k.releasing && k.blockEpoch < p.epoch && !still[k.name] {
+			k.blocked = false
+			d.dropIdle(k)
+		}
+	}
+}
+
+// pollLoop is the poller goroutine: it looks at the store when the dispatcher asks.
+func (d *dispatcher[E]) pollLoop(ctx context.Context) {
+	for {
+		var epoch uint64
+		select {
+		case <-ctx.Done():
+			return
+		case epoch = <-d.polls:
+		}
+		p := pollResult[E]{epoch: epoch}
+		var err error
+		if p.released, err = d.h.Store.Released(ctx, d.o.MaxInFlight); err == nil {
+			p.blocked, err = d.h.Store.BlockedKeys(ctx)
+		}
+		if err != nil { // the next tick looks again; epoch 0 unblocks nothing
+			p = pollResult[E]{}
+		}
+		d.polled <- p // never blocks: one poll at a time, and its answer is taken before the next
+	}
+}
+
+type backoffEntry[E any] struct {
+	at  time.Time
+	key *keyState[E]
+}
+
+// backoffHeap is a min-heap of keys waiting for a retry, by time.
+type backoffHeap[E any] []backoffEntry[E]
+
+func (h backoffHeap[E]) Len() int           { return len(h) }
+func (h backoffHeap[E]) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h backoffHeap[E]) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *backoffHeap[E]) Push(x any)        { *h = append(*h, x.(backoffEntry[E])) }
+func (h *backoffHeap[E]) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}

@@ -1,0 +1,174 @@
+// Package procrun is the parallel handling runtime behind the watcher's Process: events taken
+// from a channel in delivery order are run by a pool of workers, one at a time per key and in
+// delivery order within a key, with retries, dead letters and back-pressure, and their
+// acknowledgement is the low-water mark of the finished ones (internal/watermark). It knows
+// nothing of the database: the run step, the acknowledgement and the dead-letter store are
+// given by its caller (the watcher, or the test kit's fake watcher).
+//
+// One dispatcher goroutine owns all the scheduling state (key queues, ready keys, backoffs, the
+// mark, blocked keys); workers and the dead-letter poller talk to it over channels only, so the
+// state needs no lock. Counters for Stats are atomics in [Stats].
+package procrun
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Policy says what happens to an event whose handler failed MaxAttempts times.
+type Policy int
+
+// The policies; they mirror the public FailurePolicy.
+const (
+	Stop  Policy = iota // stop the run with the failure
+	Park                // park the event and go on with its key
+	Block               // park the event and every later event of its key until released
+)
+
+// Options are the run's settings, already validated and defaulted by the caller.
+type Options struct {
+	Workers      int           // jobs run at once
+	MaxInFlight  int           // events taken from the source and not finished; >= Workers
+	MaxAttempts  int           // attempts of one event before the policy applies
+	Policy       Policy        // after MaxAttempts
+	Grace        time.Duration // how long a stop waits for running jobs before cancelling them
+	PollInterval time.Duration // how often Park and Block look for released parked events
+	// Delay is the wait before attempt n+1 after n failed attempts (n >= 1); also between
+	// tries of a dead-letter store call that failed.
+	Delay func(n int) time.Duration
+}
+
+// Job is one event to run: a delivery from the source (Seq > 0) or the rerun of a parked event
+// (Parked > 0, Seq 0; reruns are never acknowledged).
+type Job[E any] struct {
+	Ev       E
+	Key      string
+	Seq      uint64 // delivery sequence number, in receipt order; 0 for a rerun
+	Parked   int64  // id of the parked event this reruns; 0 for a delivery
+	Blocking bool   // a rerun of an event parked under Block: failing again blocks its key
+	Attempts int    // failed attempts so far (of this run: a rerun starts again at 0)
+	LastErr  error  // the last attempt's error
+}
+
+// Parked is a parked event as the store returns it.
+type Parked[E any] struct {
+	ID       int64
+	Key      string
+	Ev       E
+	Blocking bool
+}
+
+// Store is the dead-letter store Park and Block use.
+type Store[E any] interface {
+	// Park parks j after its last failure (blocking: under Block).
+	Park(ctx context.Context, j *Job[E], blocking bool) error
+	BlockedKeys(ctx context.Context) ([]string, error)
+	Released(ctx context.Context, limit int) ([]Parked[E], error)
+	KeyEvents(ctx context.Context, key string) ([]Parked[E], error)
+	Repark(ctx context.Context, j *Job[E]) error
+	Finish(ctx context.Context, id int64) error
+}
+
+// Hooks are what the caller plugs in.
+type Hooks[E any] struct {
+	Key func(E) string
+	// Run is the per-event step: call the handler (recovering a panic into an error). A nil
+	// error finishes the event.
+	Run func(ctx context.Context, j *Job[E]) error
+	// Advance is called by the dispatcher when the mark advances, with the last event of the
+	// finished prefix; it must not block (acknowledge in memory, wake a saver).
+	Advance func(last E)
+	Store   Store[E] // required by Park and Block
+	// StoreFailed, if set, is told of each failed store call (it is tried again after Delay).
+	StoreFailed func(err error)
+	Stats       *Stats // counters; may be shared across runs
+}
+
+// Failure is the error of a run stopped by an event that failed under Stop.
+type Failure[E any] struct {
+	Key      string
+	Ev       E
+	Attempts int
+	Err      error
+}
+
+func (f *Failure[E]) Error() string {
+	return fmt.Sprintf("key %q failed %d attempts: %v", f.Key, f.Attempts, f.Err)
+}
+
+func (f *Failure[E]) Unwrap() error { return f.Err }
+
+// Run runs events from src until ctx ends (nil), src is closed (nil) or an event fails under
+// Stop (a *Failure). On the way out it stops taking events, retrying and polling, and for up to
+// Grace goes on running the events it took (so that a quick stop leaves none unfinished); then
+// it cancels the jobs' context, waits for the running ones, and returns once every goroutine it
+// started has exited. Events not finished are never passed to Advance.
+func Run[E any](ctx context.Context, o Options, src <-chan E, h Hooks[E]) error {
+	if h.Stats == nil {
+		h.Stats = new(Stats)
+	}
+	if o.Policy != Stop && h.Store == nil {
+		return errors.New("procrun: Park and Block need a dead-letter store")
+	}
+	jobCtx, cancelJobs := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelJobs()
+	d := newDispatcher(o, h, jobCtx)
+	if o.Policy == Block {
+		keys, ok := retry(ctx, o.Delay, h.StoreFailed, func() ([]string, error) { return h.Store.BlockedKeys(ctx) })
+		if !ok {
+			return nil
+		}
+		for _, k := range keys {
+			d.key(k).blocked = true
+		}
+	}
+	var wg sync.WaitGroup
+	for range o.Workers {
+		wg.Go(func() {
+			for j := range d.work {
+				d.results <- d.do(jobCtx, j)
+			}
+		})
+	}
+	pollCtx, stopPoll := context.WithCancel(ctx)
+	if o.Policy != Stop {
+		wg.Go(func() { d.pollLoop(pollCtx) })
+	}
+	err := d.loop(ctx, src, cancelJobs, stopPoll)
+	wg.Wait()
+	h.Stats.InFlight.Store(0) // gauges of the run in progress
+	h.Stats.Busy.Store(0)
+	return err
+}
+
+// retry calls f until it succeeds or ctx ends, waiting delay between tries and telling failed
+// (if set) of each error.
+func retry[T any](ctx context.Context, delay func(int) time.Duration, failed func(error), f func() (T, error)) (T, bool) {
+	for n := 1; ; n++ {
+		v, err := f()
+		if err == nil {
+			return v, true
+		}
+		if failed != nil {
+			failed(err)
+		}
+		if !sleep(ctx, delay(n)) {
+			return v, false
+		}
+	}
+}
+
+// sleep waits for d or the end of ctx; it returns false when ctx ended.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

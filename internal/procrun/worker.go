@@ -1,0 +1,105 @@
+package procrun
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// do is one worker's handling of a task; it runs on a worker goroutine and touches only the
+// task's job (which no other goroutine touches while it is out) and the atomic counters.
+func (d *dispatcher[E]) do(ctx context.Context, t task[E]) result[E] {
+	j, s := t.job, d.h.Stats
+	r := result[E]{task: t, outcome: abandoned}
+	store := func(f func() error) bool {
+		_, ok := retry(ctx, d.o.Delay, d.h.StoreFailed, func() (struct{}, error) { return struct{}{}, f() })
+		return ok
+	}
+	switch t.kind {
+	case releaseJob:
+		var ok bool
+		if r.reruns, ok = retry(ctx, d.o.Delay, d.h.StoreFailed, func() ([]Parked[E], error) { return d.h.Store.KeyEvents(ctx, j.Key) }); ok {
+			r.outcome = loaded
+		}
+		return r
+	case parkJob:
+		if store(func() error { return d.h.Store.Park(ctx, j, true) }) {
+			s.Parked.Add(1)
+			r.outcome = finished
+		}
+		return r
+	}
+	start := time.Now()
+	err := d.h.Run(ctx, j)
+	s.HandlerTime.Add(int64(time.Since(start)))
+	if err == nil {
+		s.Handled.Add(1)
+		if j.Parked == 0 || store(func() error { return d.h.Store.Finish(ctx, j.Parked) }) {
+			r.outcome = finished
+		}
+		return r
+	}
+	j.Attempts++
+	j.LastErr = err
+	switch {
+	case ctx.Err() != nil: // stopped past the grace period: the failure may be the cancellation
+	case j.Attempts < d.o.MaxAttempts:
+		r.outcome = retryIt
+	case j.Parked > 0:
+		if store(func() error { return d.h.Store.Repark(ctx, j) }) {
+			r.outcome = finished
+			if j.Blocking {
+				r.outcome = blockKey
+			}
+		}
+	case d.o.Policy == Stop:
+		r.outcome = failed
+	default:
+		blocking := d.o.Policy == Block
+		if store(func() error { return d.h.Store.Park(ctx, j, blocking) }) {
+			s.Parked.Add(1)
+			r.outcome = finished
+			if blocking {
+				r.outcome = blockKey
+			}
+		}
+	}
+	return r
+}
+
+// Stats are the run's counters, safe for concurrent use: the gauges are stored by the
+// dispatcher, the counters added by workers, the longest queue noted by the dispatcher under mu.
+type Stats struct {
+	InFlight    atomic.Int64  // deliveries taken and not finished
+	Busy        atomic.Int64  // tasks at workers
+	Handled     atomic.Uint64 // handler runs that succeeded
+	Retries     atomic.Uint64 // failed attempts retried
+	Parked      atomic.Uint64 // events parked
+	HandlerTime atomic.Int64  // nanoseconds spent in handlers
+
+	longestN   atomic.Int64 // copy of longest, so that a shorter queue is noted without the lock
+	mu         sync.Mutex
+	longest    int
+	longestKey string
+}
+
+// noteQueue records a key's queue length if it is the longest seen.
+func (s *Stats) noteQueue(key string, n int) {
+	if int64(n) <= s.longestN.Load() {
+		return
+	}
+	s.longestN.Store(int64(n))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n > s.longest {
+		s.longest, s.longestKey = n, key
+	}
+}
+
+// Longest returns the longest queue of one key seen, and its key.
+func (s *Stats) Longest() (int, string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.longest, s.longestKey
+}

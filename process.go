@@ -1,0 +1,260 @@
+package pgchangestream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/procrun"
+)
+
+// Handler handles one event for [Watcher.Process]. A nil error finishes the event; an error (or
+// a panic, recovered as an error wrapping [ErrPanic]) is retried. ctx is cancelled when Process
+// stops and the grace period is over: a handler must return then.
+type Handler func(ctx context.Context, ev EventWithToken) error
+
+// FailurePolicy says what Process does with an event whose handler failed
+// [ProcessOptions.MaxAttempts] times.
+type FailurePolicy int
+
+const (
+	// StopOnFailure (the default): Process stops and returns the handler's error, wrapped with
+	// the event's key and token. The event is not acknowledged, so it is delivered again.
+	StopOnFailure FailurePolicy = iota
+	// ParkOnFailure parks the event in the dead-letter table and goes on with its key.
+	ParkOnFailure
+	// BlockOnFailure parks the event and every later event of its key (without running them)
+	// until an operator releases the key; the key's parked events then run again, in order.
+	BlockOnFailure
+)
+
+// Defaults of [ProcessOptions].
+const (
+	DefaultProcessMaxInFlight = 1000
+	DefaultProcessMaxAttempts = 5
+	DefaultRetryMinBackoff    = 100 * time.Millisecond
+	DefaultRetryMaxBackoff    = 30 * time.Second
+	DefaultGracePeriod        = 10 * time.Second
+	DefaultParkedPollInterval = 5 * time.Second
+	defaultProcessWorkers     = 1
+)
+
+// ProcessOptions configure [Watcher.Process]. Zero values take the defaults; negative values
+// are invalid.
+type ProcessOptions struct {
+	Workers int // handlers at once; default 1
+	// Key: events of one key run one at a time, in delivery order; default DocumentKey.
+	// Events of different keys run in parallel. Events whose key is "" share that one key.
+	Key func(EventWithToken) string
+	// MaxInFlight is the number of events taken from Events and not finished; at it, Process
+	// stops reading (back-pressure), so memory is bounded for any backlog and any hot key.
+	// Default DefaultProcessMaxInFlight (or Workers, if more); at least Workers.
+	MaxInFlight int
+	// MaxAttempts is the attempts of one event before OnFailure applies; default 5.
+	MaxAttempts int
+	// RetryMinBackoff and RetryMaxBackoff bound the capped, jittered exponential backoff
+	// between attempts (and between tries of a failing dead-letter table); defaults 100ms, 30s.
+	RetryMinBackoff, RetryMaxBackoff time.Duration
+	OnFailure                        FailurePolicy
+	// GracePeriod is how long a stop waits for running handlers before cancelling their
+	// context; default 10s.
+	GracePeriod time.Duration
+	// ParkedPollInterval is how often ParkOnFailure and BlockOnFailure look for parked events an
+	// operator released; default 5s.
+	ParkedPollInterval time.Duration
+}
+
+func (o ProcessOptions) withDefaults() ProcessOptions {
+	o.Workers = cmpOr(o.Workers, defaultProcessWorkers)
+	o.MaxInFlight = cmpOr(o.MaxInFlight, max(DefaultProcessMaxInFlight, o.Workers))
+	o.MaxAttempts = cmpOr(o.MaxAttempts, DefaultProcessMaxAttempts)
+	o.RetryMinBackoff = cmpOr(o.RetryMinBackoff, DefaultRetryMinBackoff)
+	o.RetryMaxBackoff = cmpOr(o.RetryMaxBackoff, max(DefaultRetryMaxBackoff, o.RetryMinBackoff))
+	o.GracePeriod = cmpOr(o.GracePeriod, DefaultGracePeriod)
+	o.ParkedPollInterval = cmpOr(o.ParkedPollInterval, DefaultParkedPollInterval)
+	if o.Key == nil {
+		o.Key = DocumentKey
+	}
+	return o
+}
+
+// cmpOr is cmp.Or for a value that is invalid when negative: a negative v is kept, for validate.
+func cmpOr[T int | time.Duration](v, def T) T {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+func (o ProcessOptions) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: ProcessOptions.%s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case o.Workers < 0:
+		return bad("Workers is negative (%d)", o.Workers)
+	case o.MaxInFlight < o.Workers:
+		return bad("MaxInFlight (%d) is less than Workers (%d)", o.MaxInFlight, o.Workers)
+	case o.MaxAttempts < 0:
+		return bad("MaxAttempts is negative (%d)", o.MaxAttempts)
+	case o.RetryMinBackoff < 0 || o.RetryMaxBackoff < 0:
+		return bad("RetryMinBackoff and RetryMaxBackoff must not be negative")
+	case o.RetryMaxBackoff < o.RetryMinBackoff:
+		return bad("RetryMaxBackoff (%s) is less than RetryMinBackoff (%s)", o.RetryMaxBackoff, o.RetryMinBackoff)
+	case o.GracePeriod < 0:
+		return bad("GracePeriod is negative (%s)", o.GracePeriod)
+	case o.ParkedPollInterval < 0:
+		return bad("ParkedPollInterval is negative (%s)", o.ParkedPollInterval)
+	case o.OnFailure < StopOnFailure || o.OnFailure > BlockOnFailure:
+		return bad("OnFailure is not a FailurePolicy (%d)", o.OnFailure)
+	}
+	return nil
+}
+
+// errProcessRunning is returned by a Process called while another runs on the same watcher.
+var errProcessRunning = errors.New("pgchangestream: Process is already running on this watcher")
+
+// Process handles the watcher's events in parallel: up to Workers handlers at once, one at a
+// time per key and in delivery order within a key, and acknowledges them itself. The
+// acknowledgement is a low-water mark: an event is acknowledged (and the checkpoint saved, one
+// save at a time) only when it and every event delivered before it finished, so a restart never
+// replays a finished prefix and never skips an unfinished event. A failed handler is retried for
+// its key only, with capped jittered backoff, while other keys go on; after MaxAttempts,
+// OnFailure applies.
+//
+// Process needs a started watcher and must be the only reader of [Watcher.Events]: an event read
+// by the caller would be certified by Process's acknowledgements. Only one Process runs on a
+// watcher at a time.
+//
+// Process returns when ctx ends (nil, or the final save's error), when the watcher stops
+// (Events closed: [Watcher.Err], or nil after Close) or when a handler fails under
+// StopOnFailure (an error wrapping the handler's, naming the key and the token). Before
+// returning it stops reading, waits up to GracePeriod for running handlers (then cancels their
+// context), saves the checkpoint with a bounded context of its own, and waits for every
+// goroutine it started.
+func (w *Watcher) Process(ctx context.Context, opts ProcessOptions, handle Handler) error {
+	if w.cfgErr != nil {
+		return w.cfgErr
+	}
+	if handle == nil {
+		return fmt.Errorf("%w: Process: the handler is nil", ErrInvalidConfig)
+	}
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return err
+	}
+	w.lifeMu.Lock()
+	started := w.started
+	w.lifeMu.Unlock()
+	if !started {
+		return errors.New("pgchangestream: Process: the watcher is not started")
+	}
+	if !w.processing.CompareAndSwap(false, true) {
+		return errProcessRunning
+	}
+	defer w.processing.Store(false)
+	if opts.MaxInFlight+w.cfg.BufferSize > w.cfg.MaxPending {
+		w.log.Warn("ProcessOptions.MaxInFlight and Config.BufferSize exceed Config.MaxPending: the oldest deliveries may be evicted into the floor, which holds the checkpoint until a later acknowledgement",
+			"max_in_flight", opts.MaxInFlight, "buffer_size", w.cfg.BufferSize, "max_pending", w.cfg.MaxPending)
+	}
+	err := w.process(ctx, w.events, opts, handle)
+	if ctx.Err() == nil && err == nil { // Events closed: the watcher stopped
+		return w.Err()
+	}
+	return err
+}
+
+// process runs the engine over src and saves at the end; see Process.
+func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o ProcessOptions, handle Handler) error {
+	po := procrun.Options{Workers: o.Workers, MaxInFlight: o.MaxInFlight, MaxAttempts: o.MaxAttempts,
+		Policy: procrun.Policy(o.OnFailure), Grace: o.GracePeriod, PollInterval: o.ParkedPollInterval,
+		Delay: retryDelay(o.RetryMinBackoff, o.RetryMaxBackoff)}
+	h := procrun.Hooks[EventWithToken]{
+		Key: w.safeKey(o.Key),
+		Run: func(ctx context.Context, j *procrun.Job[EventWithToken]) error {
+			return w.runHandler(ctx, handle, j.Ev)
+		},
+		Stats: &w.procStats,
+		StoreFailed: func(err error) {
+			w.log.Warn("dead-letter table call failed; trying again", "error", err)
+		},
+	}
+	if o.OnFailure != StopOnFailure {
+		h.Store = deadLetters{client: w.cfg.ClientName, s: w.parkedStore()}
+	}
+	s := w.startAckSaver(ctx)
+	h.Advance = s.ack
+	err := procrun.Run(ctx, po, src, h)
+	s.stop()
+	saveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backgroundSaveTimeout)
+	defer cancel()
+	saveErr := w.saveCheckpoint(saveCtx, saveChanged)
+	var f *procrun.Failure[EventWithToken]
+	if errors.As(err, &f) {
+		err = fmt.Errorf("pgchangestream: process: event of key %q, token %s: %w", f.Key, f.Ev.ResumeToken, err)
+	}
+	return joinErrors(err, saveErr)
+}
+
+// runHandler runs handle, recovering a panic into an error wrapping ErrPanic.
+func (w *Watcher) runHandler(ctx context.Context, handle Handler, ev EventWithToken) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = w.panicError("handler", r)
+		}
+	}()
+	return handle(ctx, ev)
+}
+
+// safeKey is key with a panic recovered: the event then falls back to DocumentKey.
+func (w *Watcher) safeKey(key func(EventWithToken) string) func(EventWithToken) string {
+	return func(ev EventWithToken) (k string) {
+		defer func() {
+			if r := recover(); r != nil {
+				_ = w.panicError("ProcessOptions.Key", r)
+				k = DocumentKey(ev)
+			}
+		}()
+		return key(ev)
+	}
+}
+
+// retryDelay is the wait before try n+1 after n failures: backoff's capped, jittered doubling.
+func retryDelay(lo, hi time.Duration) func(int) time.Duration {
+	return func(n int) time.Duration {
+		b := backoff{min: lo, max: hi}
+		for range min(n, 64) - 1 {
+			b.next()
+		}
+		return b.next()
+	}
+}
+
+// DocumentKey is the default [ProcessOptions.Key]: "<ns.coll>/<documentKey._id>", the changed
+// row; "" when the event has neither.
+func DocumentKey(ev EventWithToken) string {
+	table := eventTable(ev)
+	dk, _ := ev.Event["documentKey"].(map[string]any)
+	id, ok := dk["_id"]
+	if table == "" || !ok || id == nil {
+		return ""
+	}
+	return table + "/" + fmt.Sprint(id)
+}
+
+// NodeNameKey is a [ProcessOptions.Key] for health_events: the node name
+// ([EventWithToken.GetNodeName]), else DocumentKey.
+func NodeNameKey(ev EventWithToken) string {
+	if name, err := ev.GetNodeName(); err == nil {
+		return name
+	}
+	return DocumentKey(ev)
+}
+
+// eventTable returns the event's ns.coll, or "".
+func eventTable(ev EventWithToken) string {
+	ns, _ := ev.Event["ns"].(map[string]any)
+	table, _ := ns["coll"].(string)
+	return table
+}

@@ -1,0 +1,68 @@
+package pgchangestream
+
+import "context"
+
+// ackSaver is Process's side of acknowledgements: the engine calls ack (on its dispatcher
+// goroutine) each time the low-water mark advances; ack acknowledges in memory and wakes the
+// saver goroutine, which saves one checkpoint at a time, each covering every acknowledgement
+// made before it started. A failed save is retried with backoff; the acknowledgement stays in
+// memory meanwhile, and the failure shows in Health and Stats through the save path. With a
+// batched Config.CheckpointInterval the watcher's save loop saves, and there is no saver.
+type ackSaver struct {
+	w      *Watcher
+	wake   chan struct{} // capacity 1: a save is wanted
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the saver goroutine exited
+}
+
+func (w *Watcher) startAckSaver(ctx context.Context) *ackSaver {
+	s := &ackSaver{w: w, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	ctx, s.cancel = context.WithCancel(ctx)
+	if w.cfg.CheckpointInterval > 0 {
+		close(s.done)
+		return s
+	}
+	go s.loop(ctx)
+	return s
+}
+
+// ack acknowledges the delivery of last, the newest event of the finished prefix: the earliest
+// pending delivery of its id, which is in the prefix, and every one before it.
+func (s *ackSaver) ack(last EventWithToken) {
+	if id, ok, _ := parseToken(last.ResumeToken); ok {
+		s.w.ack(id)
+	}
+	select {
+	case s.wake <- struct{}{}:
+	default: // a save is already wanted: it will cover this one
+	}
+}
+
+func (s *ackSaver) loop(ctx context.Context) {
+	defer close(s.done)
+	b := backoff{min: loadRetryMin, max: loadRetryMax}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.wake:
+		}
+		for {
+			err := s.w.saveInBackground(ctx, saveChanged)
+			if err == nil {
+				b.reset()
+				break
+			}
+			s.w.log.Warn("checkpoint save after Process acknowledgements failed; trying again", "error", err)
+			if !sleepCtx(ctx, b.next()) {
+				return
+			}
+		}
+	}
+}
+
+// stop ends the saver goroutine and waits for it. Process saves once more after it.
+func (s *ackSaver) stop() {
+	s.cancel()
+	<-s.done
+}
