@@ -112,7 +112,7 @@ func (e EventWithToken) documentJSON() []byte {
 
 // fullDocumentJSON returns the JSON object fullDocument is decoded from, or nil when there is
 // none or it cannot be told from the bytes alone: the column new_values of an insert or update
-// that decodeObject decodes with its fast path, or, when the document is unwrapped from
+// that unmarshalObject decodes on its fast path, or, when the document is unwrapped from
 // DocumentField, that object with the members unwrapDocument adds ("id", and "createdAt" from
 // created_at) written first.
 func (r *rawDocument) fullDocumentJSON() []byte {

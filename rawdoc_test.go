@@ -98,7 +98,7 @@ func requireSameDocument(t *testing.T, row *changelogRow, field string) {
 	ref, _, refErr := buildEvent(row, "t", field)
 	for _, rawDocuments := range []bool{false, true} {
 		w := newWatcher(Config{ClientName: "c", TableName: "t", DocumentField: field, RawDocuments: rawDocuments,
-			Logger: quietLogger}.withDefaults())
+			Logger: quietLogger, MaxPending: 1, BatchSize: 1, BufferSize: 1}.withDefaults()) // small: built per input
 		ev, raw, err := w.event(row)
 		require.Equal(t, refErr != nil, err != nil, "raw %v: %s: %v / %v", rawDocuments, row.NewValues, refErr, err)
 		e := EventWithToken{Event: ev, raw: raw}
