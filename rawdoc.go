@@ -110,19 +110,17 @@ func (e EventWithToken) documentJSON() []byte {
 	return r.fullDocumentJSON()
 }
 
-// fullDocumentJSON returns the JSON object fullDocument is decoded from, or nil when there is
-// none or it cannot be told from the bytes alone: the column new_values of an insert or update
-// that unmarshalObject decodes on its fast path, or, when the document is unwrapped from
-// DocumentField, that object with the members unwrapDocument adds ("id", and "createdAt" from
-// created_at) written first.
+// fullDocumentJSON returns the JSON object fullDocument is decoded from, or nil when it cannot
+// be told from the bytes alone: the column new_values of an insert or update, or, when the
+// document is unwrapped from DocumentField, that object with the members unwrapDocument adds
+// ("id", and "createdAt" from created_at) written first. documentJSON calls it only for a row
+// whose fullDocument was decoded, or vouched for by lazyEvent.
 func (r *rawDocument) fullDocumentJSON() []byte {
 	if r.row.Operation != "INSERT" && r.row.Operation != "UPDATE" {
 		return nil
 	}
+	// The column is valid JSON: the watcher decoded it into fullDocument, or lazyEvent checked it.
 	data := r.row.NewValues
-	if !fastDecodable(data) {
-		return nil
-	}
 	if r.field == "" {
 		return data
 	}
