@@ -296,7 +296,7 @@ func TestUnmarshalDocumentSeesAChangedMap(t *testing.T) {
 }
 
 // An event delivered with RawDocuments has no document map, and its methods decode on demand,
-// also from several goroutines at once.
+// also from several goroutines at once (as typed reads of an event with maps do).
 func TestRawDocumentsEvent(t *testing.T) {
 	w := newWatcher(Config{ClientName: "c", TableName: "health_events", DocumentField: "document", RawDocuments: true}.withDefaults())
 	row := evRow("UPDATE", `{"id": "x", "document": {"s": {"q": null}, "n": 1}}`, `{"id": "x", "document": {"s": {"q": "Q"}, "n": 1}}`)
@@ -305,9 +305,13 @@ func TestRawDocumentsEvent(t *testing.T) {
 	require.Nil(t, ev["fullDocument"])
 	require.NotContains(t, ev, "updateDescription")
 	e := EventWithToken{Event: ev, ResumeToken: formatToken(row.ID), raw: raw}
+	mapped := healthEvent(t, false)
 	var wg sync.WaitGroup
 	for range 4 {
 		wg.Go(func() {
+			health, err := Document[healthEventWithStatus](mapped)
+			require.NoError(t, err)
+			require.Equal(t, "GpuXidError", health.HealthEvent.CheckName)
 			doc, err := Document[map[string]any](e)
 			require.NoError(t, err)
 			require.Equal(t, map[string]any{"id": "rec-1", "s": map[string]any{"q": "Q"}, "n": 1.0}, doc)
@@ -326,4 +330,24 @@ func TestRawDocumentsEvent(t *testing.T) {
 	require.Error(t, err)
 	require.Nil(t, ev["fullDocument"])
 	require.Error(t, EventWithToken{Event: ev, raw: raw}.UnmarshalDocument(new(map[string]any)))
+}
+
+// Deliveries on Events carry the row, with and without RawDocuments.
+func TestDeliveriesKeepTheDocumentText(t *testing.T) {
+	for _, rawDocuments := range []bool{false, true} {
+		w := newWatcher(Config{ClientName: "c", TableName: "health_events", DocumentField: "document",
+			RawDocuments: rawDocuments, CheckpointInterval: time.Hour}.withDefaults())
+		w.loaded = true
+		row := healthRow(7)
+		require.NoError(t, w.deliver(t.Context(), &row, makePosition(row.ChangedAt, row.ID), false))
+		ev := <-w.events
+		require.NotNil(t, ev.documentJSON())
+		require.Equal(t, rawDocuments, ev.Event["fullDocument"] == nil)
+		doc, err := Document[healthEventWithStatus](ev)
+		require.NoError(t, err)
+		require.Equal(t, row.RecordID, doc.ID)
+		name, err := ev.GetNodeName()
+		require.NoError(t, err)
+		require.Equal(t, "gpu-node-017.train-east-2.internal", name)
+	}
 }
