@@ -17,8 +17,8 @@ type rawDocument struct {
 	row   changelogRow // a copy: the watcher reuses its row buffers; the JSON columns are not reused
 	table string       // Config.TableName, for rebuilding the event
 	field string       // Config.DocumentField
-	// built is the fullDocument map the watcher delivered and keys its length then; nil with
-	// Config.RawDocuments, where fullDocument is decoded only on demand (see [Watcher.event]).
+	// built is the fullDocument map the watcher delivered and keys its length then; nil when
+	// lazy.
 	built map[string]any
 	keys  int
 	// lazy says the watcher did not decode the row's documents (Config.RawDocuments): the
@@ -57,13 +57,14 @@ func lazyEvent(row *changelogRow, table, field string) (ev Event, raw *rawDocume
 	return ev, &rawDocument{row: *row, table: table, field: field, lazy: true}, missed
 }
 
-// newRawDocument returns what the watcher keeps of row, whose event is ev.
+// newRawDocument returns what the watcher keeps of row, whose event is ev: nil when ev has no
+// fullDocument map (a delete, a NULL column or a decoding error), which has nothing to decode.
 func newRawDocument(row *changelogRow, table, field string, ev Event) *rawDocument {
-	r := &rawDocument{row: *row, table: table, field: field}
-	if full, ok := ev["fullDocument"].(map[string]any); ok {
-		r.built, r.keys = full, len(full)
+	full, ok := ev["fullDocument"].(map[string]any)
+	if !ok {
+		return nil
 	}
-	return r
+	return &rawDocument{row: *row, table: table, field: field, built: full, keys: len(full)}
 }
 
 // event returns the full event of the row, decoded afresh: the event the watcher delivers
@@ -103,7 +104,7 @@ func (e EventWithToken) documentJSON() []byte {
 		}
 	default:
 		m, isMap := full.(map[string]any)
-		if !isMap || r.built == nil || len(m) != r.keys || reflect.ValueOf(m).UnsafePointer() != reflect.ValueOf(r.built).UnsafePointer() {
+		if !isMap || len(m) != r.keys || reflect.ValueOf(m).UnsafePointer() != reflect.ValueOf(r.built).UnsafePointer() {
 			return nil
 		}
 	}
