@@ -52,10 +52,11 @@ demo: ## crash a consumer five times on a throwaway PostgreSQL and check nothing
 	@$(GO) build -o bin/pgchangestream ./cmd/pgchangestream
 	bin/pgchangestream demo
 
-fuzz: ## fuzz the token parser, the pending ring, the config, the pipeline filter and the JSON decoder for a minute each
+fuzz: ## fuzz the token parser, the pending ring, the config, the pipeline filter, the JSON decoder and the typed document reads for a minute each
 	$(GO) test -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime 1m .
 	$(GO) test -run '^$$' -fuzz '^FuzzPending$$' -fuzztime 1m ./internal/pending
 	$(GO) test -run '^$$' -fuzz '^FuzzNew$$' -fuzztime 1m .
 	$(GO) test -run '^$$' -fuzz '^FuzzMatchFilterJSON$$' -fuzztime 1m .
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeMatchesEncodingJSON$$' -fuzztime 1m .
+	$(GO) test -run '^$$' -fuzz '^FuzzUnmarshalDocumentMatchesTheMapRoundTrip$$' -fuzztime 1m .
 	$(GO) test -run '^$$' -fuzz '^FuzzDeltas$$' -fuzztime 1m .

@@ -70,7 +70,7 @@ func BenchmarkDeliveryPath(b *testing.B) {
 // deliverUntracked is Watcher.deliver without the pending ring: the baseline of
 // BenchmarkDeliveryPath.
 func deliverUntracked(w *Watcher, row *changelogRow) {
-	ev, _ := w.event(row)
+	ev, raw, _ := w.event(row)
 	pos := makePosition(row.ChangedAt, row.ID)
 	w.recent.add(row.ID)
 	token := formatToken(row.ID)
@@ -78,7 +78,7 @@ func deliverUntracked(w *Watcher, row *changelogRow) {
 	w.seq++
 	w.advanceLocked(pos)
 	w.mu.Unlock()
-	w.events <- EventWithToken{Event: ev, ResumeToken: token}
+	w.events <- EventWithToken{Event: ev, ResumeToken: token, raw: raw}
 	w.delivered.Add(1)
 }
 

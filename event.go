@@ -225,15 +225,29 @@ func formatToken(id int64) []byte {
 	return strconv.AppendInt(make([]byte, 0, 20), id, 10)
 }
 
-// event builds the event document of a row read by the watcher, and warns about a row whose
-// value has no object under [Config.DocumentField].
-func (w *Watcher) event(row *changelogRow) (Event, error) {
-	ev, unwrapMissed, err := buildEvent(row, w.cfg.TableName, w.cfg.DocumentField)
+// event builds the event document of a row read by the watcher and what is kept to decode its
+// fullDocument from the JSON text, and warns about a row whose value has no object under
+// [Config.DocumentField]. With [Config.RawDocuments] the documents are not decoded when
+// lazyEvent can vouch for them.
+func (w *Watcher) event(row *changelogRow) (Event, *rawDocument, error) {
+	var (
+		ev           Event
+		raw          *rawDocument
+		unwrapMissed bool
+		err          error
+	)
+	if w.cfg.RawDocuments {
+		ev, raw, unwrapMissed = lazyEvent(row, w.cfg.TableName, w.cfg.DocumentField)
+	}
+	if ev == nil {
+		ev, unwrapMissed, err = buildEvent(row, w.cfg.TableName, w.cfg.DocumentField)
+		raw = newRawDocument(row, w.cfg.TableName, w.cfg.DocumentField, ev)
+	}
 	if unwrapMissed {
 		w.log.Warn("changelog row has no object under Config.DocumentField; its whole value is the document",
 			"id", row.ID, "document_field", w.cfg.DocumentField)
 	}
-	return ev, err
+	return ev, raw, err
 }
 
 // legacyDocumentField is the [Config.DocumentField] of [NewPostgreSQLChangeStreamWatcher]: the

@@ -359,12 +359,12 @@ func TestWatcherWarnsAboutAMissingDocumentField(t *testing.T) {
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
 
-	ev, err := w.event(evRow("INSERT", "", `{"id":"x","document":{"a":1}}`))
+	ev, _, err := w.event(evRow("INSERT", "", `{"id":"x","document":{"a":1}}`))
 	require.NoError(t, err)
 	require.Equal(t, evObj{"a": 1.0, "id": "rec-1"}, ev["fullDocument"])
 	require.Empty(t, logs.String())
 
-	ev, err = w.event(evRow("INSERT", "", `{"id":"x","doc":{"a":1}}`))
+	ev, _, err = w.event(evRow("INSERT", "", `{"id":"x","doc":{"a":1}}`))
 	require.NoError(t, err)
 	require.Equal(t, evObj{"id": "x", "doc": evObj{"a": 1.0}}, ev["fullDocument"], "the whole row is published")
 	require.Contains(t, logs.String(), "level=WARN")

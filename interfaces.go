@@ -34,6 +34,11 @@ type EventWithToken struct {
 	// ResumeToken is the changelog id in decimal ("452"). Pass it to
 	// [ChangeStreamWatcher.MarkProcessed] once the event is processed.
 	ResumeToken []byte
+
+	// raw is what the watcher kept to decode fullDocument from the changelog's JSON text (see
+	// [EventWithToken.UnmarshalDocument]); nil for events built otherwise. Never written after
+	// the event is sent.
+	raw *rawDocument
 }
 
 // ChangeStreamWatcher is a change stream with per-client resume tokens.

@@ -171,7 +171,7 @@ func TestMatchFilterAsConfigFilter(t *testing.T) {
 	require.NoError(t, err)
 	for n, want := range map[int64]bool{1: false, 2: true, 3: true} {
 		row := &changelogRow{ID: n, RecordID: "r", Operation: "INSERT", NewValues: []byte(`{"n":` + string(formatToken(n)) + `}`)}
-		_, pending, _ := w.register(row, makePosition(row.ChangedAt, row.ID), false)
+		_, _, pending, _ := w.register(row, makePosition(row.ChangedAt, row.ID), false)
 		require.Equal(t, want, pending, "n=%d", n)
 	}
 	require.Equal(t, uint64(1), w.Stats().Filtered)

@@ -261,7 +261,7 @@ func (w *Watcher) query(ctx context.Context, q string, buf []changelogRow, withX
 // A late row can sit behind the token already saved (saved while its transaction was still
 // open): the token is then saved again, backward, before the send, so that a crash replays it.
 func (w *Watcher) deliver(ctx context.Context, row *changelogRow, pos Position, late bool) error {
-	ev, pending, behindSaved := w.register(row, pos, late)
+	ev, raw, pending, behindSaved := w.register(row, pos, late)
 	if !pending {
 		return nil
 	}
@@ -271,7 +271,7 @@ func (w *Watcher) deliver(ctx context.Context, row *changelogRow, pos Position, 
 		}
 	}
 	select {
-	case w.events <- EventWithToken{Event: ev, ResumeToken: formatToken(row.ID)}:
+	case w.events <- EventWithToken{Event: ev, ResumeToken: formatToken(row.ID), raw: raw}:
 		w.delivered.Add(1)
 		return nil
 	case <-ctx.Done():
@@ -282,9 +282,9 @@ func (w *Watcher) deliver(ctx context.Context, row *changelogRow, pos Position, 
 // register builds the row's event and runs the filter, then, in one locked step, records the
 // delivery at pos as pending and advances the cursor (a filtered row only advances the cursor).
 // pending is false for a filtered row; behindSaved reports a late row that sits behind the
-// token already saved.
-func (w *Watcher) register(row *changelogRow, pos Position, late bool) (ev Event, pending, behindSaved bool) {
-	ev, err := w.event(row)
+// token already saved. raw is what the delivery keeps of the row (see [Watcher.event]).
+func (w *Watcher) register(row *changelogRow, pos Position, late bool) (ev Event, raw *rawDocument, pending, behindSaved bool) {
+	ev, raw, err := w.event(row)
 	if err != nil { // the event still has its id, operation, time and key: deliver it, don't stall
 		w.log.Error("cannot decode changelog row; delivering it without documents", "id", row.ID, "error", err)
 	}
@@ -296,11 +296,11 @@ func (w *Watcher) register(row *changelogRow, pos Position, late bool) (ev Event
 		w.advanceLocked(pos)
 		w.filtered++
 		w.mu.Unlock()
-		return ev, false, false
+		return ev, raw, false, false
 	}
 	evicted, behindSaved := w.track(row, pos, late)
 	if evicted {
 		w.noteFloor()
 	}
-	return ev, true, behindSaved
+	return ev, raw, true, behindSaved
 }

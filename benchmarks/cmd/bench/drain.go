@@ -32,7 +32,22 @@ type drainSpec struct {
 	// effects says whether the consumer writes an effect row per event, and how it then
 	// acknowledges (effects.go); the effects are checked once the drain is done.
 	effects effectMode
+	// typed makes the consumer read each event's document into a healthStruct before
+	// acknowledging it, as [pgchangestream.Document] gives it.
+	typed typedRead
 }
+
+// typedRead says whether and how a drain's consumer reads documents into structs.
+type typedRead int
+
+const (
+	// untyped: the consumer does not read the document.
+	untyped typedRead = iota
+	// typedFromMap: the watcher builds the document maps as by default.
+	typedFromMap
+	// typedRaw: the watcher has Config.RawDocuments and builds no document maps.
+	typedRaw
+)
 
 // backlogShape says which rows a drain's backlog holds.
 type backlogShape int
@@ -52,6 +67,7 @@ func (d *database) drainConfig(client string, spec drainSpec) pgchangestream.Con
 	cfg := d.watcherConfig(client)
 	cfg.CheckpointInterval = spec.checkpointInterval
 	cfg.DisableProcessedFlag = spec.disableProcessedFlag
+	cfg.RawDocuments = spec.typed == typedRaw
 	if spec.shape == healthShape {
 		cfg.TableName, cfg.DocumentField = healthTable, "document"
 	}
@@ -86,7 +102,7 @@ func drain(ctx context.Context, d *database, client string, n int, spec drainSpe
 	case spec.workers > 0:
 		err = consumeConcurrently(ctx, w, n, spec.workers)
 	default:
-		err = consumeInOrder(ctx, w, n)
+		err = consumeInOrder(ctx, w, n, spec.typed != untyped)
 	}
 	if err == nil {
 		err = w.Flush(ctx)
@@ -146,12 +162,18 @@ func receive(ctx context.Context, w *pgchangestream.Watcher) (pgchangestream.Eve
 	}
 }
 
-// consumeInOrder acknowledges every event as it is received.
-func consumeInOrder(ctx context.Context, w *pgchangestream.Watcher, n int) error {
+// consumeInOrder acknowledges every event as it is received; typed first reads its document
+// into a healthStruct.
+func consumeInOrder(ctx context.Context, w *pgchangestream.Watcher, n int, typed bool) error {
 	for range n {
 		ev, err := receive(ctx, w)
 		if err != nil {
 			return err
+		}
+		if typed {
+			if doc, err := pgchangestream.Document[healthStruct](ev); err != nil || doc.HealthEvent.NodeName == "" {
+				return fmt.Errorf("read the document of event %s: %v", ev.ResumeToken, err)
+			}
 		}
 		if err := w.MarkProcessed(ctx, ev.ResumeToken); err != nil {
 			return err

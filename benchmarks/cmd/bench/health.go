@@ -3,7 +3,42 @@ package main
 import (
 	"context"
 	"fmt"
+	"time"
 )
+
+// healthStruct is the shape of the store-client's HealthEventWithStatus, which typed health
+// drains read each document into.
+type healthStruct struct {
+	ID          string    `json:"id"`
+	CreatedAt   time.Time `json:"createdAt"`
+	HealthEvent struct {
+		Version           int    `json:"version"`
+		Agent             string `json:"agent"`
+		ComponentClass    string `json:"componentclass"`
+		CheckName         string `json:"checkname"`
+		IsFatal           bool   `json:"isfatal"`
+		IsHealthy         bool   `json:"ishealthy"`
+		Message           string `json:"message"`
+		RecommendedAction int    `json:"recommendedaction"`
+		EntitiesImpacted  []struct {
+			EntityType  string `json:"entitytype"`
+			EntityValue string `json:"entityvalue"`
+		} `json:"entitiesimpacted"`
+		Metadata           map[string]string `json:"metadata"`
+		GeneratedTimestamp struct {
+			Seconds int64 `json:"seconds"`
+			Nanos   int32 `json:"nanos"`
+		} `json:"generatedtimestamp"`
+		NodeName string `json:"nodename"`
+	} `json:"healthevent"`
+	HealthEventStatus struct {
+		NodeQuarantined        *string `json:"nodequarantined"`
+		UserPodsEvictionStatus struct {
+			Status  string `json:"status"`
+			Message string `json:"message"`
+		} `json:"userpodsevictionstatus"`
+	} `json:"healtheventstatus"`
+}
 
 // healthDocument is the document column of a health_events row before remediation: about
 // 1 KB of JSON, the shape the store-client writes. Each row gets its own node name.

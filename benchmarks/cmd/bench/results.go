@@ -80,6 +80,10 @@ type results struct {
 	WatcherReadLimitHealthRPS float64 `json:"watcher_read_limit_health_rps"`
 	// DrainHealthEPS is drain_batched of health_events rows of about 1 KB, half updates.
 	DrainHealthEPS float64 `json:"drain_health_eps"`
+	// DrainHealthTypedEPS is drain_health with each document read into a struct by Document;
+	// DrainHealthRawEPS the same with Config.RawDocuments.
+	DrainHealthTypedEPS float64 `json:"drain_health_typed_eps"`
+	DrainHealthRawEPS   float64 `json:"drain_health_raw_eps"`
 	// DrainBulkSyncEPS is drain_sync of a backlog written by one transaction.
 	DrainBulkSyncEPS float64 `json:"drain_bulk_sync_eps"`
 	// Insert4wRPS is the insert rate of hybridWriters writers through the trigger.
@@ -150,6 +154,8 @@ func (r *results) setMedians(ts []throughput) {
 		"watcher_read_limit_rps":        &r.WatcherReadLimitRPS,
 		"watcher_read_limit_health_rps": &r.WatcherReadLimitHealthRPS,
 		"drain_health_eps":              &r.DrainHealthEPS,
+		"drain_health_typed_eps":        &r.DrainHealthTypedEPS,
+		"drain_health_raw_eps":          &r.DrainHealthRawEPS,
 		"drain_bulk_sync_eps":           &r.DrainBulkSyncEPS,
 		"insert_4w_rps":                 &r.Insert4wRPS,
 	} {

@@ -93,6 +93,11 @@ func throughputs(o options) []throughput {
 			}),
 		drainWith("drain_health_eps", "drain_batched of ~1 KB health_events rows, half updates, DocumentField \"document\"", n,
 			drainSpec{checkpointInterval: batchedInterval, shape: healthShape}),
+		drainWith("drain_health_typed_eps", "drain_health, each document read into a HealthEventWithStatus-shaped "+
+			"struct by Document (document maps built)", n,
+			drainSpec{checkpointInterval: batchedInterval, shape: healthShape, typed: typedFromMap}),
+		drainWith("drain_health_raw_eps", "drain_health_typed with RawDocuments (no document maps)", n,
+			drainSpec{checkpointInterval: batchedInterval, shape: healthShape, typed: typedRaw}),
 		one("select_decode_limit_rps", "one SELECT of the rows + JSON decode into event maps", false, n,
 			func(ctx context.Context, e *env, _ variant) (time.Duration, error) {
 				return selectDecodeFresh(ctx, e, n)
