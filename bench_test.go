@@ -3,6 +3,7 @@ package pgchangestream
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -142,8 +143,10 @@ func BenchmarkCheckpointPosition(b *testing.B) {
 
 // BenchmarkProcess drains a backlog of b.N deliveries through Process (the watcher's deliver,
 // the engine, the low-water-mark acknowledgement), with batched checkpoints and no token writes,
-// so that no save touches the (absent) database: (a) a no-op handler, (b) a 2 ms handler over 1,000 keys, (c)
-// the same with one hot key holding half of the events.
+// so that no save touches the database: (a) a no-op handler, (b) a 2 ms handler over 1,000 keys,
+// (c) the same with one hot key holding half of the events, whose deferred events are read
+// again from an in-memory changelog (cold_events/s is the other keys' own rate), and (d) (c)
+// without deferral (MaxKeyQueue = MaxInFlight), the figure before deferral.
 func BenchmarkProcess(b *testing.B) {
 	keys := make([]string, 1000)
 	for i := range keys {
@@ -162,20 +165,47 @@ func BenchmarkProcess(b *testing.B) {
 	noop := func(context.Context, EventWithToken) error { return nil }
 	sleep2ms := func(context.Context, EventWithToken) error { time.Sleep(2 * time.Millisecond); return nil }
 	for _, c := range []struct {
-		name    string
-		workers int
-		key     func(EventWithToken) string
-		handle  Handler
+		name        string
+		workers     int
+		key         func(EventWithToken) string
+		handle      Handler
+		maxKeyQueue int
 	}{
-		{"noop/workers=8", 8, spread, noop},
-		{"sleep2ms/keys=1000/workers=8", 8, spread, sleep2ms},
-		{"sleep2ms/keys=1000/workers=64", 64, spread, sleep2ms},
-		{"sleep2ms/hotkey=half/workers=64", 64, hotHalf, sleep2ms},
+		{"noop/workers=8", 8, spread, noop, 0},
+		{"sleep2ms/keys=1000/workers=8", 8, spread, sleep2ms, 0},
+		{"sleep2ms/keys=1000/workers=64", 64, spread, sleep2ms, 0},
+		{"sleep2ms/hotkey=half/workers=64", 64, hotHalf, sleep2ms, 0},
+		{"sleep2ms/hotkey=half/workers=64/nodefer", 64, hotHalf, sleep2ms, DefaultProcessMaxInFlight},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			ctx := context.Background()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
 			w := benchWatcher()
-			w.cfg.Ephemeral = true // the final save too leaves the (absent) database alone
+			w.cfg.Ephemeral = true // the final save too leaves the database alone
+			f := newFakeDB(w.cfg)  // the changelog deferred events are read again from
+			for i := range b.N {
+				f.rows = append(f.rows, fakeRow{changelogRow: benchRow(int64(i + 1)), table: w.cfg.TableName, visible: true})
+			}
+			w.cfg.DB = f.open(b)
+			b.ResetTimer()
+			var cold, coldDone, done atomic.Int64
+			var coldAt atomic.Int64 // nanoseconds from the start to the last cold event's end
+			start := time.Now()
+			handle := func(ctx context.Context, ev EventWithToken) error {
+				err := c.handle(ctx, ev)
+				if c.key(ev) != "hot" && coldDone.Add(1) == cold.Load() {
+					coldAt.Store(int64(time.Since(start)))
+				}
+				if done.Add(1) == int64(b.N) {
+					cancel() // every event finished; closing Events would stop Process with deferred events left
+				}
+				return err
+			}
+			for i := range b.N {
+				if c.key(EventWithToken{ResumeToken: formatToken(int64(i + 1))}) != "hot" {
+					cold.Add(1)
+				}
+			}
 			go func() {
 				for i := range b.N {
 					row := benchRow(int64(i + 1))
@@ -183,15 +213,20 @@ func BenchmarkProcess(b *testing.B) {
 						panic(err)
 					}
 				}
-				close(w.events)
 			}()
 			b.ReportAllocs()
-			if err := w.process(ctx, w.events, ProcessOptions{Workers: c.workers, Key: c.key}.withDefaults(), c.handle); err != nil {
+			o := ProcessOptions{Workers: c.workers, Key: c.key, MaxKeyQueue: c.maxKeyQueue}.withDefaults()
+			if err := w.process(ctx, w.events, o, handle); err != nil {
 				b.Fatal(err)
 			}
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
-			if st := w.Stats(); st.Acked != uint64(b.N) || st.Pending != 0 {
-				b.Fatalf("acked %d, pending %d of %d", st.Acked, st.Pending, b.N)
+			if at := coldAt.Load(); at > 0 {
+				b.ReportMetric(float64(cold.Load())/time.Duration(at).Seconds(), "cold_events/s")
+			}
+			// Deferred events can outgrow MaxPending: the oldest are evicted into the floor, and
+			// the in-order acknowledgements of later ones clear it.
+			if st := w.Stats(); st.Acked+st.Evicted != uint64(b.N) || st.Pending != 0 || st.FloorActive {
+				b.Fatalf("acked %d, evicted %d, pending %d of %d, floor %v", st.Acked, st.Evicted, st.Pending, b.N, st.FloorActive)
 			}
 		})
 	}

@@ -38,6 +38,8 @@ const (
 	DefaultGracePeriod        = 10 * time.Second
 	DefaultParkedPollInterval = 5 * time.Second
 	defaultProcessWorkers     = 1
+	// defaultDeferredPerInFlight is ProcessOptions.MaxDeferred over MaxInFlight by default.
+	defaultDeferredPerInFlight = 64
 )
 
 // ProcessOptions configure [Watcher.Process]. Zero values take the defaults; negative values
@@ -47,10 +49,20 @@ type ProcessOptions struct {
 	// Key: events of one key run one at a time, in delivery order; default DocumentKey.
 	// Events of different keys run in parallel. Events whose key is "" share that one key.
 	Key func(EventWithToken) string
-	// MaxInFlight is the number of events taken from Events and not finished; at it, Process
-	// stops reading (back-pressure), so memory is bounded for any backlog and any hot key.
-	// Default DefaultProcessMaxInFlight (or Workers, if more); at least Workers.
+	// MaxInFlight is the number of full events (with their documents) taken from Events and
+	// not finished; at it, Process stops reading (back-pressure). Default
+	// DefaultProcessMaxInFlight (or Workers, if more); at least Workers.
 	MaxInFlight int
+	// MaxKeyQueue is how many full events one key holds. The key's later events are deferred:
+	// kept as a compact handle (token and key, tens of bytes), and read again from the
+	// changelog by id, their document built as the reader built it, when they are next of
+	// their key. So a hot key does not fill MaxInFlight and other keys keep flowing. Default
+	// MaxInFlight / (2 × Workers), at least 1: when MaxInFlight stops reading, at least 2 ×
+	// Workers keys have work.
+	MaxKeyQueue int
+	// MaxDeferred is the number of deferred events held; at it, Process stops reading too, so
+	// memory is bounded for any backlog and any hot key. Default 64 × MaxInFlight.
+	MaxDeferred int
 	// MaxAttempts is the attempts of one event before OnFailure applies; default 5.
 	MaxAttempts int
 	// RetryMinBackoff and RetryMaxBackoff bound the capped, jittered exponential backoff
@@ -68,6 +80,10 @@ type ProcessOptions struct {
 func (o ProcessOptions) withDefaults() ProcessOptions {
 	o.Workers = cmpOr(o.Workers, defaultProcessWorkers)
 	o.MaxInFlight = cmpOr(o.MaxInFlight, max(DefaultProcessMaxInFlight, o.Workers))
+	if o.Workers > 0 {
+		o.MaxKeyQueue = cmpOr(o.MaxKeyQueue, max(1, o.MaxInFlight/(2*o.Workers)))
+	}
+	o.MaxDeferred = cmpOr(o.MaxDeferred, defaultDeferredPerInFlight*o.MaxInFlight)
 	o.MaxAttempts = cmpOr(o.MaxAttempts, DefaultProcessMaxAttempts)
 	o.RetryMinBackoff = cmpOr(o.RetryMinBackoff, DefaultRetryMinBackoff)
 	o.RetryMaxBackoff = cmpOr(o.RetryMaxBackoff, max(DefaultRetryMaxBackoff, o.RetryMinBackoff))
@@ -96,6 +112,8 @@ func (o ProcessOptions) validate() error {
 		return bad("Workers is negative (%d)", o.Workers)
 	case o.MaxInFlight < o.Workers:
 		return bad("MaxInFlight (%d) is less than Workers (%d)", o.MaxInFlight, o.Workers)
+	case o.MaxKeyQueue < 0 || o.MaxDeferred < 0:
+		return bad("MaxKeyQueue and MaxDeferred must not be negative")
 	case o.MaxAttempts < 0:
 		return bad("MaxAttempts is negative (%d)", o.MaxAttempts)
 	case o.RetryMinBackoff < 0 || o.RetryMaxBackoff < 0:
@@ -167,7 +185,8 @@ func (w *Watcher) Process(ctx context.Context, opts ProcessOptions, handle Handl
 
 // process runs the engine over src and saves at the end; see Process.
 func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o ProcessOptions, handle Handler) error {
-	po := procrun.Options{Workers: o.Workers, MaxInFlight: o.MaxInFlight, MaxAttempts: o.MaxAttempts,
+	po := procrun.Options{Workers: o.Workers, MaxInFlight: o.MaxInFlight, MaxKeyQueue: o.MaxKeyQueue,
+		MaxDeferred: o.MaxDeferred, MaxAttempts: o.MaxAttempts,
 		Policy: procrun.Policy(o.OnFailure), Grace: o.GracePeriod, PollInterval: o.ParkedPollInterval,
 		Delay: retryDelay(o.RetryMinBackoff, o.RetryMaxBackoff)}
 	h := procrun.Hooks[EventWithToken]{
@@ -178,6 +197,11 @@ func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o Proc
 		Stats: &w.procStats,
 		StoreFailed: func(err error) {
 			w.log.Warn("dead-letter table call failed; trying again", "error", err)
+		},
+		Defer:   deferEvent,
+		Restore: w.restoreEvent,
+		RestoreFailed: func(key string, err error) {
+			w.log.Warn("cannot read a deferred event's changelog row again; trying again", "key", key, "error", err)
 		},
 	}
 	if o.OnFailure != StopOnFailure {
@@ -195,6 +219,31 @@ func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o Proc
 		err = fmt.Errorf("pgchangestream: process: event of key %q, token %s: %w", f.Key, f.Ev.ResumeToken, err)
 	}
 	return joinErrors(err, saveErr)
+}
+
+// deferEvent is the compact form of a deferred event: its token only (the engine keeps its key).
+func deferEvent(ev EventWithToken) EventWithToken {
+	return EventWithToken{ResumeToken: ev.ResumeToken}
+}
+
+// restoreEvent reads a deferred event's changelog row again by id and builds its event as the
+// reader did. The row is there: the deferred event is unfinished, so the saved token has not
+// passed it, and Prune deletes only rows every token passed (unless told to ignore this
+// client's token).
+func (w *Watcher) restoreEvent(ctx context.Context, c EventWithToken) (EventWithToken, error) {
+	id, _, err := parseToken(c.ResumeToken)
+	if err != nil {
+		return c, err
+	}
+	rows, err := w.query(ctx, w.q.byID, nil, false, w.cfg.TableName, id)
+	if err != nil {
+		return c, fmt.Errorf("read changelog row %d again: %w", id, err)
+	}
+	if len(rows) == 0 {
+		return c, fmt.Errorf("changelog row %d of a deferred event is gone", id)
+	}
+	ev, _, _ := buildEvent(&rows[0], w.cfg.TableName, w.cfg.DocumentField) // a decode error was logged at delivery
+	return EventWithToken{Event: ev, ResumeToken: c.ResumeToken}, nil
 }
 
 // runHandler runs handle, recovering a panic into an error wrapping ErrPanic.

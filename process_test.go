@@ -194,7 +194,7 @@ func TestProcessRefusesBadCalls(t *testing.T) {
 		for _, o := range []ProcessOptions{
 			{Workers: -1}, {Workers: 4, MaxInFlight: 2}, {MaxAttempts: -1}, {RetryMinBackoff: -1},
 			{RetryMinBackoff: time.Second, RetryMaxBackoff: time.Millisecond}, {GracePeriod: -1},
-			{ParkedPollInterval: -1}, {OnFailure: 7},
+			{ParkedPollInterval: -1}, {OnFailure: 7}, {MaxKeyQueue: -1}, {MaxDeferred: -1},
 		} {
 			require.ErrorIs(t, w.Process(t.Context(), o, ok), ErrInvalidConfig, "%+v", o)
 		}

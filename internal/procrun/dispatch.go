@@ -21,6 +21,10 @@ type keyState[E any] struct {
 	blocked    bool
 	blockEpoch uint64
 	releasing  bool // a release job (loading the key's parked events) is queued or running
+	// deferred counts the queue's deferred deliveries, the one being restored included: while
+	// it is not 0 the key's new deliveries are deferred too, so a full event never waits behind
+	// a deferred one (and a deferred head always finds full events of other keys able to run).
+	deferred int
 }
 
 // jobKind is what a worker does with a job.
@@ -33,20 +37,22 @@ const (
 )
 
 type task[E any] struct {
-	kind jobKind
-	job  *Job[E]
+	kind      jobKind
+	job       *Job[E]
+	restoring bool // the job is deferred: the worker restores it first
 }
 
 // outcome is what became of a task.
 type outcome int
 
 const (
-	finished  outcome = iota // done: finish it (handled, or parked)
-	retryIt                  // failed, attempts left: back off, then run again
-	failed                   // failed MaxAttempts under Stop
-	blockKey                 // parked under Block (or a blocking rerun reparked): finish it and block the key
-	loaded                   // a release job's parked events are in reruns
-	abandoned                // the stop came first: not finished
+	finished   outcome = iota // done: finish it (handled, or parked)
+	retryIt                   // failed, attempts left: back off, then run again
+	failed                    // failed MaxAttempts under Stop
+	blockKey                  // parked under Block (or a blocking rerun reparked): finish it and block the key
+	loaded                    // a release job's parked events are in reruns
+	unrestored                // the restore of a deferred job failed: back off, then try again
+	abandoned                 // the stop came first: not finished
 )
 
 type result[E any] struct {
@@ -73,19 +79,23 @@ type dispatcher[E any] struct {
 	polls   chan uint64    // dispatcher → poller: look now (capacity 1)
 	polled  chan pollResult[E]
 
-	keys      map[string]*keyState[E]
-	ready     []*keyState[E] // keys with a queued job, none running, not in backoff; FIFO
-	backoffs  backoffHeap[E]
-	mark      *watermark.Mark[E]
-	seq       uint64
-	inFlight  int            // deliveries taken from the source and not finished
-	busy      int            // tasks at workers
-	reruns    map[int64]bool // parked ids queued or running as reruns
-	epoch     uint64         // polls asked for
-	polling   bool           // a poll is outstanding
-	stopping  bool           // no more events are taken, no retries and no polls
-	graceOver bool           // stopping and the grace period is over: nothing more runs
-	err       error
+	keys  map[string]*keyState[E]
+	ready []*keyState[E] // keys with a queued job, none running, not in backoff; FIFO
+	// restoreWait: ready keys whose head is deferred, set aside while MaxInFlight full events
+	// are held; they are served first when there is room, and no event is taken meanwhile.
+	restoreWait []*keyState[E]
+	backoffs    backoffHeap[E]
+	mark        *watermark.Mark[E]
+	seq         uint64
+	inFlight    int            // deliveries taken from the source and not finished
+	deferred    int            // of those, the deferred ones not being restored
+	busy        int            // tasks at workers
+	reruns      map[int64]bool // parked ids queued or running as reruns
+	epoch       uint64         // polls asked for
+	polling     bool           // a poll is outstanding
+	stopping    bool           // no more events are taken, no retries and no polls
+	graceOver   bool           // stopping and the grace period is over: nothing more runs
+	err         error
 }
 
 func newDispatcher[E any](o Options, h Hooks[E], jobCtx context.Context) *dispatcher[E] {
@@ -141,7 +151,7 @@ func (d *dispatcher[E]) loop(ctx context.Context, src <-chan E, cancelJobs, stop
 			return d.err
 		}
 		var in <-chan E
-		if !d.stopping && d.inFlight < d.o.MaxInFlight {
+		if d.canTake() {
 			in = src
 		}
 		var wake <-chan time.Time
@@ -184,14 +194,37 @@ func (d *dispatcher[E]) loop(ctx context.Context, src <-chan E, cancelJobs, stop
 	}
 }
 
-// take queues a delivery from the source.
+// full is the number of full (not deferred) deliveries held: taken and not finished, or being
+// restored.
+func (d *dispatcher[E]) full() int { return d.inFlight - d.deferred }
+
+// canTake reports whether the dispatcher reads the source: not stopping, fewer than MaxInFlight
+// full events, fewer than MaxDeferred deferred ones, and no deferred head waiting for room.
+func (d *dispatcher[E]) canTake() bool {
+	return !d.stopping && d.full() < d.o.MaxInFlight && len(d.restoreWait) == 0 &&
+		(d.h.Defer == nil || d.deferred < d.o.MaxDeferred)
+}
+
+// take queues a delivery from the source, deferred if its key holds MaxKeyQueue full events or
+// deferred ones.
 func (d *dispatcher[E]) take(ev E) {
 	d.seq++
-	d.mark.Add(d.seq, ev)
+	k := d.key(d.h.Key(ev))
+	j := &Job[E]{Ev: ev, Key: k.name, Seq: d.seq}
+	if d.h.Defer != nil && (k.deferred > 0 || len(k.queue) >= d.o.MaxKeyQueue) {
+		j.Ev, j.Deferred = d.h.Defer(ev), true
+		k.deferred++
+		d.setDeferred(d.deferred + 1)
+	}
+	d.mark.Add(d.seq, j.Ev)
 	d.inFlight++
 	d.h.Stats.InFlight.Store(int64(d.inFlight))
-	k := d.key(d.h.Key(ev))
-	d.enqueue(k, &Job[E]{Ev: ev, Key: k.name, Seq: d.seq})
+	d.enqueue(k, j)
+}
+
+func (d *dispatcher[E]) setDeferred(n int) {
+	d.deferred = n
+	d.h.Stats.Deferred.Store(int64(n))
 }
 
 func (d *dispatcher[E]) enqueue(k *keyState[E], j *Job[E]) {
@@ -208,12 +241,14 @@ func (d *dispatcher[E]) makeReady(k *keyState[E]) {
 	}
 }
 
-// dispatch hands the head jobs of ready keys to idle workers.
+// dispatch hands the head jobs of ready keys to idle workers. A deferred head is restored on
+// the worker and counts as a full event from now on.
 func (d *dispatcher[E]) dispatch() {
-	for d.busy < d.o.Workers && len(d.ready) > 0 {
-		k := d.ready[0]
-		d.ready[0] = nil
-		d.ready = d.ready[1:]
+	for d.busy < d.o.Workers {
+		k := d.nextReady()
+		if k == nil {
+			return
+		}
 		k.inReady = false
 		j := k.queue[0]
 		kind := runJob
@@ -223,11 +258,39 @@ func (d *dispatcher[E]) dispatch() {
 		case k.blocked && j.Seq > 0:
 			kind = parkJob
 		}
+		if j.Deferred {
+			d.setDeferred(d.deferred - 1)
+		}
 		k.running = true
 		d.busy++
 		d.h.Stats.Busy.Store(int64(d.busy))
-		d.work <- task[E]{kind: kind, job: j} // never blocks: at most Workers tasks are out
+		d.work <- task[E]{kind: kind, job: j, restoring: j.Deferred} // never blocks: at most Workers tasks are out
 	}
+}
+
+// nextReady returns the next key to dispatch, nil if none: a key waiting to restore when there
+// is room for a full event, else the ready FIFO's first key that can run now (keys whose head
+// needs room that is not there are set aside in restoreWait).
+func (d *dispatcher[E]) nextReady() *keyState[E] {
+	if len(d.restoreWait) > 0 && d.full() < d.o.MaxInFlight {
+		return popFront(&d.restoreWait)
+	}
+	for len(d.ready) > 0 {
+		k := popFront(&d.ready)
+		if k.queue[0].Deferred && d.full() >= d.o.MaxInFlight {
+			d.restoreWait = append(d.restoreWait, k)
+			continue
+		}
+		return k
+	}
+	return nil
+}
+
+func popFront[T any](q *[]*T) *T {
+	x := (*q)[0]
+	(*q)[0] = nil
+	*q = (*q)[1:]
+	return x
 }
 
 // apply takes a worker's result; it returns the failure that stops the run, if any.
@@ -235,14 +298,25 @@ func (d *dispatcher[E]) apply(r result[E]) error {
 	j := r.task.job
 	k := d.keys[j.Key]
 	k.running = false
+	if r.task.restoring {
+		if j.Deferred { // not restored: deferred again
+			d.setDeferred(d.deferred + 1)
+		} else {
+			k.deferred--
+		}
+	}
 	switch r.outcome {
-	case retryIt:
+	case retryIt, unrestored:
 		k.backoff = true
 		if d.stopping { // no retries after the stop: the key stays held, the event unfinished
 			break
 		}
-		d.h.Stats.Retries.Add(1)
-		heap.Push(&d.backoffs, backoffEntry[E]{at: time.Now().Add(d.o.Delay(j.Attempts)), key: k})
+		n := j.restoreFails
+		if r.outcome == retryIt {
+			n = j.Attempts
+			d.h.Stats.Retries.Add(1)
+		}
+		heap.Push(&d.backoffs, backoffEntry[E]{at: time.Now().Add(d.o.Delay(n)), key: k})
 	case failed:
 		return &Failure[E]{Key: j.Key, Ev: j.Ev, Attempts: j.Attempts, Err: j.LastErr}
 	case finished:

@@ -30,12 +30,16 @@ const (
 
 // Options are the run's settings, already validated and defaulted by the caller.
 type Options struct {
-	Workers      int           // jobs run at once
-	MaxInFlight  int           // events taken from the source and not finished; >= Workers
-	MaxAttempts  int           // attempts of one event before the policy applies
-	Policy       Policy        // after MaxAttempts
-	Grace        time.Duration // how long a stop waits for running jobs before cancelling them
-	PollInterval time.Duration // how often Park and Block look for released parked events
+	Workers     int // jobs run at once
+	MaxInFlight int // full events taken from the source and not finished; >= Workers
+	// MaxKeyQueue is how many full events one key holds; its later events are deferred (only
+	// with Hooks.Defer). MaxDeferred bounds the deferred events: at it, as at MaxInFlight, the
+	// engine stops taking events. Both >= 1 when Hooks.Defer is set.
+	MaxKeyQueue, MaxDeferred int
+	MaxAttempts              int           // attempts of one event before the policy applies
+	Policy                   Policy        // after MaxAttempts
+	Grace                    time.Duration // how long a stop waits for running jobs before cancelling them
+	PollInterval             time.Duration // how often Park and Block look for released parked events
 	// Delay is the wait before attempt n+1 after n failed attempts (n >= 1); also between
 	// tries of a dead-letter store call that failed.
 	Delay func(n int) time.Duration
@@ -51,6 +55,10 @@ type Job[E any] struct {
 	Blocking bool   // a rerun of an event parked under Block: failing again blocks its key
 	Attempts int    // failed attempts so far (of this run: a rerun starts again at 0)
 	LastErr  error  // the last attempt's error
+	// Deferred: Ev is the compact form Hooks.Defer made; it is restored before it runs or is
+	// parked. restoreFails counts the failed restores in a row, for the backoff.
+	Deferred     bool
+	restoreFails int
 }
 
 // Parked is a parked event as the store returns it.
@@ -85,6 +93,14 @@ type Hooks[E any] struct {
 	// StoreFailed, if set, is told of each failed store call (it is tried again after Delay).
 	StoreFailed func(err error)
 	Stats       *Stats // counters; may be shared across runs
+	// Defer, if set, returns the compact form of an event taken while its key holds
+	// MaxKeyQueue full events (or deferred ones): the mark and the key's queue keep that form
+	// until Restore, called on a worker when the event is next of its key, gives the full event
+	// back. A failed Restore is told to RestoreFailed (if set) and tried again after Delay, the
+	// key waiting meanwhile; it counts no attempt. Advance may be given a compact form.
+	Defer         func(E) E
+	Restore       func(ctx context.Context, compact E) (E, error)
+	RestoreFailed func(key string, err error)
 }
 
 // Failure is the error of a run stopped by an event that failed under Stop.
@@ -112,6 +128,9 @@ func Run[E any](ctx context.Context, o Options, src <-chan E, h Hooks[E]) error 
 	}
 	if o.Policy != Stop && h.Store == nil {
 		return errors.New("procrun: Park and Block need a dead-letter store")
+	}
+	if h.Defer != nil && (h.Restore == nil || o.MaxKeyQueue < 1 || o.MaxDeferred < 1) {
+		return errors.New("procrun: Defer needs Restore, MaxKeyQueue and MaxDeferred")
 	}
 	jobCtx, cancelJobs := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelJobs()
@@ -141,6 +160,7 @@ func Run[E any](ctx context.Context, o Options, src <-chan E, h Hooks[E]) error 
 	wg.Wait()
 	h.Stats.InFlight.Store(0) // gauges of the run in progress
 	h.Stats.Busy.Store(0)
+	h.Stats.Deferred.Store(0)
 	return err
 }
 

@@ -16,6 +16,20 @@ func (d *dispatcher[E]) do(ctx context.Context, t task[E]) result[E] {
 		_, ok := retry(ctx, d.o.Delay, d.h.StoreFailed, func() (struct{}, error) { return struct{}{}, f() })
 		return ok
 	}
+	if j.Deferred {
+		ev, err := d.h.Restore(ctx, j.Ev)
+		if err != nil {
+			j.restoreFails++
+			if d.h.RestoreFailed != nil {
+				d.h.RestoreFailed(j.Key, err)
+			}
+			if ctx.Err() == nil {
+				r.outcome = unrestored
+			}
+			return r
+		}
+		j.Ev, j.Deferred, j.restoreFails = ev, false, 0
+	}
 	switch t.kind {
 	case releaseJob:
 		var ok bool
@@ -72,6 +86,7 @@ func (d *dispatcher[E]) do(ctx context.Context, t task[E]) result[E] {
 // dispatcher, the counters added by workers, the longest queue noted by the dispatcher under mu.
 type Stats struct {
 	InFlight    atomic.Int64  // deliveries taken and not finished
+	Deferred    atomic.Int64  // of those, the deferred ones not being restored
 	Busy        atomic.Int64  // tasks at workers
 	Handled     atomic.Uint64 // handler runs that succeeded
 	Retries     atomic.Uint64 // failed attempts retried

@@ -87,12 +87,37 @@ func (r *results) drainTargets(v variant) []target {
 	)
 }
 
+// processTargets are the goals of the Process figures: a 2 ms handler runs at most 500 events/s
+// per worker, and Process should reach 80% of that (or of drain_batched, the reader's pace); a
+// no-op handler 80% of drain_batched; past a hot key holding half the events, the other keys
+// half the rate of 1,000 even keys.
+func (r *results) processTargets() []target {
+	f := func(key string) float64 { return r.fig(key, upgraded) }
+	perWorker := float64(time.Second / processHandleTime)
+	w64 := min(64*perWorker, f("drain_batched_eps"))
+	w64Target := ratioTarget("Process, 2 ms handler, Workers 64 / min(64 × 500/s, drain_batched)", f("process_sleep2ms_w64_eps"),
+		w64, "process_sleep2ms_w64_eps", "drain_batched_eps", 0.8)
+	w64Target.uses = "`process_sleep2ms_w64_eps` ÷ min(64 × 500/s, `drain_batched_eps`)"
+	w8Target := ratioTarget("Process, 2 ms handler, Workers 8 / 8 × 500/s", f("process_sleep2ms_w8_eps"),
+		8*perWorker, "process_sleep2ms_w8_eps", "", 0.8)
+	w8Target.uses = "`process_sleep2ms_w8_eps` ÷ 8 × 500/s"
+	return []target{
+		ratioTarget("Process, no-op handler, Workers 8 / drain_batched", f("process_noop_w8_eps"), f("drain_batched_eps"),
+			"process_noop_w8_eps", "drain_batched_eps", 0.8),
+		w8Target,
+		w64Target,
+		ratioTarget("Process past a hot key holding half the events: the other keys / 1,000 keys", f("process_hotkey_w64_eps"),
+			f("process_sleep2ms_w64_eps"), "process_hotkey_w64_eps", "process_sleep2ms_w64_eps", 0.5),
+	}
+}
+
 // targets evaluates the goals that the run's figures allow.
 func (r *results) targets() []target {
 	var ts []target
 	for _, v := range r.variantsRun() {
 		ts = append(ts, r.drainTargets(v)...)
 	}
+	ts = append(ts, r.processTargets()...)
 	for _, c := range r.throughputComparisons() {
 		if c.target != nil {
 			ts = append(ts, *c.target)

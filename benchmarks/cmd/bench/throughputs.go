@@ -108,6 +108,7 @@ func throughputs(o options) []throughput {
 			drainSpec{checkpointInterval: batchedInterval, unanalyzed: true}),
 		inserts,
 	}
+	ts = append(ts, processThroughputs(n)...)
 	for _, b := range o.backlogs {
 		at := func(key string) string { return backlogKey(key, b) }
 		ts = append(ts, watermillAt(b, at),

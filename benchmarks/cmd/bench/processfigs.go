@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/pgchangestream/pgchangestream"
+)
+
+// Process figures: Watcher.Process over the backlog of drain_batched (CheckpointInterval
+// batchedInterval), its events keyed by changelog id.
+const (
+	processKeys       = 1000                 // distinct keys of the 2 ms figures
+	processHandleTime = 2 * time.Millisecond // the 2 ms handler's sleep
+	processHotKey     = "hot"                // the key of the even changelog ids in process_hotkey
+)
+
+// processSpec is one Process figure.
+type processSpec struct {
+	workers int
+	sleep   time.Duration // the handler's; 0: a no-op handler
+	hot     bool          // half the events (even ids) share one key; the figure is the others' rate
+}
+
+// processThroughputs are the Process figures over backlogs of n rows.
+func processThroughputs(n int) []throughput {
+	fig := func(key, what string, s processSpec) throughput {
+		return throughput{figs: []figureSpec{{key, what}}, count: n, run: func(ctx context.Context, e *env, v variant) ([]time.Duration, error) {
+			d, err := processFresh(ctx, e, v, n, s)
+			return []time.Duration{d}, err
+		}}
+	}
+	hot := fig("process_hotkey_w64_eps", "process_sleep2ms_w64 with one key holding half the events (even ids): "+
+		"the other keys' own rate", processSpec{workers: 64, sleep: processHandleTime, hot: true})
+	hot.count = n / 2 // the odd ids of n consecutive ones
+	return []throughput{
+		fig("process_noop_w8_eps", "Process, Workers 8, no-op handler, "+itoa(processKeys)+" keys", processSpec{workers: 8}),
+		fig("process_sleep2ms_w8_eps", "Process, Workers 8, handler sleeps 2 ms, "+itoa(processKeys)+" keys",
+			processSpec{workers: 8, sleep: processHandleTime}),
+		fig("process_sleep2ms_w64_eps", "Process, Workers 64, handler sleeps 2 ms, "+itoa(processKeys)+" keys",
+			processSpec{workers: 64, sleep: processHandleTime}),
+		hot,
+	}
+}
+
+// processFresh fills a fresh database with n rows behind a saved start and processes them. It
+// returns the time from Start until the last of them finished (with s.hot: the last event of the
+// other keys; Process is then stopped, the hot key's backlog left).
+func processFresh(ctx context.Context, e *env, v variant, n int, s processSpec) (time.Duration, error) {
+	d, err := e.newDatabase(ctx, v)
+	if err != nil {
+		return 0, err
+	}
+	defer d.drop(ctx)
+	const client = "bench"
+	spec := drainSpec{checkpointInterval: batchedInterval}
+	if err := d.saveStart(ctx, d.drainConfig(client, spec)); err != nil {
+		return 0, err
+	}
+	after, err := d.newestID(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if err := d.fill(ctx, n, spec); err != nil {
+		return 0, err
+	}
+	if newest, err := d.newestID(ctx); err != nil || newest != after+int64(n) {
+		return 0, fmt.Errorf("backlog ids %d..%d, want %d consecutive ones (%v)", after+1, newest, n, err)
+	}
+	want := int64(n)
+	if s.hot {
+		want = int64(n) - countEven(after+1, after+int64(n))
+	}
+	w, err := pgchangestream.New(d.drainConfig(client, spec))
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, drainTimeout)
+	defer cancel()
+	defer func() { _ = w.Close(context.WithoutCancel(ctx)) }()
+	pctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var done atomic.Int64
+	var elapsed atomic.Int64
+	start := time.Now()
+	handle := func(ctx context.Context, ev pgchangestream.EventWithToken) error {
+		if s.sleep > 0 {
+			time.Sleep(s.sleep)
+		}
+		if s.hot && processKey(ev, true) == processHotKey {
+			return nil
+		}
+		if done.Add(1) == want {
+			elapsed.Store(int64(time.Since(start)))
+			stop()
+		}
+		return nil
+	}
+	w.Start(ctx)
+	err = w.Process(pctx, pgchangestream.ProcessOptions{Workers: s.workers,
+		Key: func(ev pgchangestream.EventWithToken) string { return processKey(ev, s.hot) }}, handle)
+	if err != nil {
+		return 0, err
+	}
+	if done.Load() != want {
+		return 0, fmt.Errorf("process ended with %d of %d events finished: %w", done.Load(), want, errors.Join(ctx.Err(), w.Err()))
+	}
+	return time.Duration(elapsed.Load()), nil
+}
+
+// processKey keys an event by its changelog id: processKeys keys, and with hot the even ids
+// under processHotKey.
+func processKey(ev pgchangestream.EventWithToken, hot bool) string {
+	id, _ := strconv.ParseInt(string(ev.ResumeToken), 10, 64)
+	if hot && id%2 == 0 {
+		return processHotKey
+	}
+	return strconv.FormatInt(id%processKeys, 10)
+}
+
+// countEven is the number of even integers in [lo, hi].
+func countEven(lo, hi int64) int64 {
+	return hi/2 - (lo-1)/2
+}
