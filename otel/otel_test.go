@@ -206,7 +206,9 @@ func TestObserverRecordsReadAndSaveSpans(t *testing.T) {
 }
 
 // healthyFake is the test kit's fake watcher, always healthy.
-type healthyFake struct{ *pgchangestreamtest.FakeWatcher }
+type healthyFake struct {
+	*pgchangestreamtest.FakeWatcher
+}
 
 func (healthyFake) Health() error { return nil }
 
