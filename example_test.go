@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"log"
+	"os"
+	"os/signal"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 
@@ -52,6 +54,43 @@ func Example() {
 		}
 	}
 	if err := w.Err(); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// Process handles health events in parallel: eight at a time, one at a time per node, at most
+// 2,000 taken and unfinished, and an event that still fails after its retries is parked in the
+// dead-letter table (see ListParked and RetryParked) instead of stopping the consumer. It
+// acknowledges by itself.
+func ExampleWatcher_Process() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	db, err := sql.Open("pgx", "postgres://app@localhost:5432/platform")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	w, err := pgchangestream.New(pgchangestream.Config{DB: db, ClientName: "remediation", TableName: "health_events"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	w.Start(ctx)
+	defer w.Close(context.Background())
+
+	err = w.Process(ctx, pgchangestream.ProcessOptions{
+		Workers:     8,
+		Key:         pgchangestream.NodeNameKey, // one node's events in order
+		MaxInFlight: 2000,
+		OnFailure:   pgchangestream.ParkOnFailure,
+	}, func(ctx context.Context, ev pgchangestream.EventWithToken) error {
+		node, err := ev.GetNodeName()
+		if err != nil {
+			return err
+		}
+		log.Printf("remediating %s", node) // return nil when done; an error is retried
+		return nil
+	})
+	if err != nil { // nil when ctx ended and the final save succeeded
 		log.Fatal(err)
 	}
 }

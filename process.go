@@ -155,11 +155,8 @@ func (w *Watcher) Process(ctx context.Context, opts ProcessOptions, handle Handl
 	if w.cfgErr != nil {
 		return w.cfgErr
 	}
-	if handle == nil {
-		return fmt.Errorf("%w: Process: the handler is nil", ErrInvalidConfig)
-	}
-	opts = opts.withDefaults()
-	if err := opts.validate(); err != nil {
+	opts, err := checkProcess(opts, handle)
+	if err != nil {
 		return err
 	}
 	w.lifeMu.Lock()
@@ -176,15 +173,44 @@ func (w *Watcher) Process(ctx context.Context, opts ProcessOptions, handle Handl
 		w.log.Warn("ProcessOptions.MaxInFlight and Config.BufferSize exceed Config.MaxPending: the oldest deliveries may be evicted into the floor, which holds the checkpoint until a later acknowledgement",
 			"max_in_flight", opts.MaxInFlight, "buffer_size", w.cfg.BufferSize, "max_pending", w.cfg.MaxPending)
 	}
-	err := w.process(ctx, w.events, opts, handle)
+	err = w.process(ctx, w.events, opts, handle)
 	if ctx.Err() == nil && err == nil { // Events closed: the watcher stopped
 		return w.Err()
 	}
 	return err
 }
 
+// checkProcess returns opts with the defaults filled in, or why Process refuses them.
+func checkProcess(opts ProcessOptions, handle Handler) (ProcessOptions, error) {
+	if handle == nil {
+		return opts, fmt.Errorf("%w: Process: the handler is nil", ErrInvalidConfig)
+	}
+	opts = opts.withDefaults()
+	return opts, opts.validate()
+}
+
 // process runs the engine over src and saves at the end; see Process.
 func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o ProcessOptions, handle Handler) error {
+	var store procrun.Store[EventWithToken]
+	if o.OnFailure != StopOnFailure {
+		store = deadLetters{client: w.cfg.ClientName, s: w.parkedStore()}
+	}
+	s := w.startAckSaver(ctx)
+	err := w.runEngine(ctx, src, o, handle, store, s.ack, w.restoreEvent)
+	s.stop()
+	saveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backgroundSaveTimeout)
+	defer cancel()
+	saveErr := w.saveCheckpoint(saveCtx, saveChanged)
+	return joinErrors(err, saveErr)
+}
+
+// runEngine runs the engine over src with o (defaults filled in), handle, the dead-letter store
+// (nil under StopOnFailure), advance, told of each advance of the mark, and restore, which reads
+// a deferred event again (nil: no event is deferred). It counts into w.procStats and logs
+// through w.log only, so the test kit's fake runs its Process on it too.
+func (w *Watcher) runEngine(ctx context.Context, src <-chan EventWithToken, o ProcessOptions, handle Handler,
+	store procrun.Store[EventWithToken], advance func(EventWithToken),
+	restore func(context.Context, EventWithToken) (EventWithToken, error)) error {
 	po := procrun.Options{Workers: o.Workers, MaxInFlight: o.MaxInFlight, MaxKeyQueue: o.MaxKeyQueue,
 		MaxDeferred: o.MaxDeferred, MaxAttempts: o.MaxAttempts,
 		Policy: procrun.Policy(o.OnFailure), Grace: o.GracePeriod, PollInterval: o.ParkedPollInterval,
@@ -194,31 +220,25 @@ func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o Proc
 		Run: func(ctx context.Context, j *procrun.Job[EventWithToken]) error {
 			return w.runHandler(ctx, handle, j.Ev)
 		},
-		Stats: &w.procStats,
+		Advance: advance,
+		Store:   store,
+		Stats:   &w.procStats,
 		StoreFailed: func(err error) {
 			w.log.Warn("dead-letter table call failed; trying again", "error", err)
 		},
-		Defer:   deferEvent,
-		Restore: w.restoreEvent,
-		RestoreFailed: func(key string, err error) {
+	}
+	if restore != nil {
+		h.Defer, h.Restore = deferEvent, restore
+		h.RestoreFailed = func(key string, err error) {
 			w.log.Warn("cannot read a deferred event's changelog row again; trying again", "key", key, "error", err)
-		},
+		}
 	}
-	if o.OnFailure != StopOnFailure {
-		h.Store = deadLetters{client: w.cfg.ClientName, s: w.parkedStore()}
-	}
-	s := w.startAckSaver(ctx)
-	h.Advance = s.ack
 	err := procrun.Run(ctx, po, src, h)
-	s.stop()
-	saveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backgroundSaveTimeout)
-	defer cancel()
-	saveErr := w.saveCheckpoint(saveCtx, saveChanged)
 	var f *procrun.Failure[EventWithToken]
 	if errors.As(err, &f) {
 		err = fmt.Errorf("pgchangestream: process: event of key %q, token %s: %w", f.Key, f.Ev.ResumeToken, err)
 	}
-	return joinErrors(err, saveErr)
+	return err
 }
 
 // deferEvent is the compact form of a deferred event: its token only (the engine keeps its key).

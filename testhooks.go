@@ -1,9 +1,15 @@
 package pgchangestream
 
-import "github.com/pgchangestream/pgchangestream/internal/testhooks"
+import (
+	"context"
+	"log/slog"
 
-// init hands the test kit (package pgchangestreamtest) the statements, builders and position
-// functions it shares with the watcher.
+	"github.com/pgchangestream/pgchangestream/internal/procrun"
+	"github.com/pgchangestream/pgchangestream/internal/testhooks"
+)
+
+// init hands the test kit (package pgchangestreamtest) the statements, builders, position
+// functions and Process runtime it shares with the watcher.
 func init() {
 	testhooks.Register(testhooks.Hooks[Config, Position]{
 		Defaults:     Config.withDefaults,
@@ -18,7 +24,46 @@ func init() {
 			return ev, err
 		},
 	})
+	testhooks.RegisterProcess(testhooks.Process[ProcessOptions, Handler, EventWithToken, ParkedEvent, ProcessStats]{
+		Check: checkProcess,
+		NewEngine: func(log *slog.Logger) testhooks.Engine[ProcessOptions, Handler, EventWithToken, ProcessStats] {
+			return kitEngine{w: &Watcher{log: log}}
+		},
+		DeadLetters: func(client string, s testhooks.ParkedStore[ParkedEvent]) procrun.Store[EventWithToken] {
+			return deadLetters{client: client, s: kitParked{s}}
+		},
+	})
 }
+
+// kitEngine is Process's runtime for the test kit: a watcher with nothing but its logger and
+// its Process counters, which is all runEngine uses when it defers no event (the kit has no
+// changelog to read a deferred event again from).
+type kitEngine struct{ w *Watcher }
+
+func (e kitEngine) Run(ctx context.Context, src <-chan EventWithToken, o ProcessOptions, handle Handler,
+	store procrun.Store[EventWithToken], advance func(EventWithToken)) error {
+	return e.w.runEngine(ctx, src, o, handle, store, advance, nil)
+}
+
+func (e kitEngine) Stats() ProcessStats { return e.w.processStats() }
+
+// kitParked is the kit's in-memory dead-letter table as a parkedStore.
+type kitParked struct {
+	s testhooks.ParkedStore[ParkedEvent]
+}
+
+func (k kitParked) park(ctx context.Context, p ParkedEvent) (int64, error) { return k.s.Park(ctx, p) }
+func (k kitParked) blockedKeys(ctx context.Context) ([]string, error)      { return k.s.BlockedKeys(ctx) }
+func (k kitParked) released(ctx context.Context, limit int) ([]ParkedEvent, error) {
+	return k.s.Released(ctx, limit)
+}
+func (k kitParked) keyEvents(ctx context.Context, key string) ([]ParkedEvent, error) {
+	return k.s.KeyEvents(ctx, key)
+}
+func (k kitParked) repark(ctx context.Context, id int64, attempts int, errText string) error {
+	return k.s.Repark(ctx, id, attempts, errText)
+}
+func (k kitParked) finish(ctx context.Context, id int64) error { return k.s.Finish(ctx, id) }
 
 // testStatements returns the statements of cfg for the test kit.
 func testStatements(cfg Config) testhooks.Statements {

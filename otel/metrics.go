@@ -58,10 +58,12 @@ type Metrics struct {
 	watchers map[string]watched // by client name
 }
 
-// instrument is one metric's instrument: a counter (int64) or a gauge (float64).
+// instrument is one metric's instrument: a counter (int64), a float counter or a gauge
+// (float64).
 type instrument struct {
-	counter metric.Int64ObservableCounter
-	gauge   metric.Float64ObservableGauge
+	counter      metric.Int64ObservableCounter
+	floatCounter metric.Float64ObservableCounter
+	gauge        metric.Float64ObservableGauge
 }
 
 // watched is a watcher added to Metrics with its attributes.
@@ -85,10 +87,14 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 			inst instrument
 			err  error
 		)
-		if d.Kind == metrics.Counter {
+		switch d.Kind {
+		case metrics.Counter:
 			inst.counter, err = meter.Int64ObservableCounter(d.OTel, metric.WithUnit(d.Unit), metric.WithDescription(d.Description))
 			observables = append(observables, inst.counter)
-		} else {
+		case metrics.FloatCounter:
+			inst.floatCounter, err = meter.Float64ObservableCounter(d.OTel, metric.WithUnit(d.Unit), metric.WithDescription(d.Description))
+			observables = append(observables, inst.floatCounter)
+		default:
 			inst.gauge, err = meter.Float64ObservableGauge(d.OTel, metric.WithUnit(d.Unit), metric.WithDescription(d.Description))
 			observables = append(observables, inst.gauge)
 		}
@@ -143,9 +149,12 @@ func (m *Metrics) observe(_ context.Context, o metric.Observer) error {
 			if d.OTel == metrics.ConsumedMessages {
 				attrs = w.consumed
 			}
-			if inst := m.instruments[i]; inst.counter != nil {
+			switch inst := m.instruments[i]; {
+			case inst.counter != nil:
 				o.ObserveInt64(inst.counter, int64(d.Value(r)), attrs)
-			} else {
+			case inst.floatCounter != nil:
+				o.ObserveFloat64(inst.floatCounter, d.Value(r), attrs)
+			default:
 				o.ObserveFloat64(inst.gauge, d.Value(r), attrs)
 			}
 		}

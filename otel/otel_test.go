@@ -3,7 +3,9 @@ package otel
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -80,6 +82,13 @@ func point(t *testing.T, data metricdata.Aggregation, client string) (float64, a
 				return float64(p.Value), p.Attributes
 			}
 		}
+	case metricdata.Sum[float64]:
+		require.True(t, d.IsMonotonic)
+		for _, p := range d.DataPoints {
+			if v, _ := p.Attributes.Value(group.Key); v == group.Value {
+				return p.Value, p.Attributes
+			}
+		}
 	case metricdata.Gauge[float64]:
 		for _, p := range d.DataPoints {
 			if v, _ := p.Attributes.Value(group.Key); v == group.Value {
@@ -144,6 +153,8 @@ func TestMetricsReadARealWatcher(t *testing.T) {
 		switch d := data.(type) {
 		case metricdata.Sum[int64]:
 			require.Len(t, d.DataPoints, 1, name)
+		case metricdata.Sum[float64]:
+			require.Len(t, d.DataPoints, 1, name)
 		case metricdata.Gauge[float64]:
 			require.Len(t, d.DataPoints, 1, name)
 		}
@@ -192,4 +203,63 @@ func TestObserverRecordsReadAndSaveSpans(t *testing.T) {
 		require.False(t, s.EndTime().Before(s.StartTime()))
 	}
 	require.False(t, failed.StartTime().Before(ok.EndTime()))
+}
+
+// healthyFake is the test kit's fake watcher, always healthy.
+type healthyFake struct {
+	*pgchangestreamtest.FakeWatcher
+}
+
+func (healthyFake) Health() error { return nil }
+
+func TestMetricsOfProcess(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) { testMetricsOfProcess(t) })
+}
+
+func testMetricsOfProcess(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	f := pgchangestreamtest.NewFakeWatcher(pgchangestream.Config{ClientName: "billing", TableName: "orders"})
+	f.Push(pgchangestreamtest.Insert("o1", nil), pgchangestreamtest.Insert("o2", nil),
+		pgchangestreamtest.Update("o1", nil, map[string]any{"paid": true}))
+	f.Start(ctx)
+	defer f.Close(context.Background())
+	var attempts atomic.Int32
+	errc := make(chan error, 1)
+	go func() {
+		errc <- f.Process(ctx, pgchangestream.ProcessOptions{}, func(context.Context, pgchangestream.EventWithToken) error {
+			time.Sleep(time.Millisecond)
+			if attempts.Add(1) == 1 {
+				return errors.New("once")
+			}
+			return nil
+		})
+	}()
+	time.Sleep(time.Second) // the retry's backoff is over
+	synctest.Wait()
+	cancel()
+	require.NoError(t, <-errc)
+
+	reader := sdkmetric.NewManualReader()
+	m, err := NewMetrics(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
+	require.NoError(t, err)
+	defer m.Close()
+	m.Add("billing", "orders", healthyFake{f})
+	got := collected(t, reader)
+	want := map[string]float64{
+		"pgchangestream.process.handled":          3,
+		"pgchangestream.process.retries":          1,
+		"pgchangestream.process.parked":           0,
+		"pgchangestream.process.inflight":         0, // the run ended
+		"pgchangestream.process.workers.busy":     0,
+		"pgchangestream.process.keyqueue.longest": 2, // o1's two events
+	}
+	for name, v := range want {
+		got, _ := point(t, got[name], "billing")
+		require.Equal(t, v, got, name)
+	}
+	seconds, _ := point(t, got["pgchangestream.process.handler.time"], "billing")
+	require.Equal(t, f.Stats().Process.HandlerTime.Seconds(), seconds)
+	require.Equal(t, 0.004, seconds, "four handler runs of a millisecond, the failed one included")
+	_, isFloat := got["pgchangestream.process.handler.time"].(metricdata.Sum[float64])
+	require.True(t, isFloat, "handler time is a float counter")
 }

@@ -3,8 +3,10 @@ package pgchangestreamtest_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log"
+	"sync"
 
 	"github.com/DATA-DOG/go-sqlmock"
 
@@ -160,4 +162,48 @@ func ExampleFakeWatcher_MarkProcessedTx() {
 	// acknowledged: [1]
 	// saved after change: 1
 	// expectations met: true
+}
+
+// A consumer that handles events in parallel with Process, tested with the fake: events of one
+// order run in order, a failing event is parked, and Process acknowledges the finished prefix.
+func ExampleFakeWatcher_Process() {
+	ctx := context.Background()
+	w := pgchangestreamtest.NewFakeWatcher(pgchangestream.Config{ClientName: "billing", TableName: "orders"})
+	w.Push(
+		pgchangestreamtest.Insert("o1", map[string]any{"status": "new"}),
+		pgchangestreamtest.Insert("o2", map[string]any{"status": "new"}),
+		pgchangestreamtest.Update("o1", map[string]any{"status": "new"}, map[string]any{"status": "paid"}),
+		pgchangestreamtest.Update("o2", map[string]any{"status": "new"}, map[string]any{"status": "void"}),
+	)
+	w.Start(ctx)
+	w.CloseWhenDelivered() // Process returns once the events it took are handled
+
+	var mu sync.Mutex
+	handled := map[string][]string{} // tokens by order, in handling order
+	err := w.Process(ctx, pgchangestream.ProcessOptions{Workers: 2, MaxAttempts: 1, OnFailure: pgchangestream.ParkOnFailure},
+		func(_ context.Context, ev pgchangestream.EventWithToken) error {
+			if doc, _ := ev.Event["fullDocument"].(map[string]any); doc["status"] == "void" {
+				return errors.New("void orders are not billed")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			key := pgchangestream.DocumentKey(ev)
+			handled[key] = append(handled[key], string(ev.ResumeToken))
+			return nil
+		})
+	if err != nil {
+		log.Fatal(err)
+	}
+	saved, _ := w.Saved()
+	fmt.Println("o1:", handled["orders/o1"], "o2:", handled["orders/o2"])
+	fmt.Println("acknowledged:", w.Acked())
+	fmt.Println("saved after change:", saved.ID)
+	for _, p := range w.Parked() {
+		fmt.Printf("parked: change %d of %s: %s\n", p.ChangelogID, p.Key, p.Error)
+	}
+	// Output:
+	// o1: [1 3] o2: [2]
+	// acknowledged: [1 2 3 4]
+	// saved after change: 4
+	// parked: change 4 of orders/o2: void orders are not billed
 }

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/pgchangestream/pgchangestream"
 	"github.com/pgchangestream/pgchangestream/internal/pending"
+	"github.com/pgchangestream/pgchangestream/internal/testhooks"
 )
 
 // FakeWatcher is an in-memory [pgchangestream.ChangeStreamWatcher] and
@@ -28,11 +30,20 @@ import (
 // [FakeWatcher.MarkProcessedTx] acknowledges in a transaction (a sqlmock or real *sql.Tx) and
 // takes effect when the test says the transaction committed: [FakeWatcher.Committed],
 // [FakeWatcher.RolledBack] and [FakeWatcher.OpenTxs].
+//
+// [FakeWatcher.Process] runs the watcher's Process engine on the fake's events, with an
+// in-memory dead-letter table ([FakeWatcher.Parked]).
 type FakeWatcher struct {
 	cfg    pgchangestream.Config // defaults filled; immutable
 	events chan pgchangestream.EventWithToken
 	wake   chan struct{} // capacity 1: there is something for the sender to do
 	done   chan struct{} // closed when the sender goroutine exits
+
+	// Process's runtime, counters and dead-letter table (each safe for concurrent use);
+	// processing is set while a Process runs (compare-and-swap by Process).
+	engine     testhooks.Engine[pgchangestream.ProcessOptions, pgchangestream.Handler, pgchangestream.EventWithToken, pgchangestream.ProcessStats]
+	parked     *parkedTable
+	processing atomic.Bool
 
 	// Guarded by mu, like the watcher's delivery and checkpoint state. Nothing slow happens
 	// while it is held.
@@ -74,6 +85,8 @@ func NewFakeWatcher(cfg pgchangestream.Config) *FakeWatcher {
 		wake:   make(chan struct{}, 1),
 		done:   make(chan struct{}),
 		ring:   pending.New(cfg.MaxPending, shared.Predecessor),
+		engine: kit.NewEngine(cfg.Logger.With("client", cfg.ClientName, "table", cfg.TableName)),
+		parked: &parkedTable{},
 	}
 }
 
@@ -218,15 +231,21 @@ func (f *FakeWatcher) MarkProcessed(_ context.Context, token []byte) error {
 	defer f.mu.Unlock()
 	f.marks = append(f.marks, string(token))
 	if ok {
-		before := f.ring.Len()
-		if n := f.ring.Ack(id); n > 0 {
-			f.stats.Acked += uint64(n)
-			// The tracked deliveries are the newest ones: the acknowledged one is number
-			// seq-before+n, and every delivery before it is certified too.
-			f.certified = int(f.seq) - before + n
-		}
+		f.ackLocked(id)
 	}
 	return errors.Join(tokenErr, f.saveLocked())
+}
+
+// ackLocked acknowledges the earliest pending delivery of id and every delivery before it. mu
+// must be held.
+func (f *FakeWatcher) ackLocked(id int64) {
+	before := f.ring.Len()
+	if n := f.ring.Ack(id); n > 0 {
+		f.stats.Acked += uint64(n)
+		// The tracked deliveries are the newest ones: the acknowledged one is number
+		// seq-before+n, and every delivery before it is certified too.
+		f.certified = int(f.seq) - before + n
+	}
 }
 
 // saveLocked saves min(cursor, floor, predecessor of every pending delivery) if it differs from
@@ -352,5 +371,6 @@ func (f *FakeWatcher) Stats() pgchangestream.Stats {
 	st.FloorActive = f.ring.HasFloor()
 	st.Checkpoint = f.saved
 	st.Cursor = f.cursor
+	st.Process = f.engine.Stats()
 	return st
 }

@@ -85,4 +85,5 @@ func (c *Collector) Collect(ch chan<- prom.Metric) {
 }
 
 // valueType is the Prometheus type of each kind of metric.
-var valueType = map[metrics.Kind]prom.ValueType{metrics.Counter: prom.CounterValue, metrics.Gauge: prom.GaugeValue}
+var valueType = map[metrics.Kind]prom.ValueType{metrics.Counter: prom.CounterValue, metrics.FloatCounter: prom.CounterValue,
+	metrics.Gauge: prom.GaugeValue}

@@ -30,6 +30,8 @@ func TestCollectorExportsStatsAndHealth(t *testing.T) {
 		Delivered: 10, Acked: 7, Filtered: 2, Evicted: 1, Pending: 3,
 		CheckpointWrites: 5, CheckpointErrors: 1, ReadErrors: 4, LoadErrors: 2,
 		Lag: 1500 * time.Millisecond, ListenUp: true, Active: true, FloorActive: true, Rewinds: 3,
+		Process: pgchangestream.ProcessStats{InFlight: 12, BusyWorkers: 4, Handled: 90, Retries: 6, Parked: 1,
+			HandlerTime: 2250 * time.Millisecond, LongestKeyQueue: 8, LongestKey: "node-3"},
 	}})
 	c.Add("audit", &fakeWatcher{health: errors.New("read changelog: permission denied")})
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
@@ -93,10 +95,38 @@ pgchangestream_listen_up{client="billing"} 1
 # TYPE pgchangestream_active gauge
 pgchangestream_active{client="audit"} 0
 pgchangestream_active{client="billing"} 1
+# HELP pgchangestream_process_in_flight Events Process took from Events and has not finished.
+# TYPE pgchangestream_process_in_flight gauge
+pgchangestream_process_in_flight{client="audit"} 0
+pgchangestream_process_in_flight{client="billing"} 12
+# HELP pgchangestream_process_busy_workers Process workers running a handler or a dead-letter table call.
+# TYPE pgchangestream_process_busy_workers gauge
+pgchangestream_process_busy_workers{client="audit"} 0
+pgchangestream_process_busy_workers{client="billing"} 4
+# HELP pgchangestream_process_handled_total Handler runs of Process that succeeded, reruns of parked events included.
+# TYPE pgchangestream_process_handled_total counter
+pgchangestream_process_handled_total{client="audit"} 0
+pgchangestream_process_handled_total{client="billing"} 90
+# HELP pgchangestream_process_retries_total Failed handler attempts of Process that were retried.
+# TYPE pgchangestream_process_retries_total counter
+pgchangestream_process_retries_total{client="audit"} 0
+pgchangestream_process_retries_total{client="billing"} 6
+# HELP pgchangestream_process_parked_total Events Process parked in the dead-letter table.
+# TYPE pgchangestream_process_parked_total counter
+pgchangestream_process_parked_total{client="audit"} 0
+pgchangestream_process_parked_total{client="billing"} 1
+# HELP pgchangestream_process_handler_seconds_total Time spent in Process handlers, failed attempts included.
+# TYPE pgchangestream_process_handler_seconds_total counter
+pgchangestream_process_handler_seconds_total{client="audit"} 0
+pgchangestream_process_handler_seconds_total{client="billing"} 2.25
+# HELP pgchangestream_process_longest_key_queue The longest queue of events of one key Process has seen (Stats.Process.LongestKey is the key).
+# TYPE pgchangestream_process_longest_key_queue gauge
+pgchangestream_process_longest_key_queue{client="audit"} 0
+pgchangestream_process_longest_key_queue{client="billing"} 8
 `)))
 
 	c.Remove("audit")
-	require.Equal(t, 15, testutil.CollectAndCount(c), "one series per metric for the remaining watcher")
+	require.Equal(t, 22, testutil.CollectAndCount(c), "one series per metric for the remaining watcher")
 	require.NoError(t, prom.NewPedanticRegistry().Register(c))
 }
 
@@ -154,6 +184,6 @@ func TestCollectorReadsEachWatcherOncePerScrape(t *testing.T) {
 	c := NewCollector()
 	w := &countingWatcher{}
 	c.Add("c", w)
-	require.Equal(t, 15, testutil.CollectAndCount(c))
+	require.Equal(t, 22, testutil.CollectAndCount(c))
 	require.Equal(t, countingWatcher{stats: 1, health: 1}, *w)
 }

@@ -14,6 +14,8 @@ const (
 	Counter Kind = iota
 	// Gauge is a current value.
 	Gauge
+	// FloatCounter is a Counter with a fractional value, such as seconds.
+	FloatCounter
 )
 
 // Watcher is what the adapters read: [pgchangestream.Watcher] implements it.
@@ -86,6 +88,30 @@ var All = []Metric{
 		func(r Reading) float64 { return boolValue(r.Stats.ListenUp) }),
 	gauge("active", "pgchangestream.active", "1", "1 while the watcher delivers; 0 for an exclusive standby.",
 		func(r Reading) float64 { return boolValue(r.Stats.Active) }),
+
+	// Watcher.Process (Stats.Process): gauges of the run in progress, 0 when none runs.
+	gauge("process_in_flight", "pgchangestream.process.inflight", "{event}",
+		"Events Process took from Events and has not finished.",
+		func(r Reading) float64 { return float64(r.Stats.Process.InFlight) }),
+	gauge("process_busy_workers", "pgchangestream.process.workers.busy", "{worker}",
+		"Process workers running a handler or a dead-letter table call.",
+		func(r Reading) float64 { return float64(r.Stats.Process.BusyWorkers) }),
+	counter("process_handled_total", "pgchangestream.process.handled", "{event}",
+		"Handler runs of Process that succeeded, reruns of parked events included.",
+		func(s pgchangestream.Stats) uint64 { return s.Process.Handled }),
+	counter("process_retries_total", "pgchangestream.process.retries", "{retry}",
+		"Failed handler attempts of Process that were retried.",
+		func(s pgchangestream.Stats) uint64 { return s.Process.Retries }),
+	counter("process_parked_total", "pgchangestream.process.parked", "{event}",
+		"Events Process parked in the dead-letter table.",
+		func(s pgchangestream.Stats) uint64 { return s.Process.Parked }),
+	{Prometheus: "pgchangestream_process_handler_seconds_total", OTel: "pgchangestream.process.handler.time", Unit: "s",
+		Description: "Time spent in Process handlers, failed attempts included.", Kind: FloatCounter,
+		Value: func(r Reading) float64 { return r.Stats.Process.HandlerTime.Seconds() }},
+	// The key itself is in Stats only: as a label it would make one series per hot key ever seen.
+	gauge("process_longest_key_queue", "pgchangestream.process.keyqueue.longest", "{event}",
+		"The longest queue of events of one key Process has seen (Stats.Process.LongestKey is the key).",
+		func(r Reading) float64 { return float64(r.Stats.Process.LongestKeyQueue) }),
 }
 
 // counter is a Counter read from Stats; name is its Prometheus name without the prefix.

@@ -1,11 +1,17 @@
 // Package testhooks hands the test kit (package pgchangestreamtest) the parts of the watcher it
 // shares and the library does not export: the SQL statements of a configuration, the event
-// builder, the token parsers and the position functions. The root package registers them in an
-// init function, so the kit follows the watcher's code instead of copying it, and the public API
-// stays as it is. Nothing but the root package and the kit imports this package.
+// builder, the token parsers, the position functions and Process's runtime. The root package
+// registers them in an init function, so the kit follows the watcher's code instead of copying
+// it, and the public API stays as it is. Nothing but the root package and the kit imports this package.
 package testhooks
 
-import "time"
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/procrun"
+)
 
 // Statements are the SQL statements of one watcher configuration, exactly as the watcher sends
 // them.
@@ -76,4 +82,56 @@ func Get[C, P any]() Hooks[C, P] {
 		panic("testhooks: the watcher's hooks are not registered")
 	}
 	return h
+}
+
+// ParkedStore is a client's dead-letter table as the kit keeps it in memory, with the methods of
+// the watcher's table. P is the watcher's ParkedEvent.
+type ParkedStore[P any] interface {
+	// Park inserts p (the store fills its ID and ParkedAt) and returns its id.
+	Park(ctx context.Context, p P) (int64, error)
+	// BlockedKeys returns the keys that have a blocking parked event.
+	BlockedKeys(ctx context.Context) ([]string, error)
+	// Released returns the parked events an operator asked to retry, oldest first, at most limit.
+	Released(ctx context.Context, limit int) ([]P, error)
+	// KeyEvents returns every parked event of key, oldest first.
+	KeyEvents(ctx context.Context, key string) ([]P, error)
+	// Repark records a failed rerun: its attempts and error, and clears the retry request.
+	Repark(ctx context.Context, id int64, attempts int, errText string) error
+	// Finish deletes a parked event that ran successfully.
+	Finish(ctx context.Context, id int64) error
+}
+
+// Engine is the watcher's Process runtime without a database: the kit's fake runs its Process
+// on one. O is ProcessOptions, H Handler, E EventWithToken and S ProcessStats.
+type Engine[O, H, E, S any] interface {
+	// Run runs the engine over src until ctx ends, src closes or an event fails under
+	// StopOnFailure, as Process does before its final save. store is nil under StopOnFailure;
+	// advance is told of each advance of the low-water mark, on the engine's goroutine.
+	Run(ctx context.Context, src <-chan E, o O, handle H, store procrun.Store[E], advance func(E)) error
+	// Stats returns the counters of the engine's runs.
+	Stats() S
+}
+
+// Process are the parts of the watcher's Process the kit shares. P is ParkedEvent.
+type Process[O, H, E, P, S any] struct {
+	// Check fills in the options' defaults, or says why Process refuses them and the handler.
+	Check func(O, H) (O, error)
+	// NewEngine returns an engine that logs to log.
+	NewEngine func(log *slog.Logger) Engine[O, H, E, S]
+	// DeadLetters returns the engine's dead-letter store over a client's parked events.
+	DeadLetters func(client string, s ParkedStore[P]) procrun.Store[E]
+}
+
+var registeredProcess any
+
+// RegisterProcess records the Process hooks; the root package calls it once, from init.
+func RegisterProcess[O, H, E, P, S any](p Process[O, H, E, P, S]) { registeredProcess = p }
+
+// GetProcess returns the registered Process hooks.
+func GetProcess[O, H, E, P, S any]() Process[O, H, E, P, S] {
+	p, ok := registeredProcess.(Process[O, H, E, P, S])
+	if !ok {
+		panic("testhooks: the watcher's Process hooks are not registered")
+	}
+	return p
 }
