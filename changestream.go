@@ -144,7 +144,8 @@ func New(cfg Config) (*Watcher, error) {
 
 // NewPostgreSQLChangeStreamWatcher is the constructor of the watcher this package replaces, with
 // its defaults (10ms polls, 100-event buffer) and its documents (for the table health_events,
-// fullDocument is the row's "document" object; see [Config.DocumentField]); an unknown mode
+// fullDocument is the row's "document" object; see [Config.DocumentField]) and its legacy
+// processed flag ([Config.ProcessedFlag]), which cleanup_changelog(days) reads; an unknown mode
 // falls back to polling. Invalid arguments do not panic: the watcher reports them through
 // [Watcher.Err] and MarkProcessed, and its Events channel closes at Start.
 func NewPostgreSQLChangeStreamWatcher(db *sql.DB, clientName, tableName, connString string, mode Mode) *Watcher {
@@ -155,7 +156,7 @@ func NewPostgreSQLChangeStreamWatcher(db *sql.DB, clientName, tableName, connStr
 		mode = ModePolling
 	}
 	w, err := New(Config{DB: db, ClientName: clientName, TableName: tableName, ConnString: connString, Mode: mode,
-		DocumentField: legacyDocumentField(tableName)})
+		DocumentField: legacyDocumentField(tableName), ProcessedFlag: true})
 	if err != nil {
 		w = newWatcher(Config{ClientName: clientName, TableName: tableName, Mode: mode}.withDefaults())
 		w.cfgErr = err
@@ -214,7 +215,7 @@ func (w *Watcher) start(ctx context.Context) bool {
 	w.wg.Add(2)
 	go w.run(ctx)
 	go w.saveLoop(ctx)
-	if !w.cfg.DisableProcessedFlag {
+	if w.cfg.marksProcessed() {
 		w.wg.Add(1)
 		w.mark.running.Store(true)
 		go w.markLoop(ctx)

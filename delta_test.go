@@ -47,7 +47,7 @@ func savedTokenRows(raw ...string) *sqlmock.Rows {
 func TestDeltaReadsFollowSnapshots(t *testing.T) {
 	ctx := context.Background()
 	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
-	w, mock := newMockWatcher(t, Config{BatchSize: 100})
+	w, mock := newMockWatcher(t, Config{BatchSize: 100, ProcessedFlag: true})
 
 	// A new client starts at the current snapshot, after the newest row.
 	expectUpgradedLoad(w, mock, "100:105:100,103", "104", savedTokenRows())
@@ -200,7 +200,7 @@ func TestDeltaTokensResume(t *testing.T) {
 func TestLegacyTokenSwitchesOver(t *testing.T) {
 	ctx := context.Background()
 	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
-	w, mock := newMockWatcher(t, Config{BatchSize: 2})
+	w, mock := newMockWatcher(t, Config{BatchSize: 2, ProcessedFlag: true})
 	expectUpgradedLoad(w, mock, "100:105:", nil, savedTokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5}`))
 	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"switchover":"100:105:","table":"t"}`).
 		WillReturnResult(sqlmock.NewResult(0, 1))

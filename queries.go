@@ -193,7 +193,7 @@ func buildQueries(cfg Config) queries {
 		q.ackSave[i] = ackSaveSQL(tok, fenced, incQ, true)
 		q.ackTx[i] = ackSaveSQL(tok, fenced, incQ, false)
 	}
-	if cfg.DisableProcessedFlag {
+	if !cfg.marksProcessed() {
 		q.unprocessed = `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2`
 	}
 	return q

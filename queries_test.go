@@ -2,6 +2,7 @@ package pgchangestream
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"testing"
 	"time"
@@ -114,7 +115,7 @@ func TestLoadSavedTokenFormats(t *testing.T) {
 // after it (here at once: the watcher is not started, so no marker goroutine runs).
 func TestSaveThenMark(t *testing.T) {
 	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
-	w, mock := newMockWatcher(t, Config{})
+	w, mock := newMockWatcher(t, Config{ProcessedFlag: true})
 	expectLegacyChangelog(mock)
 	mock.ExpectQuery(wantLoad).WithArgs("c").
 		WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(string(encodeToken(makePosition(ts, 1), "t"))))
@@ -171,8 +172,57 @@ func TestFailedReadKeepsHints(t *testing.T) {
 	require.Equal(t, []int64{7}, w.takeHints(), "the hint waits for the next read")
 }
 
+// TestProcessedFlagDefaults proves which constructors set the legacy processed flag: New's
+// defaults save the token alone, the drop-in constructor and Config.ProcessedFlag also mark.
+func TestProcessedFlagDefaults(t *testing.T) {
+	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
+	for _, tc := range []struct {
+		name string
+		new  func(*sql.DB) *Watcher
+		mark bool
+	}{
+		{"New defaults", func(db *sql.DB) *Watcher { return mustNew(t, testConfig(Config{DB: db})) }, false},
+		{"DisableProcessedFlag", func(db *sql.DB) *Watcher {
+			return mustNew(t, testConfig(Config{DB: db, DisableProcessedFlag: true}))
+		}, false},
+		{"ProcessedFlag", func(db *sql.DB) *Watcher { return mustNew(t, testConfig(Config{DB: db, ProcessedFlag: true})) }, true},
+		{"NewPostgreSQLChangeStreamWatcher", func(db *sql.DB) *Watcher {
+			return NewPostgreSQLChangeStreamWatcher(db, "c", "t", "", ModePolling)
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db, mock := mockDB(t)
+			w := tc.new(db)
+			expectLegacyChangelog(mock)
+			mock.ExpectQuery(wantLoad).WithArgs("c").
+				WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(string(encodeToken(makePosition(ts, 1), "t"))))
+			require.NoError(t, w.load(context.Background()))
+			mock.ExpectQuery(wantRead).WithArgs("t", ts, int64(1)).WillReturnRows(sqlmock.NewRows(changelogCols).
+				AddRow(int64(2), "r2", "INSERT", nil, []byte(`{"a":1}`), ts))
+			_, err := w.readBatch(context.Background())
+			require.NoError(t, err)
+			want := makePosition(ts, 2)
+			mock.ExpectExec(wantSaveToken).WithArgs("c", string(encodeToken(want, "t"))).WillReturnResult(sqlmock.NewResult(0, 1))
+			if tc.mark {
+				mock.ExpectExec(wantMark).WithArgs("t", ts, int64(1), want.ChangedAt, want.ID).WillReturnResult(sqlmock.NewResult(0, 1))
+			}
+			require.NoError(t, w.MarkProcessed(context.Background(), tok(2)))
+			require.NoError(t, w.markSaved(context.Background()), "no statement beyond those expected")
+			require.NoError(t, mock.ExpectationsWereMet())
+			require.Equal(t, tc.mark, w.cfg.marksProcessed())
+		})
+	}
+}
+
+func mustNew(t *testing.T, cfg Config) *Watcher {
+	t.Helper()
+	w, err := New(cfg)
+	require.NoError(t, err)
+	return w
+}
+
 func TestGetUnprocessedEventCount(t *testing.T) {
-	w, mock := newMockWatcher(t, Config{})
+	w, mock := newMockWatcher(t, Config{ProcessedFlag: true})
 	mock.ExpectQuery(`SELECT count(*) FROM "datastore_changelog" WHERE table_name = $1 AND id > $2 AND processed = FALSE`).
 		WithArgs("t", int64(41)).WillReturnRows(sqlmock.NewRows([]string{"count"}).AddRow(int64(5)))
 	n, err := w.GetUnprocessedEventCount(context.Background(), "41")

@@ -115,14 +115,14 @@ func NewMock(t TB, cfg pgchangestream.Config) *Mock {
 	if cfg.IdleCheckpointInterval == 0 {
 		cfg.IdleCheckpointInterval = time.Hour
 	}
-	cfg.DisableProcessedFlag = true // its marker runs in the background, at times a mock cannot expect
+	cfg.ProcessedFlag = false // its marker runs in the background, at times a mock cannot expect
 	m.cfg = shared.Defaults(cfg)
 	m.st = shared.Statements(m.cfg)
 	return m
 }
 
 // Config returns the configuration given to NewMock, with DB set to the mock, Logger set to a
-// log the Mock reports on failure (warnings and errors), DisableProcessedFlag set (the legacy
+// log the Mock reports on failure (warnings and errors), ProcessedFlag cleared (the legacy
 // processed flag is set by a background marker, at times a mock cannot expect), and, unless set,
 // an IdleCheckpointInterval of an hour, so the watcher saves only when the consumer
 // acknowledges and at Close, as the test expects.
