@@ -116,11 +116,15 @@ type Watcher struct {
 	hasInc         bool      // the changelog has an incarnation table (set by the load; see rewind.go)
 	readNow        bool      // readBatch ended a span at a snapshot it did not take: read on at once
 	incNoted       bool      // its absence was reported
+	statsChecked   time.Time // when the changelog's statistics were last looked for (plans.go)
 
 	// rewindAsked is set by a save (under ckMu) that found the server recovered since its
 	// position was read, and cleared by the reader's rewind (under ckMu).
 	rewindAsked atomic.Bool
 	rewinds     atomic.Uint64 // added by the reader after each rewind; read by Stats
+	// noStats: the changelog had no statistics when last looked for (plans.go). Set by the
+	// reader; read by its reads and prefetches.
+	noStats atomic.Bool
 }
 
 // New validates cfg, fills its defaults and returns a watcher. It does not touch the database.

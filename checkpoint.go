@@ -66,11 +66,12 @@ func (w *Watcher) load(ctx context.Context) error {
 // starts from the beginning, since no start position taken before the recovery can be trusted.
 // ckMu must be held; reader goroutine only.
 func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, error) {
-	var skipFree bool
+	var skipFree, stats bool
 	if err := w.cfg.DB.QueryRowContext(ctx, w.q.detect, quoteIdentifier(w.cfg.ChangelogTable),
-		quoteIdentifier(incarnationTable(w.cfg.ChangelogTable))).Scan(&skipFree, &w.hasInc); err != nil {
+		quoteIdentifier(incarnationTable(w.cfg.ChangelogTable))).Scan(&skipFree, &w.hasInc, &stats); err != nil {
 		return Position{}, fmt.Errorf("inspect changelog %s: %w", w.cfg.ChangelogTable, err)
 	}
+	w.noteStats(stats)
 	var (
 		now pgSnapshot
 		inc string

@@ -30,7 +30,7 @@ var deltaCols = append(append([]string{}, changelogCols...), "txid")
 // the current snapshot with the newest stored txid, and the token.
 func expectUpgradedLoad(w *Watcher, mock sqlmock.Sqlmock, snapshot string, newest any, token *sqlmock.Rows) {
 	mock.ExpectQuery(wantDetect).WithArgs(`"datastore_changelog"`, `"datastore_changelog_incarnation"`).
-		WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation"}).AddRow(true, false))
+		WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation", "stats"}).AddRow(true, false, true))
 	mock.ExpectQuery(w.q.deltaStart).WithArgs("t").
 		WillReturnRows(sqlmock.NewRows([]string{"snapshot", "newest_txid"}).AddRow(snapshot, newest))
 	mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(token)
@@ -238,7 +238,7 @@ func TestRestoredDatabaseIsRefused(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w, mock := newMockWatcher(t, Config{})
-			mock.ExpectQuery(wantDetect).WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation"}).AddRow(true, false))
+			mock.ExpectQuery(wantDetect).WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation", "stats"}).AddRow(true, false, true))
 			mock.ExpectQuery(w.q.deltaStart).WillReturnRows(sqlmock.NewRows([]string{"s", "n"}).AddRow("100:105:", tc.newest))
 			if tc.newest == nil {
 				mock.ExpectQuery(wantLoad).WillReturnRows(tc.token)

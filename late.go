@@ -96,11 +96,12 @@ func (w *Watcher) noticeUpgrade(ctx context.Context) error {
 		return nil
 	}
 	w.upgradeChecked = time.Now()
-	var skipFree bool
+	var skipFree, stats bool
 	if err := w.cfg.DB.QueryRowContext(ctx, w.q.detect, quoteIdentifier(w.cfg.ChangelogTable),
-		quoteIdentifier(incarnationTable(w.cfg.ChangelogTable))).Scan(&skipFree, &w.hasInc); err != nil {
+		quoteIdentifier(incarnationTable(w.cfg.ChangelogTable))).Scan(&skipFree, &w.hasInc, &stats); err != nil {
 		return fmt.Errorf("inspect changelog %s: %w", w.cfg.ChangelogTable, err)
 	}
+	w.noteStats(stats)
 	if !skipFree {
 		return nil
 	}

@@ -228,7 +228,7 @@ func (c markConn) QueryContext(_ context.Context, query string, args []driver.Na
 	mw := c.mw
 	switch query {
 	case mw.q.detect:
-		return &valueRows{cols: []string{"skip_free", "incarnation"}, vals: [][]driver.Value{{mw.upgraded, false}}}, nil
+		return &valueRows{cols: []string{"skip_free", "incarnation", "stats"}, vals: [][]driver.Value{{mw.upgraded, false, true}}}, nil
 	case mw.q.loadToken:
 		return &valueRows{cols: []string{"resume_token"}, vals: [][]driver.Value{{mw.token}}}, nil
 	case mw.q.deltaStart:

@@ -26,10 +26,13 @@ const (
 		SELECT FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 		WHERE a.attrelid = to_regclass($1) AND a.attname = 'txid' AND NOT a.attisdropped
 			AND format_type(a.atttypid, NULL) = 'xid8' AND pg_get_expr(d.adbin, d.adrelid) = 'pg_current_xact_id()'),
-		to_regclass($2) IS NOT NULL`
+		to_regclass($2) IS NOT NULL, EXISTS (SELECT FROM pg_catalog.pg_stats s
+		JOIN pg_catalog.pg_namespace n ON n.nspname = s.schemaname
+		JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = s.tablename
+		WHERE c.oid = to_regclass($1) AND s.attname = 'table_name')`
 	wantLoad   = `SELECT resume_token::text FROM "resume_tokens" WHERE client_name = $1`
 	wantNewest = `SELECT changed_at, id FROM "datastore_changelog" WHERE table_name = $1 ORDER BY changed_at DESC, id DESC LIMIT 1`
-	wantByID   = `SELECT id, record_id::text, operation, old_values::text, new_values::text, changed_at FROM "datastore_changelog" WHERE table_name = $1 AND id = $2`
+	wantByID   = `SELECT id, record_id::text, operation, old_values::text, new_values::text, changed_at FROM (SELECT * FROM "datastore_changelog" WHERE id = $2 OFFSET 0) c WHERE table_name = $1`
 )
 
 var changelogCols = []string{"id", "record_id", "operation", "old_values", "new_values", "changed_at"}
@@ -38,7 +41,7 @@ var changelogCols = []string{"id", "record_id", "operation", "old_values", "new_
 // changelog has none.
 func expectLegacyChangelog(mock sqlmock.Sqlmock) {
 	mock.ExpectQuery(wantDetect).WithArgs(`"datastore_changelog"`, `"datastore_changelog_incarnation"`).
-		WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation"}).AddRow(false, false))
+		WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation", "stats"}).AddRow(false, false, true))
 }
 
 func newMockWatcher(t *testing.T, cfg Config) (*Watcher, sqlmock.Sqlmock) {

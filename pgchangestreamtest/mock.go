@@ -136,7 +136,7 @@ func (m *Mock) ExpectStart(s Start) {
 	m.upgraded = s.Schema == Upgraded
 	m.xmax = firstXid
 	m.ExpectQuery(m.st.Detect).WithArgs(m.st.DetectArg, m.st.DetectIncArg). // no incarnation table
-										WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation"}).AddRow(m.upgraded, false))
+										WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation", "stats"}).AddRow(m.upgraded, false, true))
 	if m.upgraded {
 		m.ExpectQuery(m.st.DeltaStart).WithArgs(m.cfg.TableName).
 			WillReturnRows(sqlmock.NewRows([]string{"snapshot", "newest_txid"}).AddRow(m.snapshot(), nil))
