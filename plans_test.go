@@ -41,7 +41,7 @@ func TestReadsWithoutStatisticsUseIndexPlans(t *testing.T) {
 	receive(t, w, 1)
 
 	w.statsChecked = time.Now().Add(-statsCheckInterval)
-	mock.ExpectQuery(`SELECT `+statsExistSQL("$1")).WithArgs(`"datastore_changelog"`).
+	mock.ExpectQuery(`SELECT ` + statsExistSQL("$1")).WithArgs(`"datastore_changelog"`).
 		WillReturnRows(sqlmock.NewRows([]string{"exists"}).AddRow(true))
 	mock.ExpectQuery(wantRead).WithArgs("t", ts, int64(3)).WillReturnRows(sqlmock.NewRows(changelogCols))
 	_, err = w.readBatch(ctx)
