@@ -135,7 +135,7 @@ func (w *Watcher) deltaIDs(ctx context.Context, from Position, after int64) ([]i
 
 // rowsByID reads rows of a listed delta by primary key (deltaReads).
 func (w *Watcher) rowsByID(ctx context.Context, ids []int64, buf []changelogRow) ([]changelogRow, error) {
-	return w.query(ctx, w.q.deltaRows, buf, true, pgArray(ids))
+	return w.queryByKey(ctx, w.q.deltaRows, buf, true, pgArray(ids))
 }
 
 // rowPosition is the position of a row read after from.

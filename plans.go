@@ -43,8 +43,9 @@ func statsExistSQL(p string) string {
 		WHERE c.oid = to_regclass(` + p + `) AND s.attname = 'table_name')`
 }
 
-// read runs the changelog read q and hands its rows to scan, which closes them: as it is, or,
-// while the changelog has no statistics, with index plans only.
+// read runs the changelog read q of index ranges and hands its rows to scan, which closes them:
+// as it is, or, while the changelog has no statistics, with index plans only. Reads by primary
+// key (queryByKey) need no statistics and run as they are.
 func (w *Watcher) read(ctx context.Context, q string, scan func(*sql.Rows) error, args ...any) error {
 	if !w.noStats.Load() {
 		rows, err := w.cfg.DB.QueryContext(ctx, q, args...)

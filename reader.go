@@ -250,8 +250,18 @@ func (w *Watcher) prefetch(ctx context.Context, from Position) *nextBatch {
 	return p
 }
 
-// query runs a changelog query and reads its rows into buf; withXid reads the txid column that
-// delta reads add.
+// queryByKey runs a changelog query by primary key, whose plan needs no statistics, and reads
+// its rows into buf; withXid reads the txid column that delta reads add.
+func (w *Watcher) queryByKey(ctx context.Context, q string, buf []changelogRow, withXid bool, args ...any) ([]changelogRow, error) {
+	rows, err := w.cfg.DB.QueryContext(ctx, q, args...)
+	if err != nil {
+		return buf, err
+	}
+	return scanRows(rows, buf, withXid)
+}
+
+// query runs a changelog read of index ranges (plans.go) and reads its rows into buf; withXid
+// reads the txid column that delta reads add.
 func (w *Watcher) query(ctx context.Context, q string, buf []changelogRow, withXid bool, args ...any) ([]changelogRow, error) {
 	err := w.read(ctx, q, func(rows *sql.Rows) (err error) {
 		buf, err = scanRows(rows, buf, withXid)
