@@ -121,6 +121,11 @@ func incarnationTable(changelog string) string {
 	return changelog + "_incarnation"
 }
 
+// pruneFunction is the name of the SQL retention function of the changelog (schema/prune.sql).
+func pruneFunction(changelog string) string {
+	return changelog + "_prune"
+}
+
 // checkSchemaName validates one name for the schema statements, naming field in the error.
 func checkSchemaName(field, name string, check func(string) error) error {
 	err := check(name)
@@ -251,7 +256,18 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 	if err != nil {
 		return installPlan{}, err
 	}
-	p.statements = append([]string{script}, concurrent...)
+	prune, err := renderSchema("prune_function", struct {
+		Function, Changelog, TokenTable, Certified string
+		Legacy, Switchover, Snapshot, InRows       string
+		DefaultBatch                               int
+	}{
+		quoteIdentifier(pruneFunction(opts.ChangelogTable)), p.changelog, quoteIdentifier(opts.TokenTable),
+		certifiedByTokenSQL(), formLegacy, formSwitchover, formSnapshot, formInRows, DefaultPruneBatch,
+	})
+	if err != nil {
+		return installPlan{}, err
+	}
+	p.statements = append([]string{script + "\n\n" + prune + ";"}, concurrent...)
 	return p, nil
 }
 
