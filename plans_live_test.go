@@ -14,11 +14,12 @@ import (
 )
 
 // explainWatcherRead returns the EXPLAIN (ANALYZE, BUFFERS) text of the watcher's read q, run
-// the way the watcher runs its reads, and the shared buffers its top node touched.
+// the way the watcher runs its reads, and the shared buffers its top node touched. With costs,
+// the text says whether the plan was compiled (JIT).
 func explainWatcherRead(t *testing.T, w *Watcher, q string, args ...any) (string, int) {
 	t.Helper()
 	var lines []string
-	err := w.read(t.Context(), `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY OFF) `+q, func(rows *sql.Rows) error {
+	err := w.read(t.Context(), `EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, SUMMARY OFF) `+q, func(rows *sql.Rows) error {
 		defer rows.Close()
 		for rows.Next() {
 			var line string
@@ -127,6 +128,7 @@ func requireIndexPlans(t *testing.T, e *liveEnv, w *Watcher, b, end pgSnapshot) 
 			require.NotContains(t, plan, "Bitmap", r.name)
 		}
 		require.NotContains(t, plan, "Seq Scan", r.name)
+		require.NotContains(t, plan, "JIT", "%s: compiled:\n%s", r.name, plan)
 		require.LessOrEqual(t, buffers, r.maxBuffers, "%s:\n%s", r.name, plan)
 	}
 	if rs := deltaRanges(b, end); len(rs) == 1 {
