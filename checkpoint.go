@@ -445,7 +445,7 @@ func (w *Watcher) saveInBackground(ctx context.Context, rule saveRule) error {
 
 // GetUnprocessedEventCount counts the changelog rows of the watched table after lastProcessedID
 // (the cursor's id when empty) that are not marked processed, as the watcher it replaces did.
-// With DisableProcessedFlag it counts every row after that id. The processed flag is shared by
+// Without [Config.ProcessedFlag] it counts every row after that id. The processed flag is shared by
 // every client of the table and set in the background, so the count is approximate: for this
 // client's exact backlog use [Watcher.Backlog].
 func (w *Watcher) GetUnprocessedEventCount(ctx context.Context, lastProcessedID string) (int64, error) {

@@ -277,7 +277,8 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 //     protocol, which database/sql drivers use for Exec without arguments): a transaction-level
 //     advisory lock; the changelog table with its indexes if the table is missing; the token
 //     table if missing, and its owner_epoch column (Config.Exclusive) if missing; CREATE OR
-//     REPLACE of the trigger function;
+//     REPLACE of the trigger function and of the retention function "<changelog>_prune"
+//     (schema/prune.sql, the SQL form of [Prune]);
 //  2. CREATE INDEX CONCURRENTLY IF NOT EXISTS for the read index (table_name, changed_at, id),
 //     named "<changelog>_stream_idx";
 //  3. the same for the existing schema's partial (changed_at) WHERE processed = FALSE index
