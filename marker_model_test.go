@@ -286,7 +286,7 @@ func FuzzMarker(f *testing.F) {
 		rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b9))
 		pageSize := int(limit%6) + 1
 		mw := newMarkWorld(t, testConfig(Config{}))
-		cfg := testConfig(Config{DB: sql.OpenDB(mw)})
+		cfg := testConfig(Config{DB: sql.OpenDB(mw), ProcessedFlag: true})
 		defer cfg.DB.Close()
 		w, err := New(cfg)
 		require.NoError(t, err)
