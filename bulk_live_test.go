@@ -59,6 +59,7 @@ func TestLiveBulkTransactionAckCost(t *testing.T) {
 			require.NoError(t, err)
 			cfg := e.config(ModeHybrid)
 			cfg.DB = db
+			cfg.ProcessedFlag = true // the flag is measured too
 			w := e.start(cfg)
 			waitStartSaved(t, w)
 			_, err = e.db.Exec(`INSERT INTO items (n) SELECT g FROM generate_series(1, $1::int) g`, rows)

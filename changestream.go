@@ -117,6 +117,7 @@ type Watcher struct {
 	hasInc         bool      // the changelog has an incarnation table (set by the load; see rewind.go)
 	readNow        bool      // readBatch ended a span at a snapshot it did not take: read on at once
 	incNoted       bool      // its absence was reported
+	statsChecked   time.Time // when the changelog's statistics were last looked for (plans.go)
 
 	// rewindAsked is set by a save (under ckMu) that found the server recovered since its
 	// position was read, and cleared by the reader's rewind (under ckMu).
@@ -128,6 +129,9 @@ type Watcher struct {
 	// the running engine, read by Stats.
 	processing atomic.Bool
 	procStats  procrun.Stats
+	// noStats: the changelog had no statistics when last looked for (plans.go). Set by the
+	// reader; read by its reads and prefetches.
+	noStats atomic.Bool
 }
 
 // New validates cfg, fills its defaults and returns a watcher. It does not touch the database.
@@ -151,7 +155,8 @@ func New(cfg Config) (*Watcher, error) {
 
 // NewPostgreSQLChangeStreamWatcher is the constructor of the watcher this package replaces, with
 // its defaults (10ms polls, 100-event buffer) and its documents (for the table health_events,
-// fullDocument is the row's "document" object; see [Config.DocumentField]); an unknown mode
+// fullDocument is the row's "document" object; see [Config.DocumentField]) and its legacy
+// processed flag ([Config.ProcessedFlag]), which cleanup_changelog(days) reads; an unknown mode
 // falls back to polling. Invalid arguments do not panic: the watcher reports them through
 // [Watcher.Err] and MarkProcessed, and its Events channel closes at Start.
 func NewPostgreSQLChangeStreamWatcher(db *sql.DB, clientName, tableName, connString string, mode Mode) *Watcher {
@@ -162,7 +167,7 @@ func NewPostgreSQLChangeStreamWatcher(db *sql.DB, clientName, tableName, connStr
 		mode = ModePolling
 	}
 	w, err := New(Config{DB: db, ClientName: clientName, TableName: tableName, ConnString: connString, Mode: mode,
-		DocumentField: legacyDocumentField(tableName)})
+		DocumentField: legacyDocumentField(tableName), ProcessedFlag: true})
 	if err != nil {
 		w = newWatcher(Config{ClientName: clientName, TableName: tableName, Mode: mode}.withDefaults())
 		w.cfgErr = err
@@ -221,7 +226,7 @@ func (w *Watcher) start(ctx context.Context) bool {
 	w.wg.Add(2)
 	go w.run(ctx)
 	go w.saveLoop(ctx)
-	if !w.cfg.DisableProcessedFlag {
+	if w.cfg.marksProcessed() {
 		w.wg.Add(1)
 		w.mark.running.Store(true)
 		go w.markLoop(ctx)

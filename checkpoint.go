@@ -66,11 +66,12 @@ func (w *Watcher) load(ctx context.Context) error {
 // starts from the beginning, since no start position taken before the recovery can be trusted.
 // ckMu must be held; reader goroutine only.
 func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, error) {
-	var skipFree bool
+	var skipFree, stats bool
 	if err := w.cfg.DB.QueryRowContext(ctx, w.q.detect, quoteIdentifier(w.cfg.ChangelogTable),
-		quoteIdentifier(incarnationTable(w.cfg.ChangelogTable))).Scan(&skipFree, &w.hasInc); err != nil {
+		quoteIdentifier(incarnationTable(w.cfg.ChangelogTable))).Scan(&skipFree, &w.hasInc, &stats); err != nil {
 		return Position{}, fmt.Errorf("inspect changelog %s: %w", w.cfg.ChangelogTable, err)
 	}
+	w.noteStats(stats)
 	var (
 		now pgSnapshot
 		inc string
@@ -444,7 +445,7 @@ func (w *Watcher) saveInBackground(ctx context.Context, rule saveRule) error {
 
 // GetUnprocessedEventCount counts the changelog rows of the watched table after lastProcessedID
 // (the cursor's id when empty) that are not marked processed, as the watcher it replaces did.
-// With DisableProcessedFlag it counts every row after that id. The processed flag is shared by
+// Without [Config.ProcessedFlag] it counts every row after that id. The processed flag is shared by
 // every client of the table and set in the background, so the count is approximate: for this
 // client's exact backlog use [Watcher.Backlog].
 func (w *Watcher) GetUnprocessedEventCount(ctx context.Context, lastProcessedID string) (int64, error) {

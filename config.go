@@ -142,7 +142,15 @@ type Config struct {
 	// StartFromBeginning makes a client with no saved token start at the oldest row of its
 	// table instead of the newest.
 	StartFromBeginning bool
-	// DisableProcessedFlag skips the legacy "processed = TRUE" update on save.
+	// ProcessedFlag makes the watcher set the legacy "processed" column of the rows its saved
+	// token certifies, for deployments that still run the existing schema's
+	// cleanup_changelog(days) function, the flag's only reader. Default false: [New] leaves
+	// the column alone, which keeps changelog updates HOT-free rewrites out of the drain (see
+	// docs/operations.md). [NewPostgreSQLChangeStreamWatcher], the drop-in constructor, sets
+	// it. Setting it together with DisableProcessedFlag is an [ErrInvalidConfig].
+	ProcessedFlag bool
+	// DisableProcessedFlag skips the legacy "processed = TRUE" update. It is the default of
+	// [New] now; setting it keeps that default explicit and contradicts ProcessedFlag.
 	DisableProcessedFlag bool
 	// DocumentField, if set, makes fullDocument (and fullDocumentBeforeChange) the JSON
 	// object in this field of the row, with "id" set to the record id and, when the row has a
@@ -236,6 +244,9 @@ func (cfg Config) validate() error {
 			return invalid("%s: %v", f.name, err)
 		}
 	}
+	if cfg.ProcessedFlag && cfg.DisableProcessedFlag {
+		return invalid("Config.ProcessedFlag and Config.DisableProcessedFlag contradict each other: set at most one")
+	}
 	switch cfg.Mode {
 	case ModePolling, ModeHybrid:
 	case ModeNotify:
@@ -292,6 +303,9 @@ func (cfg Config) validate() error {
 	}
 	return nil
 }
+
+// marksProcessed reports whether the watcher sets the legacy processed flag.
+func (cfg Config) marksProcessed() bool { return cfg.ProcessedFlag && !cfg.DisableProcessedFlag }
 
 // checkText reports whether s can be stored in a VARCHAR(max) column: valid UTF-8, no NUL
 // byte (PostgreSQL text cannot hold one), at most max characters.

@@ -77,6 +77,8 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{"client name with NUL", func(c *Config) { c.ClientName = "a\x00b" }, "Config.ClientName: contains a NUL byte"},
 		{"client name not UTF-8", func(c *Config) { c.ClientName = "a\xffb" }, "Config.ClientName: not valid UTF-8"},
 		{"long table name", func(c *Config) { c.TableName = strings.Repeat("t", MaxTableNameLen+1) }, "Config.TableName: 101 characters"},
+		{"processed flag both on and off", func(c *Config) { c.ProcessedFlag, c.DisableProcessedFlag = true, true },
+			"Config.ProcessedFlag and Config.DisableProcessedFlag contradict each other"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := base

@@ -2,6 +2,7 @@ package pgchangestream
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -117,25 +118,24 @@ func (w *Watcher) deltaPage(ctx context.Context, from Position, buf []changelogR
 // deltaIDs lists the ids of from's delta after after (deltaReads).
 func (w *Watcher) deltaIDs(ctx context.Context, from Position, after int64) ([]int64, error) {
 	lo, loID, hi, hiID := rangeArgs(deltaRanges(from.span.base, from.span.end))
-	rows, err := w.cfg.DB.QueryContext(ctx, w.q.deltaIDs, w.cfg.TableName, lo, loID, hi, hiID, from.span.end.String(), after)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
 	var ids []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
+	err := w.read(ctx, w.q.deltaIDs, func(rows *sql.Rows) error {
+		defer rows.Close()
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				return err
+			}
+			ids = append(ids, id)
 		}
-		ids = append(ids, id)
-	}
-	return ids, rows.Err()
+		return rows.Err()
+	}, w.cfg.TableName, lo, loID, hi, hiID, from.span.end.String(), after)
+	return ids, err
 }
 
 // rowsByID reads rows of a listed delta by primary key (deltaReads).
 func (w *Watcher) rowsByID(ctx context.Context, ids []int64, buf []changelogRow) ([]changelogRow, error) {
-	return w.query(ctx, w.q.deltaRows, buf, true, pgArray(ids))
+	return w.queryByKey(ctx, w.q.deltaRows, buf, true, pgArray(ids))
 }
 
 // rowPosition is the position of a row read after from.

@@ -30,7 +30,7 @@ var deltaCols = append(append([]string{}, changelogCols...), "txid")
 // the current snapshot with the newest stored txid, and the token.
 func expectUpgradedLoad(w *Watcher, mock sqlmock.Sqlmock, snapshot string, newest any, token *sqlmock.Rows) {
 	mock.ExpectQuery(wantDetect).WithArgs(`"datastore_changelog"`, `"datastore_changelog_incarnation"`).
-		WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation"}).AddRow(true, false))
+		WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation", "stats"}).AddRow(true, false, true))
 	mock.ExpectQuery(w.q.deltaStart).WithArgs("t").
 		WillReturnRows(sqlmock.NewRows([]string{"snapshot", "newest_txid"}).AddRow(snapshot, newest))
 	mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(token)
@@ -47,7 +47,7 @@ func savedTokenRows(raw ...string) *sqlmock.Rows {
 func TestDeltaReadsFollowSnapshots(t *testing.T) {
 	ctx := context.Background()
 	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
-	w, mock := newMockWatcher(t, Config{BatchSize: 100})
+	w, mock := newMockWatcher(t, Config{BatchSize: 100, ProcessedFlag: true})
 
 	// A new client starts at the current snapshot, after the newest row.
 	expectUpgradedLoad(w, mock, "100:105:100,103", "104", savedTokenRows())
@@ -200,7 +200,7 @@ func TestDeltaTokensResume(t *testing.T) {
 func TestLegacyTokenSwitchesOver(t *testing.T) {
 	ctx := context.Background()
 	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
-	w, mock := newMockWatcher(t, Config{BatchSize: 2})
+	w, mock := newMockWatcher(t, Config{BatchSize: 2, ProcessedFlag: true})
 	expectUpgradedLoad(w, mock, "100:105:", nil, savedTokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5}`))
 	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"switchover":"100:105:","table":"t"}`).
 		WillReturnResult(sqlmock.NewResult(0, 1))
@@ -238,7 +238,7 @@ func TestRestoredDatabaseIsRefused(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w, mock := newMockWatcher(t, Config{})
-			mock.ExpectQuery(wantDetect).WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation"}).AddRow(true, false))
+			mock.ExpectQuery(wantDetect).WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation", "stats"}).AddRow(true, false, true))
 			mock.ExpectQuery(w.q.deltaStart).WillReturnRows(sqlmock.NewRows([]string{"s", "n"}).AddRow("100:105:", tc.newest))
 			if tc.newest == nil {
 				mock.ExpectQuery(wantLoad).WillReturnRows(tc.token)

@@ -73,9 +73,9 @@
 // # Checkpoints
 //
 // By default every MarkProcessed saves the checkpoint before it returns, in one statement (the
-// token upsert; the legacy processed flag of the rows it certifies is set afterwards by a
-// background marker, at most every 10ms for any number of saves), and returns an error if the
-// save fails; the
+// token upsert; with [Config.ProcessedFlag], the legacy processed flag of the rows it certifies
+// is set afterwards by a background marker, at most every 10ms for any number of saves), and
+// returns an error if the save fails; the
 // acknowledgement is kept, so calling MarkProcessed again (with any token) retries. Concurrent
 // saves are ordered, and a call whose position was already saved by another does not write
 // again. With [Config.CheckpointInterval] set, acknowledgements are saved by a background saver

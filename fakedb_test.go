@@ -158,7 +158,7 @@ func (c fakeConn) QueryContext(ctx context.Context, query string, args []driver.
 		})
 		return changelogRows(out[:min(len(out), f.limit)]), nil
 	case f.q.detect: // a legacy changelog: snapshot deltas are tested with sqlmock and live
-		return &valueRows{cols: []string{"skip_free", "incarnation"}, vals: [][]driver.Value{{false, false}}}, nil
+		return &valueRows{cols: []string{"skip_free", "incarnation", "stats"}, vals: [][]driver.Value{{false, false, true}}}, nil
 	case f.q.byID:
 		for _, r := range f.rows {
 			if r.visible && r.table == a(0) && r.ID == a(1) {

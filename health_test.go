@@ -132,7 +132,7 @@ func TestHealthReportsFailingSaves(t *testing.T) {
 
 func TestHealthReportsAFailingInlineSave(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		f, w := startWithTwoDelivered(t)
+		f, w := startWithTwoDelivered(t, Config{})
 		f.mu.Lock()
 		f.failSaves = 1
 		f.mu.Unlock()

@@ -100,7 +100,9 @@ func TestLiveCheckpointWriteFailure(t *testing.T) {
 	eachMode(t, func(t *testing.T, e *liveEnv, mode Mode) {
 		ctx := context.Background()
 		ids := e.insert(3)
-		w := e.start(e.fromBeginning(mode))
+		cfg := e.fromBeginning(mode)
+		cfg.ProcessedFlag = true // the flag follows the saves that succeed
+		w := e.start(cfg)
 		require.Equal(t, ids, receiveWithin(t, w, 3, liveWait))
 		require.NoError(t, w.MarkProcessed(ctx, tok(ids[0])))
 		kept := e.position(ids[1]).predecessor()
@@ -366,19 +368,54 @@ func TestLiveEventDocuments(t *testing.T) {
 	})
 }
 
-// TestLiveUnprocessedEventCount proves rule 12 through GetUnprocessedEventCount: saves set the
-// legacy processed flag up to the saved position in the same statement, and with
-// DisableProcessedFlag the flag stays false and the count is of every row after the id.
+// TestLiveDropInConstructorSetsTheProcessedFlag proves that the drop-in constructor keeps
+// setting the legacy processed flag, which cleanup_changelog(days) reads, while New's defaults
+// leave it false.
+func TestLiveDropInConstructorSetsTheProcessedFlag(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newLive(t)
+	old := NewPostgreSQLChangeStreamWatcher(e.db, "old", liveTable, "", ModePolling)
+	old.Start(ctx)
+	t.Cleanup(func() { _ = old.Close(ctx) })
+	cfg := e.config(ModePolling)
+	cfg.ClientName = "new"
+	w := e.start(cfg)
+	waitStartSaved(t, old)
+	waitStartSaved(t, w)
+	ids := e.insert(3)
+	require.Equal(t, ids, receiveWithin(t, w, 3, liveWait))
+	require.NoError(t, w.MarkProcessed(ctx, tok(ids[2])))
+	require.NoError(t, w.Flush(ctx))
+	require.NoError(t, w.markSaved(ctx)) // what its marker would run after the save
+	for _, id := range ids {
+		require.False(t, e.processed(id), "New's defaults never set the flag (row %d)", id)
+	}
+	require.Equal(t, ids, receiveWithin(t, old, 3, liveWait))
+	require.NoError(t, old.MarkProcessed(ctx, tok(ids[1])))
+	e.waitProcessed(ids[1])
+	require.True(t, e.processed(ids[0]))
+	require.False(t, e.processed(ids[2]), "the flag never leads the saved token")
+}
+
+// TestLiveUnprocessedEventCount proves rule 12 through GetUnprocessedEventCount: with
+// ProcessedFlag, saves set the legacy processed flag up to the saved position; with New's
+// defaults, or DisableProcessedFlag, the flag stays false and the count is of every row after
+// the id.
 func TestLiveUnprocessedEventCount(t *testing.T) {
 	t.Parallel()
-	for _, disabled := range []bool{false, true} {
-		t.Run(fmt.Sprintf("disabled=%v", disabled), func(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		flag, disable bool
+	}{{"ProcessedFlag", true, false}, {"defaults", false, false}, {"DisableProcessedFlag", false, true}} {
+		disabled := !tc.flag
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			e := newLive(t)
 			ids := e.insert(5)
 			cfg := e.fromBeginning(ModePolling)
-			cfg.DisableProcessedFlag = disabled
+			cfg.ProcessedFlag, cfg.DisableProcessedFlag = tc.flag, tc.disable
 			w := e.start(cfg)
 			require.Equal(t, ids, receiveWithin(t, w, 5, liveWait))
 			count := func(after string) int64 {

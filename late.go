@@ -19,7 +19,7 @@ func (w *Watcher) lateRow(ctx context.Context, id int64) (*changelogRow, error) 
 		return nil, nil
 	}
 	var err error
-	if w.batch, err = w.query(ctx, w.q.byID, w.batch[:0], false, w.cfg.TableName, id); err != nil {
+	if w.batch, err = w.queryByKey(ctx, w.q.byID, w.batch[:0], false, w.cfg.TableName, id); err != nil {
 		return nil, fmt.Errorf("fetch changelog row %d: %w", id, err)
 	}
 	if len(w.batch) == 0 {
@@ -96,11 +96,12 @@ func (w *Watcher) noticeUpgrade(ctx context.Context) error {
 		return nil
 	}
 	w.upgradeChecked = time.Now()
-	var skipFree bool
+	var skipFree, stats bool
 	if err := w.cfg.DB.QueryRowContext(ctx, w.q.detect, quoteIdentifier(w.cfg.ChangelogTable),
-		quoteIdentifier(incarnationTable(w.cfg.ChangelogTable))).Scan(&skipFree, &w.hasInc); err != nil {
+		quoteIdentifier(incarnationTable(w.cfg.ChangelogTable))).Scan(&skipFree, &w.hasInc, &stats); err != nil {
 		return fmt.Errorf("inspect changelog %s: %w", w.cfg.ChangelogTable, err)
 	}
+	w.noteStats(stats)
 	if !skipFree {
 		return nil
 	}

@@ -81,7 +81,7 @@ func (w *Watcher) wakeMarker() {
 // afterSave has the rows certified by a save marked: by the marker goroutine when it runs,
 // otherwise (before Start, after Close or after Start's context ended) at once.
 func (w *Watcher) afterSave(ctx context.Context) {
-	if w.cfg.DisableProcessedFlag {
+	if !w.cfg.marksProcessed() {
 		return
 	}
 	if w.mark.running.Load() {
@@ -106,7 +106,7 @@ func (w *Watcher) markPass(ctx context.Context) (err error) {
 // markSaved sets the processed flag of the rows the saved token certifies that are not marked
 // yet.
 func (w *Watcher) markSaved(ctx context.Context) error {
-	if w.cfg.DisableProcessedFlag {
+	if !w.cfg.marksProcessed() {
 		return nil
 	}
 	w.mark.mu.Lock()

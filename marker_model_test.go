@@ -228,7 +228,7 @@ func (c markConn) QueryContext(_ context.Context, query string, args []driver.Na
 	mw := c.mw
 	switch query {
 	case mw.q.detect:
-		return &valueRows{cols: []string{"skip_free", "incarnation"}, vals: [][]driver.Value{{mw.upgraded, false}}}, nil
+		return &valueRows{cols: []string{"skip_free", "incarnation", "stats"}, vals: [][]driver.Value{{mw.upgraded, false, true}}}, nil
 	case mw.q.loadToken:
 		return &valueRows{cols: []string{"resume_token"}, vals: [][]driver.Value{{mw.token}}}, nil
 	case mw.q.deltaStart:
@@ -286,7 +286,7 @@ func FuzzMarker(f *testing.F) {
 		rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b9))
 		pageSize := int(limit%6) + 1
 		mw := newMarkWorld(t, testConfig(Config{}))
-		cfg := testConfig(Config{DB: sql.OpenDB(mw)})
+		cfg := testConfig(Config{DB: sql.OpenDB(mw), ProcessedFlag: true})
 		defer cfg.DB.Close()
 		w, err := New(cfg)
 		require.NoError(t, err)

@@ -265,6 +265,7 @@ func TestLiveLargeDeltaInRowOrderAcrossRestart(t *testing.T) {
 	e := newLive(t)
 	cfg := e.config(ModePolling)
 	cfg.BufferSize = 10
+	cfg.ProcessedFlag = true // marked rows must be certified ones
 	rows := make([]string, 6)
 	for i := range rows {
 		rows[i] = e.newItem()

@@ -62,7 +62,7 @@ func TestPanicInTheSaverStopsTheWatcher(t *testing.T) {
 // delivering, Health reports the marker until a pass succeeds, and the marker retries.
 func TestPanicInTheMarkerIsRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		f, w := startWithTwoDelivered(t)
+		f, w := startWithTwoDelivered(t, Config{ProcessedFlag: true})
 		f.mu.Lock()
 		f.markPanic = "marker bug"
 		f.mu.Unlock()
@@ -84,13 +84,14 @@ func TestPanicInTheMarkerIsRetried(t *testing.T) {
 	})
 }
 
-// startWithTwoDelivered starts a watcher from the beginning of a fake changelog of two rows and
-// takes both deliveries, inside a synctest bubble.
-func startWithTwoDelivered(t *testing.T) (*fakeDB, *Watcher) {
+// startWithTwoDelivered starts a watcher configured as cfg from the beginning of a fake
+// changelog of two rows and takes both deliveries, inside a synctest bubble.
+func startWithTwoDelivered(t *testing.T, cfg Config) (*fakeDB, *Watcher) {
 	t.Helper()
 	f := newFakeDB(testConfig(Config{}))
 	f.insert("t", t0, 2)
-	w := startOn(t, t.Context(), f, Config{StartFromBeginning: true})
+	cfg.StartFromBeginning = true
+	w := startOn(t, t.Context(), f, cfg)
 	require.Equal(t, []int64{1, 2}, receive(t, w, 2))
 	return f, w
 }

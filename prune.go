@@ -261,24 +261,73 @@ func lookUpTokenRow(ctx context.Context, db *sql.DB, rowTime string, id int64) (
 	return makePosition(ts, id), nil
 }
 
+// The forms of a saved token's position, by what it certifies (see [savedToken]): a legacy
+// position, the legacy part of a switch-over, a snapshot (with or without a delta it has not
+// entered), and a position inside a delta.
+const (
+	formLegacy     = "legacy"
+	formSwitchover = "switchover"
+	formSnapshot   = "snapshot"
+	formInRows     = "rows"
+)
+
+// tokenFields are SQL expressions of a saved token's fields: ts (timestamptz) and id (bigint)
+// its legacy position, or, inside a delta, id its eventID; base and end (pg_snapshot) its
+// snapshot and its delta's end.
+type tokenFields struct{ ts, id, base, end string }
+
 // certifiedBy returns the SQL predicate, on changelog row c, of the rows a saved token at p has
 // passed (see [savedToken]); arg adds a parameter and returns its placeholder.
 func certifiedBy(p Position, arg func(any) string) string {
-	legacy := func() string {
-		return "(c.changed_at, c.id) <= (" + arg(p.ChangedAt) + "::timestamptz, " + arg(p.ID) + "::bigint)"
+	var (
+		f    tokenFields
+		form string
+	)
+	switch { // the parameters in the order the predicate names them
+	case p.span == nil || !p.inDelta():
+		form = formLegacy
+		f.ts, f.id = arg(p.ChangedAt)+"::timestamptz", arg(p.ID)+"::bigint"
+		if p.span != nil {
+			form, f.base = formSwitchover, arg(p.span.base.String())+"::pg_snapshot"
+		}
+	case !p.inRows:
+		form, f.base = formSnapshot, arg(p.span.base.String())+"::pg_snapshot"
+	default:
+		form, f.base = formInRows, arg(p.span.base.String())+"::pg_snapshot"
+		f.end, f.id = arg(p.span.end.String())+"::pg_snapshot", arg(p.ID)+"::bigint"
 	}
-	switch {
-	case p.span == nil:
-		return legacy()
-	case !p.inDelta():
-		return "(" + legacy() + " AND (c.txid IS NULL OR pg_visible_in_snapshot(c.txid, " + arg(p.span.base.String()) + "::pg_snapshot)))"
+	return certifiedSQL(form, f)
+}
+
+// certifiedSQL returns the predicate, on changelog row c, of the rows a saved token of form,
+// with the fields f, has passed. [Prune] fills f with parameters, the SQL retention function
+// (schema/prune.sql) with the columns of the tokens it decoded: both delete by this one rule.
+func certifiedSQL(form string, f tokenFields) string {
+	legacy := "(c.changed_at, c.id) <= (" + f.ts + ", " + f.id + ")"
+	seen := "c.txid IS NULL OR pg_visible_in_snapshot(c.txid, " + f.base + ")"
+	switch form {
+	case formLegacy:
+		return legacy
+	case formSwitchover:
+		return "(" + legacy + " AND (" + seen + "))"
+	case formSnapshot:
+		return "(" + seen + ")"
 	}
-	cond := "c.txid IS NULL OR pg_visible_in_snapshot(c.txid, " + arg(p.span.base.String()) + "::pg_snapshot)"
-	if p.inRows {
-		cond += " OR (pg_visible_in_snapshot(c.txid, " + arg(p.span.end.String()) + "::pg_snapshot) AND c.id <= " +
-			arg(p.ID) + "::bigint)"
+	return "(" + seen + " OR (pg_visible_in_snapshot(c.txid, " + f.end + ") AND c.id <= " + f.id + "))"
+}
+
+// certifiedByTokenSQL is certifiedSQL for a token t of the SQL retention function
+// (schema/prune.sql), whatever its form: the columns form, ts, id, base and fin (its delta's end).
+// A token of no known form certifies nothing (NULL).
+func certifiedByTokenSQL() string {
+	f := tokenFields{ts: "t.ts", id: "t.id", base: "t.base", end: "t.fin"}
+	var b strings.Builder
+	b.WriteString("CASE t.form")
+	for _, form := range []string{formLegacy, formSwitchover, formSnapshot, formInRows} {
+		b.WriteString("\n            WHEN '" + form + "' THEN " + certifiedSQL(form, f))
 	}
-	return "(" + cond + ")"
+	b.WriteString(" END")
+	return b.String()
 }
 
 // notCertifiedBy returns the SQL predicate, on changelog row c, of the rows a saved token at p

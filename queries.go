@@ -39,8 +39,9 @@ type queries struct {
 	// server's incarnation (NULL while its row is missing).
 	snapshot, snapshotInc string
 	// detect: whether the changelog ($1, quoted) has the txid column with its default, on
-	// PostgreSQL 13 or later, and whether the incarnation table ($2, quoted) exists.
-	detect string
+	// PostgreSQL 13 or later, whether the incarnation table ($2, quoted) exists, and whether the
+	// changelog has statistics (plans.go). statsExist: the last alone.
+	detect, statsExist string
 	// deltaStart: the current snapshot and the highest txid stored for the table, checked at
 	// Start against each other and against the saved token. deltaStartInc adds the
 	// incarnation.
@@ -53,7 +54,11 @@ type queries struct {
 	// after it. incarnationIs tells whether the incarnation is still $1, for a fenced save that
 	// wrote nothing.
 	saveTokenInc, saveFencedInc, incarnationIs string
-	// byID: one row, for late rows named by NOTIFY (legacy changelogs).
+	// byID: one row, for late rows named by NOTIFY (legacy changelogs). The id is looked up in
+	// a subquery the table_name condition cannot enter (OFFSET 0), so that only the primary key
+	// serves it: with table_name in the same scan, statistics that have not seen the table yet
+	// (a burst of its first rows) make an index on (table_name, ...) look cheaper, and that
+	// scan reads every entry of the table.
 	byID string
 	// newest: the start position of a client without a saved token.
 	newest string
@@ -157,14 +162,15 @@ func buildQueries(cfg Config) queries {
 		SELECT FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 		WHERE a.attrelid = to_regclass($1) AND a.attname = '` + txidColumn + `' AND NOT a.attisdropped
 			AND format_type(a.atttypid, NULL) = 'xid8' AND pg_get_expr(d.adbin, d.adrelid) = 'pg_current_xact_id()'),
-		to_regclass($2) IS NOT NULL`,
+		to_regclass($2) IS NOT NULL, ` + statsExistSQL("$1"),
+		statsExist:       `SELECT ` + statsExistSQL("$1"),
 		deltaStart:       `SELECT pg_current_snapshot()::text, ` + newestTxid,
 		deltaStartInc:    `SELECT pg_current_snapshot()::text, ` + newestTxid + `, ` + incarnation,
 		claimIncarnation: `INSERT INTO ` + inc + ` DEFAULT VALUES ON CONFLICT DO NOTHING`,
 		saveTokenInc:     saveTokenSQL(tok, false, incarnation),
 		saveFencedInc:    saveTokenSQL(tok, true, incarnation),
 		incarnationIs:    `SELECT COALESCE(` + incarnation + ` = $1, false)`,
-		byID:             `SELECT ` + changelogColumns + ` FROM ` + cl + ` WHERE table_name = $1 AND id = $2`,
+		byID:             `SELECT ` + changelogColumns + ` FROM (SELECT * FROM ` + cl + ` WHERE id = $2 OFFSET 0) c WHERE table_name = $1`,
 		newest:           `SELECT changed_at, id FROM ` + cl + ` WHERE table_name = $1 ORDER BY changed_at DESC, id DESC LIMIT 1`,
 		rowTime:          `SELECT changed_at FROM ` + cl + ` WHERE id = $1`,
 		loadToken:        `SELECT resume_token::text FROM ` + tok + ` WHERE client_name = $1`,
@@ -207,7 +213,7 @@ func buildQueries(cfg Config) queries {
 		q.ackSave[i] = ackSaveSQL(tok, fenced, incQ, true)
 		q.ackTx[i] = ackSaveSQL(tok, fenced, incQ, false)
 	}
-	if cfg.DisableProcessedFlag {
+	if !cfg.marksProcessed() {
 		q.unprocessed = `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2`
 	}
 	return q

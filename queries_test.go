@@ -2,6 +2,7 @@ package pgchangestream
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"testing"
 	"time"
@@ -25,10 +26,13 @@ const (
 		SELECT FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 		WHERE a.attrelid = to_regclass($1) AND a.attname = 'txid' AND NOT a.attisdropped
 			AND format_type(a.atttypid, NULL) = 'xid8' AND pg_get_expr(d.adbin, d.adrelid) = 'pg_current_xact_id()'),
-		to_regclass($2) IS NOT NULL`
+		to_regclass($2) IS NOT NULL, EXISTS (SELECT FROM pg_catalog.pg_stats s
+		JOIN pg_catalog.pg_namespace n ON n.nspname = s.schemaname
+		JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = s.tablename
+		WHERE c.oid = to_regclass($1) AND s.attname = 'table_name')`
 	wantLoad   = `SELECT resume_token::text FROM "resume_tokens" WHERE client_name = $1`
 	wantNewest = `SELECT changed_at, id FROM "datastore_changelog" WHERE table_name = $1 ORDER BY changed_at DESC, id DESC LIMIT 1`
-	wantByID   = `SELECT id, record_id::text, operation, old_values::text, new_values::text, changed_at FROM "datastore_changelog" WHERE table_name = $1 AND id = $2`
+	wantByID   = `SELECT id, record_id::text, operation, old_values::text, new_values::text, changed_at FROM (SELECT * FROM "datastore_changelog" WHERE id = $2 OFFSET 0) c WHERE table_name = $1`
 )
 
 var changelogCols = []string{"id", "record_id", "operation", "old_values", "new_values", "changed_at"}
@@ -37,7 +41,7 @@ var changelogCols = []string{"id", "record_id", "operation", "old_values", "new_
 // changelog has none.
 func expectLegacyChangelog(mock sqlmock.Sqlmock) {
 	mock.ExpectQuery(wantDetect).WithArgs(`"datastore_changelog"`, `"datastore_changelog_incarnation"`).
-		WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation"}).AddRow(false, false))
+		WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation", "stats"}).AddRow(false, false, true))
 }
 
 func newMockWatcher(t *testing.T, cfg Config) (*Watcher, sqlmock.Sqlmock) {
@@ -114,7 +118,7 @@ func TestLoadSavedTokenFormats(t *testing.T) {
 // after it (here at once: the watcher is not started, so no marker goroutine runs).
 func TestSaveThenMark(t *testing.T) {
 	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
-	w, mock := newMockWatcher(t, Config{})
+	w, mock := newMockWatcher(t, Config{ProcessedFlag: true})
 	expectLegacyChangelog(mock)
 	mock.ExpectQuery(wantLoad).WithArgs("c").
 		WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(string(encodeToken(makePosition(ts, 1), "t"))))
@@ -171,8 +175,57 @@ func TestFailedReadKeepsHints(t *testing.T) {
 	require.Equal(t, []int64{7}, w.takeHints(), "the hint waits for the next read")
 }
 
+// TestProcessedFlagDefaults proves which constructors set the legacy processed flag: New's
+// defaults save the token alone, the drop-in constructor and Config.ProcessedFlag also mark.
+func TestProcessedFlagDefaults(t *testing.T) {
+	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
+	for _, tc := range []struct {
+		name string
+		new  func(*sql.DB) *Watcher
+		mark bool
+	}{
+		{"New defaults", func(db *sql.DB) *Watcher { return mustNew(t, testConfig(Config{DB: db})) }, false},
+		{"DisableProcessedFlag", func(db *sql.DB) *Watcher {
+			return mustNew(t, testConfig(Config{DB: db, DisableProcessedFlag: true}))
+		}, false},
+		{"ProcessedFlag", func(db *sql.DB) *Watcher { return mustNew(t, testConfig(Config{DB: db, ProcessedFlag: true})) }, true},
+		{"NewPostgreSQLChangeStreamWatcher", func(db *sql.DB) *Watcher {
+			return NewPostgreSQLChangeStreamWatcher(db, "c", "t", "", ModePolling)
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db, mock := mockDB(t)
+			w := tc.new(db)
+			expectLegacyChangelog(mock)
+			mock.ExpectQuery(wantLoad).WithArgs("c").
+				WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(string(encodeToken(makePosition(ts, 1), "t"))))
+			require.NoError(t, w.load(context.Background()))
+			mock.ExpectQuery(wantRead).WithArgs("t", ts, int64(1)).WillReturnRows(sqlmock.NewRows(changelogCols).
+				AddRow(int64(2), "r2", "INSERT", nil, []byte(`{"a":1}`), ts))
+			_, err := w.readBatch(context.Background())
+			require.NoError(t, err)
+			want := makePosition(ts, 2)
+			mock.ExpectExec(wantSaveToken).WithArgs("c", string(encodeToken(want, "t"))).WillReturnResult(sqlmock.NewResult(0, 1))
+			if tc.mark {
+				mock.ExpectExec(wantMark).WithArgs("t", ts, int64(1), want.ChangedAt, want.ID).WillReturnResult(sqlmock.NewResult(0, 1))
+			}
+			require.NoError(t, w.MarkProcessed(context.Background(), tok(2)))
+			require.NoError(t, w.markSaved(context.Background()), "no statement beyond those expected")
+			require.NoError(t, mock.ExpectationsWereMet())
+			require.Equal(t, tc.mark, w.cfg.marksProcessed())
+		})
+	}
+}
+
+func mustNew(t *testing.T, cfg Config) *Watcher {
+	t.Helper()
+	w, err := New(cfg)
+	require.NoError(t, err)
+	return w
+}
+
 func TestGetUnprocessedEventCount(t *testing.T) {
-	w, mock := newMockWatcher(t, Config{})
+	w, mock := newMockWatcher(t, Config{ProcessedFlag: true})
 	mock.ExpectQuery(`SELECT count(*) FROM "datastore_changelog" WHERE table_name = $1 AND id > $2 AND processed = FALSE`).
 		WithArgs("t", int64(41)).WillReturnRows(sqlmock.NewRows([]string{"count"}).AddRow(int64(5)))
 	n, err := w.GetUnprocessedEventCount(context.Background(), "41")

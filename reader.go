@@ -2,6 +2,7 @@ package pgchangestream
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -141,6 +142,9 @@ func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 			return 0, err
 		}
 	}
+	if err := w.checkStats(ctx); err != nil {
+		return 0, err
+	}
 	w.mu.Lock()
 	from := w.cursor
 	w.mu.Unlock()
@@ -246,14 +250,24 @@ func (w *Watcher) prefetch(ctx context.Context, from Position) *nextBatch {
 	return p
 }
 
-// query runs a changelog query and reads its rows into buf; withXid reads the txid column that
-// delta reads add.
-func (w *Watcher) query(ctx context.Context, q string, buf []changelogRow, withXid bool, args ...any) ([]changelogRow, error) {
+// queryByKey runs a changelog query by primary key, whose plan needs no statistics, and reads
+// its rows into buf; withXid reads the txid column that delta reads add.
+func (w *Watcher) queryByKey(ctx context.Context, q string, buf []changelogRow, withXid bool, args ...any) ([]changelogRow, error) {
 	rows, err := w.cfg.DB.QueryContext(ctx, q, args...)
 	if err != nil {
 		return buf, err
 	}
 	return scanRows(rows, buf, withXid)
+}
+
+// query runs a changelog read of index ranges (plans.go) and reads its rows into buf; withXid
+// reads the txid column that delta reads add.
+func (w *Watcher) query(ctx context.Context, q string, buf []changelogRow, withXid bool, args ...any) ([]changelogRow, error) {
+	err := w.read(ctx, q, func(rows *sql.Rows) (err error) {
+		buf, err = scanRows(rows, buf, withXid)
+		return err
+	}, args...)
+	return buf, err
 }
 
 // deliver is the one path every row takes: filter, then (one locked step) register the delivery

@@ -18,7 +18,7 @@ const savedDeltaToken = `{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapsh
 // the look for both, the current snapshot with its incarnation, and the token.
 func expectIncarnationLoad(w *Watcher, mock sqlmock.Sqlmock, snapshot, inc, token string) {
 	mock.ExpectQuery(wantDetect).WithArgs(`"datastore_changelog"`, `"datastore_changelog_incarnation"`).
-		WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation"}).AddRow(true, true))
+		WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation", "stats"}).AddRow(true, true, true))
 	mock.ExpectQuery(w.q.deltaStartInc).WithArgs("t").
 		WillReturnRows(sqlmock.NewRows([]string{"snapshot", "newest_txid", "incarnation"}).AddRow(snapshot, nil, inc))
 	mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(savedTokenRows(token))

@@ -133,6 +133,11 @@ func ackTable(changelog string) string {
 	return changelog + "_acks"
 }
 
+// pruneFunction is the name of the SQL retention function of the changelog (schema/prune.sql).
+func pruneFunction(changelog string) string {
+	return changelog + "_prune"
+}
+
 // checkSchemaName validates one name for the schema statements, naming field in the error.
 func checkSchemaName(field, name string, check func(string) error) error {
 	err := check(name)
@@ -267,7 +272,18 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 	if err != nil {
 		return installPlan{}, err
 	}
-	p.statements = append([]string{script}, concurrent...)
+	prune, err := renderSchema("prune_function", struct {
+		Function, Changelog, TokenTable, Certified string
+		Legacy, Switchover, Snapshot, InRows       string
+		DefaultBatch                               int
+	}{
+		quoteIdentifier(pruneFunction(opts.ChangelogTable)), p.changelog, quoteIdentifier(opts.TokenTable),
+		certifiedByTokenSQL(), formLegacy, formSwitchover, formSnapshot, formInRows, DefaultPruneBatch,
+	})
+	if err != nil {
+		return installPlan{}, err
+	}
+	p.statements = append([]string{script + "\n\n" + prune + ";"}, concurrent...)
 	return p, nil
 }
 
@@ -280,7 +296,8 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 //     dead-letter table of [Watcher.Process] ("<changelog>_parked") and the acknowledgement
 //     rows of [Watcher.ProcessTx] ("<changelog>_acks") if missing; CREATE OR REPLACE of the
 //     trigger function as SECURITY DEFINER, then its search_path pinned to pg_catalog, the
-//     changelog's schema and pg_temp, and its owner set to the changelog's;
+//     changelog's schema and pg_temp, and its owner set to the changelog's; CREATE OR REPLACE of
+//     the retention function "<changelog>_prune" (schema/prune.sql, the SQL form of [Prune]);
 //  2. CREATE INDEX CONCURRENTLY IF NOT EXISTS for the read index (table_name, changed_at, id),
 //     named "<changelog>_stream_idx";
 //  3. the same for the existing schema's partial (changed_at) WHERE processed = FALSE index

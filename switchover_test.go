@@ -189,7 +189,9 @@ func TestLiveSwitchOverWhileMarkerHeldBack(t *testing.T) {
 	t.Parallel()
 	e := newLegacy(t)
 	ctx := context.Background()
-	w := e.start(e.config(ModePolling))
+	cfg := e.config(ModePolling)
+	cfg.ProcessedFlag = true
+	w := e.start(cfg)
 	waitStartSaved(t, w)
 	ids := e.insert(2)
 	require.Equal(t, ids, receiveWithin(t, w, 2, liveWait))

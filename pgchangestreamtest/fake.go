@@ -316,7 +316,8 @@ func (f *FakeWatcher) Close(ctx context.Context) error {
 }
 
 // GetUnprocessedEventCount counts the changes pushed with an id above lastProcessedID (the
-// cursor's id when empty) that no saved checkpoint has certified.
+// cursor's id when empty), as the watcher does: with [pgchangestream.Config.ProcessedFlag],
+// those that no saved checkpoint has certified (marked processed); without it, all of them.
 func (f *FakeWatcher) GetUnprocessedEventCount(_ context.Context, lastProcessedID string) (int64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -328,9 +329,10 @@ func (f *FakeWatcher) GetUnprocessedEventCount(_ context.Context, lastProcessedI
 		}
 		after = id
 	}
+	flag := f.cfg.ProcessedFlag && !f.cfg.DisableProcessedFlag
 	var n int64
 	for _, p := range f.changelog {
-		if p.ID > after && f.processed.Before(p) {
+		if p.ID > after && (!flag || f.processed.Before(p)) {
 			n++
 		}
 	}

@@ -179,17 +179,24 @@ func TestFakeFilteredChangesAdvanceTheCheckpoint(t *testing.T) {
 
 func TestFakeUnprocessedCount(t *testing.T) {
 	ctx := t.Context()
-	f := started(t, pgchangestream.Config{}, Insert("a", nil), Insert("b", nil), Insert("c", nil))
+	f := started(t, pgchangestream.Config{ProcessedFlag: true}, Insert("a", nil), Insert("b", nil), Insert("c", nil))
 	receive(t, f, 3)
 	require.NoError(t, f.MarkProcessed(ctx, []byte("1")))
 	n, err := f.GetUnprocessedEventCount(ctx, "0")
 	require.NoError(t, err)
-	require.Equal(t, int64(2), n)
+	require.Equal(t, int64(2), n, "the processed flag is set on the saved change")
 	n, err = f.GetUnprocessedEventCount(ctx, "")
 	require.NoError(t, err)
 	require.Zero(t, n, "none after the cursor")
 	_, err = f.GetUnprocessedEventCount(ctx, "x")
 	require.ErrorIs(t, err, pgchangestream.ErrInvalidToken)
+
+	f = started(t, pgchangestream.Config{}, Insert("a", nil), Insert("b", nil), Insert("c", nil))
+	receive(t, f, 3)
+	require.NoError(t, f.MarkProcessed(ctx, []byte("1")))
+	n, err = f.GetUnprocessedEventCount(ctx, "0")
+	require.NoError(t, err)
+	require.Equal(t, int64(3), n, "without the processed flag every change after the id counts")
 }
 
 func TestFakeEventsAreTheWatchersDocuments(t *testing.T) {

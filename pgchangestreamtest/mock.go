@@ -115,14 +115,14 @@ func NewMock(t TB, cfg pgchangestream.Config) *Mock {
 	if cfg.IdleCheckpointInterval == 0 {
 		cfg.IdleCheckpointInterval = time.Hour
 	}
-	cfg.DisableProcessedFlag = true // its marker runs in the background, at times a mock cannot expect
+	cfg.ProcessedFlag = false // its marker runs in the background, at times a mock cannot expect
 	m.cfg = shared.Defaults(cfg)
 	m.st = shared.Statements(m.cfg)
 	return m
 }
 
 // Config returns the configuration given to NewMock, with DB set to the mock, Logger set to a
-// log the Mock reports on failure (warnings and errors), DisableProcessedFlag set (the legacy
+// log the Mock reports on failure (warnings and errors), ProcessedFlag cleared (the legacy
 // processed flag is set by a background marker, at times a mock cannot expect), and, unless set,
 // an IdleCheckpointInterval of an hour, so the watcher saves only when the consumer
 // acknowledges and at Close, as the test expects.
@@ -136,7 +136,7 @@ func (m *Mock) ExpectStart(s Start) {
 	m.upgraded = s.Schema == Upgraded
 	m.xmax = firstXid
 	m.ExpectQuery(m.st.Detect).WithArgs(m.st.DetectArg, m.st.DetectIncArg). // no incarnation table
-										WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation"}).AddRow(m.upgraded, false))
+										WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation", "stats"}).AddRow(m.upgraded, false, true))
 	if m.upgraded {
 		m.ExpectQuery(m.st.DeltaStart).WithArgs(m.cfg.TableName).
 			WillReturnRows(sqlmock.NewRows([]string{"snapshot", "newest_txid"}).AddRow(m.snapshot(), nil))

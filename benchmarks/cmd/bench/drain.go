@@ -22,7 +22,7 @@ type drainSpec struct {
 	// workers > 0 hands deliveries to that many goroutines, which finish out of order and
 	// acknowledge the contiguous watermark; 0 acknowledges each event as it is received.
 	workers int
-	// disableProcessedFlag is Config.DisableProcessedFlag.
+	// disableProcessedFlag leaves Config.ProcessedFlag off: no legacy processed flag is set.
 	disableProcessedFlag bool
 	// unanalyzed skips the ANALYZE after filling the backlog.
 	unanalyzed bool
@@ -66,7 +66,7 @@ const (
 func (d *database) drainConfig(client string, spec drainSpec) pgchangestream.Config {
 	cfg := d.watcherConfig(client)
 	cfg.CheckpointInterval = spec.checkpointInterval
-	cfg.DisableProcessedFlag = spec.disableProcessedFlag
+	cfg.ProcessedFlag = !spec.disableProcessedFlag // New leaves the flag off by default
 	cfg.RawDocuments = spec.typed == typedRaw
 	if spec.shape == healthShape {
 		cfg.TableName, cfg.DocumentField = healthTable, "document"
