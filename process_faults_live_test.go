@@ -1,0 +1,230 @@
+package pgchangestream
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+)
+
+// procFaultWait bounds recoveries from a fault on a loaded machine.
+const procFaultWait = 60 * time.Second
+
+// procKey spreads the changelog over 61 keys, each with many events.
+func procKey(id int64) string { return strconv.FormatInt(id%61, 10) }
+
+// procOptions are the options of the fault tests: 8 workers, a small in-flight bound.
+func procOptions(rec *procRecorder) ProcessOptions {
+	return ProcessOptions{Workers: 8, Key: rec.key, MaxInFlight: 64}
+}
+
+// procConfig is the watcher config of the fault tests: hybrid mode, quick polls, from the start.
+func procConfig(e *liveEnv) Config {
+	cfg := e.config(ModeHybrid)
+	cfg.StartFromBeginning = true
+	cfg.PollInterval = 5 * time.Millisecond
+	return cfg
+}
+
+// catchUp runs Process on a new watcher of the same client until every row the stopped writers
+// committed was handled, then stops it cleanly.
+func catchUp(t *testing.T, e *liveEnv, rec *procRecorder, opts ProcessOptions, writers *liveWriters) {
+	t.Helper()
+	rec.next()
+	w := e.start(procConfig(e))
+	errc, cancel := startProcess(t, w, opts, rec.handle)
+	require.Eventually(t, func() bool { return rec.handledAll(writers.rows) }, procFaultWait, 5*time.Millisecond,
+		"the last run does not handle every committed row; stats %+v", w.Stats())
+	cancel()
+	require.NoError(t, <-errc)
+	require.NoError(t, w.Close(context.Background()))
+}
+
+// TestLiveProcessServerFaults: the server is killed (SIGKILL, crash recovery) or restarted
+// (fast shutdown) while handlers run and writers commit. Process rides it out (reads and saves
+// are retried), keeps per-key order and mutual exclusion, and after a clean stop and a restart
+// every committed row is handled, with no finished event delivered again.
+func TestLiveProcessServerFaults(t *testing.T) {
+	srv := pgtest.NewServer(t, pgtest.Options{})
+	for _, f := range []struct {
+		name  string
+		fault func(context.Context) error
+	}{{"kill", srv.Kill}, {"restart", srv.Restart}} {
+		t.Run(f.name, func(t *testing.T) {
+			runProcessFault(t, newLiveOn(t, srv), 1, func(context.Context) { require.NoError(t, f.fault(context.Background())) })
+		})
+	}
+}
+
+// TestLiveProcessSessionsTerminated: the database's sessions (the watcher's reads, saves and
+// LISTEN connection, the writers') are terminated three times while handlers run.
+func TestLiveProcessSessionsTerminated(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	runProcessFault(t, e, 3, func(context.Context) { e.terminateOthers() })
+}
+
+// runProcessFault runs Process while writers commit and applies fault rounds times, each while a
+// handler runs and after the run handled 100 more events, then stops cleanly, catches up on a
+// new watcher and checks the record.
+func runProcessFault(t *testing.T, e *liveEnv, rounds int, fault func(context.Context)) {
+	rec := newProcRecorder(t)
+	rec.keyOf = procKey
+	opts := procOptions(rec)
+	writers := e.startWriters(crashWriters, 2*time.Millisecond)
+	rec.next()
+	w := e.start(procConfig(e))
+	errc, cancel := startProcess(t, w, opts, rec.handle)
+	for range rounds {
+		handled, committed := rec.handledCount(), writers.committed()
+		require.Eventually(t, func() bool {
+			return rec.handledCount() >= handled+100 && w.Stats().Process.BusyWorkers > 0
+		}, procFaultWait, time.Millisecond, "Process does not go on; stats %+v", w.Stats())
+		fault(context.Background())
+		require.Eventually(t, func() bool { return writers.committed() >= committed+100 }, procFaultWait, 5*time.Millisecond,
+			"the writers do not recover")
+	}
+	handled := rec.handledCount()
+	require.Eventually(t, func() bool { return rec.handledCount() >= handled+100 }, procFaultWait, 5*time.Millisecond,
+		"Process does not recover from the fault; stats %+v", w.Stats())
+	writers.stop()
+	cancel()
+	require.NoError(t, <-errc)
+	require.NoError(t, w.Close(context.Background()))
+	firstRun := rec.handledCount()
+	catchUp(t, e, rec, opts, writers)
+	rec.check()
+	require.Zero(t, rec.replays(), "a clean stop after the faults replays nothing")
+	t.Logf("%d rows committed (%d transactions failed), %d handled before the restart", len(writers.rows), writers.errs, firstRun)
+}
+
+// procChildDSN, set in the environment, makes TestLiveProcessConsumerKilled run as the
+// consumer: a child process killed by the test.
+const procChildDSN = "PGCHANGESTREAM_PROC_CHILD_DSN"
+
+// procLine prefixes the lines in which the child consumer reports its hooks: "g <id>" (the
+// engine took the event), "b <id>" (a handler began), "e <id>" (it finished).
+const procLine = "proc: "
+
+// TestLiveProcessConsumerKilled: the consumer, a child process running Process with 8 workers,
+// is killed with SIGKILL four times while its handlers run and writers commit, and started
+// again; then a last run in this process catches up. Every committed row is handled; the events
+// a run was given and did not finish are given again in the next, the replays of a key being a
+// suffix of its deliveries that starts at or before its first unfinished event; per-key order
+// and mutual exclusion hold in every run.
+func TestLiveProcessConsumerKilled(t *testing.T) {
+	if dsn := os.Getenv(procChildDSN); dsn != "" {
+		runProcChild(t, dsn)
+		return
+	}
+	t.Parallel()
+	e := newLive(t)
+	rec := newProcRecorder(t)
+	rec.keyOf = procKey
+	writers := e.startWriters(crashWriters, 2*time.Millisecond)
+	midHandler := 0
+	for range 4 {
+		rec.next()
+		if runProcChildFor(t, e, rec, time.Duration(200+rand.IntN(600))*time.Millisecond) > 0 {
+			midHandler++
+		}
+		rec.crash()
+	}
+	writers.stop()
+	catchUp(t, e, rec, procOptions(rec), writers)
+	rec.check()
+	require.Positive(t, midHandler, "no kill came while a handler ran")
+	t.Logf("%d rows committed, 4 kills (%d while handlers ran), %d replays", len(writers.rows), midHandler, rec.replays())
+}
+
+// runProcChildFor starts the child consumer, feeds its reports to rec, kills it with SIGKILL
+// once it handled 20 events and run has passed, and returns how many handlers were running.
+func runProcChildFor(t *testing.T, e *liveEnv, rec *procRecorder, run time.Duration) int {
+	child := exec.Command(os.Args[0], "-test.run=^TestLiveProcessConsumerKilled$")
+	child.Env = append(os.Environ(), procChildDSN+"="+e.dsn)
+	out, err := child.StdoutPipe()
+	require.NoError(t, err)
+	child.Stderr = os.Stderr
+	require.NoError(t, child.Start())
+	handled, running := make(chan struct{}), make(chan int, 1)
+	go func() {
+		n, open := 0, 0
+		for lines := bufio.NewScanner(out); lines.Scan(); {
+			report, ok := strings.CutPrefix(lines.Text(), procLine)
+			if !ok {
+				fmt.Fprintln(os.Stderr, lines.Text()) // the child's test output
+				continue
+			}
+			var (
+				what string
+				id   int64
+			)
+			if _, err := fmt.Sscanf(report, "%s %d", &what, &id); err != nil {
+				t.Errorf("child report %q: %v", report, err)
+				continue
+			}
+			switch what {
+			case "g":
+				rec.gave(id)
+			case "b":
+				rec.begin(id)
+				open++
+			case "e":
+				rec.end(id)
+				open--
+				if n++; n == 20 {
+					close(handled)
+				}
+			}
+		}
+		running <- open
+	}()
+	select {
+	case <-handled:
+	case <-time.After(procFaultWait):
+		t.Errorf("the child consumer handled fewer than 20 events")
+	}
+	time.Sleep(run)
+	_ = child.Process.Kill() // fails only if the child has exited: the status below says so
+	open := <-running        // the pipe is read to its end before Wait closes it
+	err = child.Wait()
+	status, _ := child.ProcessState.Sys().(syscall.WaitStatus)
+	require.True(t, status.Signaled() && status.Signal() == syscall.SIGKILL,
+		"the child consumer ended by itself before it was killed: %v", err)
+	return open
+}
+
+// runProcChild is the child's side: Process with 8 workers, reporting its hooks on stdout (one
+// write per line), each handler taking up to 3 ms. It runs until it is killed.
+func runProcChild(t *testing.T, dsn string) {
+	db, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	e := &liveEnv{t: t, db: db, dsn: dsn}
+	w := e.start(procConfig(e))
+	key := func(ev EventWithToken) string {
+		id := tokenID(t, ev)
+		fmt.Printf("%sg %d\n", procLine, id)
+		return procKey(id)
+	}
+	err = w.Process(context.Background(), ProcessOptions{Workers: 8, Key: key, MaxInFlight: 64},
+		func(_ context.Context, ev EventWithToken) error {
+			id := tokenID(t, ev)
+			fmt.Printf("%sb %d\n", procLine, id)
+			time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+			fmt.Printf("%se %d\n", procLine, id)
+			return nil
+		})
+	t.Fatalf("Process returned before the kill: %v", err)
+}
