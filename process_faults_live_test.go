@@ -45,8 +45,14 @@ func catchUp(t *testing.T, e *liveEnv, rec *procRecorder, opts ProcessOptions, w
 	rec.next()
 	w := e.start(procConfig(e))
 	errc, cancel := startProcess(t, w, opts, rec.handle)
-	require.Eventually(t, func() bool { return rec.handledAll(writers.rows) }, procFaultWait, 5*time.Millisecond,
-		"the last run does not handle every committed row; stats %+v", w.Stats())
+	deadline := time.Now().Add(procFaultWait)
+	for !rec.handledAll(writers.rows) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the last run does not handle every committed row: %d of %d handled; stats %+v",
+				rec.handledCount(), len(writers.rows), w.Stats())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	cancel()
 	require.NoError(t, <-errc)
 	require.NoError(t, w.Close(context.Background()))

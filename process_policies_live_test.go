@@ -1,0 +1,154 @@
+package pgchangestream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// errPoison is the error of a poison event's handler.
+var errPoison = errors.New("poison event")
+
+// poisonRun picks poison events as the engine takes them and fails their handlers while they
+// are poisoned; the other events go to the recorder. Events it takes charge of (the poisons,
+// and every later event of a key it holds) are recorded here, not by the recorder.
+type poisonRun struct {
+	t     *testing.T
+	rec   *procRecorder
+	taken atomic.Int64
+	pick  func(n int64, id int64) bool // whether the n-th event taken, id, is a poison
+	hold  bool                         // take charge of the poison's key from the poison on
+
+	mu       sync.Mutex
+	poisoned map[int64]bool     // poison events whose handler fails
+	attempts map[int64]int      // failed attempts, by event
+	held     map[string]bool    // keys taken charge of
+	given    map[string][]int64 // events taken in charge, per key, in delivery order
+	ran      []int64            // events taken in charge whose handler succeeded, in order
+}
+
+func newPoisonRun(t *testing.T, rec *procRecorder, pick func(n, id int64) bool) *poisonRun {
+	return &poisonRun{t: t, rec: rec, pick: pick, poisoned: map[int64]bool{}, attempts: map[int64]int{},
+		held: map[string]bool{}, given: map[string][]int64{}}
+}
+
+func (p *poisonRun) key(ev EventWithToken) string {
+	id, n := tokenID(p.t, ev), p.taken.Add(1)
+	k := p.rec.gave(id)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pick(n, id) {
+		p.poisoned[id] = true
+		p.held[k] = p.hold
+		p.rec.skip(id)
+		p.given[k] = append(p.given[k], id)
+	} else if p.held[k] {
+		p.rec.skip(id)
+		p.given[k] = append(p.given[k], id)
+	}
+	return k
+}
+
+func (p *poisonRun) handle(ctx context.Context, ev EventWithToken) error {
+	id := tokenID(p.t, ev)
+	p.mu.Lock()
+	poisoned, charged := p.poisoned[id], p.held[p.rec.keyOf(id)] || p.attempts[id] > 0
+	if poisoned {
+		p.attempts[id]++
+	} else if charged {
+		p.ran = append(p.ran, id)
+	}
+	p.mu.Unlock()
+	switch {
+	case poisoned:
+		return fmt.Errorf("event %d: %w", id, errPoison)
+	case charged:
+		return nil
+	}
+	return p.rec.handle(ctx, ev)
+}
+
+// cure makes id's handler succeed from now on.
+func (p *poisonRun) cure(id int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.poisoned[id] = false
+}
+
+// poisons returns the poison events picked so far, in the order they were taken.
+func (p *poisonRun) poisons() []int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []int64
+	for id := range p.poisoned {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// listParked returns client "c"'s parked events, oldest first.
+func (e *liveEnv) listParked() []ParkedEvent {
+	e.t.Helper()
+	ps, err := ListParked(context.Background(), e.db, "c", AdminOptions{})
+	require.NoError(e.t, err)
+	return ps
+}
+
+// parkedIDs returns the changelog ids of parked events, in their order.
+func parkedIDs(ps []ParkedEvent) []int64 {
+	out := make([]int64, len(ps))
+	for i, p := range ps {
+		out[i] = p.ChangelogID
+	}
+	return out
+}
+
+// TestLiveProcessStopOnFailure: the 30th event taken always fails. Process returns an error
+// wrapping the handler's, naming the key and the token; the saved mark stops before the poison,
+// so the next run gives it again (with every event after it in delivery order that was not
+// finished), and nothing finished before it is given again.
+func TestLiveProcessStopOnFailure(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	rec := newProcRecorder(t)
+	rec.keyOf = procKey
+	writers := e.startWriters(crashWriters, 2*time.Millisecond)
+	var poison atomic.Int64
+	opts := procOptions(rec)
+	opts.MaxAttempts, opts.RetryMinBackoff, opts.RetryMaxBackoff = 3, 5*time.Millisecond, 20*time.Millisecond
+	var taken atomic.Int64
+	opts.Key = func(ev EventWithToken) string {
+		if taken.Add(1) == 30 {
+			poison.Store(tokenID(t, ev))
+		}
+		return rec.key(ev)
+	}
+	rec.next()
+	w := e.start(procConfig(e))
+	err := w.Process(t.Context(), opts, func(ctx context.Context, ev EventWithToken) error {
+		if tokenID(t, ev) == poison.Load() {
+			return errPoison
+		}
+		return rec.handle(ctx, ev)
+	})
+	p := poison.Load()
+	require.ErrorIs(t, err, errPoison)
+	require.ErrorContains(t, err, fmt.Sprintf("key %q", procKey(p)))
+	require.ErrorContains(t, err, "token "+strconv.FormatInt(p, 10))
+	require.NoError(t, w.Close(context.Background()))
+	writers.stop()
+	catchUp(t, e, rec, procOptions(rec), writers)
+	rec.check() // the poison, unfinished, is given again; nothing finished before it is
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	require.Equal(t, 2, rec.done[p], "the poison is handled by the next run")
+}
