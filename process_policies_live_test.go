@@ -152,3 +152,91 @@ func TestLiveProcessStopOnFailure(t *testing.T) {
 	defer rec.mu.Unlock()
 	require.Equal(t, 2, rec.done[p], "the poison is handled by the next run")
 }
+
+// ranEvents returns the events taken in charge that ran successfully, in order.
+func (p *poisonRun) ranEvents() []int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.ran)
+}
+
+// parkOpts are the options of the dead-letter tests: 3 attempts, quick retries and polls.
+func parkOpts(p *poisonRun, policy FailurePolicy) ProcessOptions {
+	opts := procOptions(p.rec)
+	opts.Key, opts.OnFailure, opts.ParkedPollInterval = p.key, policy, 100*time.Millisecond
+	opts.MaxAttempts, opts.RetryMinBackoff, opts.RetryMaxBackoff = 3, 5*time.Millisecond, 20*time.Millisecond
+	return opts
+}
+
+// TestLiveProcessParkOnFailure: two poison events of different keys are parked (key, error,
+// attempts = MaxAttempts) while their keys and the others go on; RetryParked with a cured
+// handler makes the running Process rerun one within a few poll intervals and remove its row;
+// DropParked removes the other without a run.
+func TestLiveProcessParkOnFailure(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	rec := newProcRecorder(t)
+	rec.keyOf = procKey
+	var first, second int64 // pick runs on the engine's dispatcher goroutine only
+	p := newPoisonRun(t, rec, func(n, id int64) bool {
+		switch {
+		case n == 30:
+			first = id
+		case n >= 60 && second == 0 && procKey(id) != procKey(first):
+			second = id
+		default:
+			return false
+		}
+		return true
+	})
+	writers := e.startWriters(crashWriters, 2*time.Millisecond)
+	opts := parkOpts(p, ParkOnFailure)
+	rec.next()
+	w := e.start(procConfig(e))
+	errc, cancel := startProcess(t, w, opts, p.handle)
+	waitFor(t, func() bool { return len(e.listParked()) == 2 }, "two events are parked")
+	parked, poisons := e.listParked(), p.poisons()
+	require.ElementsMatch(t, poisons, parkedIDs(parked))
+	for _, pe := range parked {
+		require.Equal(t, procKey(pe.ChangelogID), pe.Key)
+		require.Equal(t, "c", pe.Client)
+		require.Equal(t, opts.MaxAttempts, pe.Attempts)
+		require.Contains(t, pe.Error, fmt.Sprintf("event %d: %s", pe.ChangelogID, errPoison))
+		require.False(t, pe.Blocking)
+		require.False(t, pe.RetryRequested)
+	}
+	// The poisons' keys go on with their later events, and the other keys flow.
+	handled := rec.handledCount()
+	waitFor(t, func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		for _, pe := range parked {
+			if h := rec.handled[0][pe.Key]; len(h) == 0 || h[len(h)-1] < pe.ChangelogID {
+				return false
+			}
+		}
+		return len(rec.done) >= handled+100
+	}, "the poisons' keys and the others go on")
+
+	retried, dropped := parked[0], parked[1]
+	p.cure(retried.ChangelogID)
+	began := time.Now()
+	require.NoError(t, RetryParked(context.Background(), e.db, "c", retried.ID, AdminOptions{}))
+	waitFor(t, func() bool { return slices.Contains(p.ranEvents(), retried.ChangelogID) }, "the released event reruns")
+	rerunAfter := time.Since(began)
+	waitFor(t, func() bool { return len(e.listParked()) == 1 }, "the rerun event's row is removed")
+	require.NoError(t, DropParked(context.Background(), e.db, "c", dropped.ID, AdminOptions{}))
+	require.Empty(t, e.listParked())
+	writers.stop()
+	waitFor(t, func() bool { return rec.handledAll(writers.rows) }, "every other committed row is handled")
+	time.Sleep(3 * opts.ParkedPollInterval) // a few polls: the dropped event must not run
+	cancel()
+	require.NoError(t, <-errc)
+	require.Equal(t, []int64{retried.ChangelogID}, p.ranEvents(), "only the retried event reran")
+	p.mu.Lock()
+	require.Equal(t, opts.MaxAttempts, p.attempts[dropped.ChangelogID], "the dropped event never ran again")
+	p.mu.Unlock()
+	rec.check()
+	require.Less(t, rerunAfter, 3*time.Second, "RetryParked took %v to rerun with a %v poll", rerunAfter, opts.ParkedPollInterval)
+	t.Logf("%d rows committed; rerun %v after RetryParked (poll interval %v)", len(writers.rows), rerunAfter, opts.ParkedPollInterval)
+}
