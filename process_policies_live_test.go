@@ -240,3 +240,91 @@ func TestLiveProcessParkOnFailure(t *testing.T) {
 	require.Less(t, rerunAfter, 3*time.Second, "RetryParked took %v to rerun with a %v poll", rerunAfter, opts.ParkedPollInterval)
 	t.Logf("%d rows committed; rerun %v after RetryParked (poll interval %v)", len(writers.rows), rerunAfter, opts.ParkedPollInterval)
 }
+
+// givenOf returns the events of key taken in charge, in delivery order.
+func (p *poisonRun) givenOf(key string) []int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.given[key])
+}
+
+// TestLiveProcessBlockOnFailure: the 30th event taken fails and blocks its key: its later
+// events are parked behind it without running while other keys flow, also after a restart of
+// the watcher and Process. A release while the handler still fails blocks the key again. With
+// the handler cured, a release runs the key's parked events in order, then its new events, and
+// empties the dead-letter table.
+func TestLiveProcessBlockOnFailure(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	rec := newProcRecorder(t)
+	rec.keyOf = procKey
+	p := newPoisonRun(t, rec, func(n, _ int64) bool { return n == 30 })
+	p.hold = true
+	opts := parkOpts(p, BlockOnFailure)
+	run := func() (stop func()) {
+		rec.next()
+		w := e.start(procConfig(e))
+		errc, cancel := startProcess(t, w, opts, p.handle)
+		return func() {
+			cancel()
+			require.NoError(t, <-errc)
+			require.NoError(t, w.Close(context.Background()))
+		}
+	}
+	parkedMore := func(n int, what string) {
+		t.Helper()
+		waitFor(t, func() bool { return len(e.listParked()) >= n }, what)
+		require.Empty(t, p.ranEvents(), "an event of the blocked key ran")
+	}
+	writers := e.startWriters(crashWriters, 2*time.Millisecond)
+	stop := run()
+	parkedMore(4, "the poison and later events of its key are parked")
+	ps := e.listParked()
+	head, key := ps[0], ps[0].Key
+	require.Equal(t, p.poisons(), []int64{head.ChangelogID})
+	require.True(t, head.Blocking)
+	require.Equal(t, opts.MaxAttempts, head.Attempts)
+	require.Contains(t, head.Error, errPoison.Error())
+	for _, pe := range ps[1:] {
+		require.Equal(t, key, pe.Key)
+		require.True(t, pe.Blocking)
+		require.Equal(t, blockedKeyError, pe.Error)
+		require.Zero(t, pe.Attempts)
+	}
+	handled := rec.handledCount()
+	waitFor(t, func() bool { return rec.handledCount() >= handled+100 }, "the other keys flow")
+	stop()
+
+	stop = run()
+	parkedMore(len(e.listParked())+3, "after a restart, new events of the blocked key are parked")
+	p.mu.Lock()
+	attempts := p.attempts[head.ChangelogID]
+	p.mu.Unlock()
+	require.NoError(t, RetryParked(context.Background(), e.db, "c", head.ID, AdminOptions{}))
+	waitFor(t, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.attempts[head.ChangelogID] == attempts+opts.MaxAttempts && !e.listParked()[0].RetryRequested
+	}, "the released head reruns and is parked again")
+	parkedMore(len(e.listParked())+2, "the key is blocked again")
+	writers.stop()
+	waitFor(t, func() bool { return rec.handledAll(writers.rows) && len(e.listParked()) == len(p.givenOf(key)) },
+		"every committed row is handled or parked")
+	ps = e.listParked()
+	require.Equal(t, p.givenOf(key), parkedIDs(ps), "the key's events are parked once each, in delivery order")
+
+	p.cure(head.ChangelogID)
+	require.NoError(t, RetryParked(context.Background(), e.db, "c", head.ID, AdminOptions{}))
+	waitFor(t, func() bool { return len(e.listParked()) == 0 }, "the release runs the key's parked events")
+	require.Equal(t, parkedIDs(ps), p.ranEvents(), "the parked events ran in order")
+	more := e.startWriters(crashWriters, 2*time.Millisecond)
+	waitFor(t, func() bool { return more.committed() >= 300 }, "the writers commit")
+	more.stop()
+	waitFor(t, func() bool { return rec.handledAll(more.rows) && len(p.ranEvents()) == len(p.givenOf(key)) },
+		"every new row is handled")
+	require.Equal(t, p.givenOf(key)[len(ps):], p.ranEvents()[len(ps):], "then the key's new events ran in order")
+	require.Empty(t, e.listParked())
+	stop()
+	rec.check()
+	t.Logf("%d events of the blocked key parked, then run; %d after the release", len(ps), len(p.ranEvents())-len(ps))
+}
