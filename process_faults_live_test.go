@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -233,4 +234,75 @@ func runProcChild(t *testing.T, dsn string) {
 			return nil
 		})
 	t.Fatalf("Process returned before the kill: %v", err)
+}
+
+// TestLiveProcessHotKeyBoundedInFlight: half the events share one hot key whose handler takes
+// 15 ms (slower than the writers), the rest spread over 61 cold keys. The hot key's backlog
+// fills MaxInFlight 64; the events in flight never exceed it (sampled every 200 µs), the cold
+// keys keep making progress, and everything is handled (the hot handler quick once the writers
+// stop).
+func TestLiveProcessHotKeyBoundedInFlight(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	rec := newProcRecorder(t)
+	rec.keyOf = func(id int64) string {
+		if id%2 == 0 {
+			return "hot"
+		}
+		return procKey(id)
+	}
+	var draining atomic.Bool // the writers stopped: the hot key drains quickly
+	rec.pause = func(id int64) time.Duration {
+		if id%2 == 0 && !draining.Load() {
+			return 15 * time.Millisecond
+		}
+		return 200 * time.Microsecond
+	}
+	opts := procOptions(rec)
+	writers := e.startWriters(crashWriters, 2*time.Millisecond)
+	rec.next()
+	w := e.start(procConfig(e))
+	errc, cancel := startProcess(t, w, opts, rec.handle)
+	sampling, sampled := make(chan struct{}), make(chan int, 1)
+	go func() {
+		peak := 0
+		for {
+			select {
+			case <-sampling:
+				sampled <- peak
+				return
+			case <-time.After(200 * time.Microsecond):
+				peak = max(peak, w.Stats().Process.InFlight)
+			}
+		}
+	}()
+	cold := func() int {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		n := 0
+		for id := range rec.done {
+			n += int(id % 2)
+		}
+		return n
+	}
+	waitFor(t, func() bool { return w.Stats().Process.InFlight == opts.MaxInFlight }, "the hot key's backlog fills the in-flight bound")
+	for range 2 { // the cold keys make progress while the hot key's backlog holds the in-flight bound
+		n := cold()
+		waitFor(t, func() bool { return cold() >= n+50 }, "the cold keys make progress")
+	}
+	began, coldBefore := time.Now(), cold()
+	time.Sleep(500 * time.Millisecond)
+	coldRate := float64(cold()-coldBefore) / time.Since(began).Seconds()
+	draining.Store(true)
+	writers.stop()
+	waitFor(t, func() bool { return rec.handledAll(writers.rows) }, "every committed row is handled")
+	close(sampling)
+	peak := <-sampled
+	cancel()
+	require.NoError(t, <-errc)
+	rec.check()
+	require.LessOrEqual(t, peak, opts.MaxInFlight, "events in flight")
+	st := w.Stats().Process
+	t.Logf("%d rows; peak in flight %d of %d; cold keys %.0f events/s while the hot key was backlogged; longest queue %d (%s)",
+		len(writers.rows), peak, opts.MaxInFlight, coldRate, st.LongestKeyQueue, st.LongestKey)
 }
