@@ -306,3 +306,49 @@ func TestLiveProcessHotKeyBoundedInFlight(t *testing.T) {
 	t.Logf("%d rows; peak in flight %d of %d; cold keys %.0f events/s while the hot key was backlogged; longest queue %d (%s)",
 		len(writers.rows), peak, opts.MaxInFlight, coldRate, st.LongestKeyQueue, st.LongestKey)
 }
+
+// TestLiveProcessGracefulStop: ctx is cancelled while 8 handlers of 5-20 ms run and writers
+// commit, one handler (of the 100th event taken) running until its context ends. Process
+// returns nil within GracePeriod and a margin; the next run gives the stuck event again, gives
+// no event finished before it in delivery order again, and loses none.
+func TestLiveProcessGracefulStop(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	rec := newProcRecorder(t)
+	rec.keyOf = procKey
+	rec.pause = func(int64) time.Duration { return time.Duration(5+rand.IntN(15)) * time.Millisecond }
+	var stuck atomic.Int64
+	var taken atomic.Int64
+	opts := procOptions(rec)
+	opts.GracePeriod = time.Second
+	opts.Key = func(ev EventWithToken) string {
+		if taken.Add(1) == 100 {
+			stuck.Store(tokenID(t, ev))
+		}
+		return rec.key(ev)
+	}
+	writers := e.startWriters(crashWriters, 2*time.Millisecond)
+	rec.next()
+	w := e.start(procConfig(e))
+	errc, cancel := startProcess(t, w, opts, func(ctx context.Context, ev EventWithToken) error {
+		if tokenID(t, ev) == stuck.Load() {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return rec.handle(ctx, ev)
+	})
+	waitFor(t, func() bool { return stuck.Load() != 0 && w.Stats().Process.BusyWorkers > 1 }, "the stuck handler and others run")
+	cancel()
+	began := time.Now()
+	require.NoError(t, <-errc)
+	took := time.Since(began)
+	require.Less(t, took, opts.GracePeriod+2*time.Second, "Process returned %v after the stop", took)
+	require.NoError(t, w.Close(context.Background()))
+	writers.stop()
+	catchUp(t, e, rec, procOptions(rec), writers)
+	rec.check() // the stuck event is given again; nothing finished before it is
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	require.Equal(t, 2, rec.done[stuck.Load()], "the stuck event is handled by the next run")
+	t.Logf("%d rows; Process returned %v after the stop (grace %v)", len(writers.rows), took, opts.GracePeriod)
+}
