@@ -23,8 +23,9 @@ import (
 // procFaultWait bounds recoveries from a fault on a loaded machine.
 const procFaultWait = 60 * time.Second
 
-// procKey spreads the changelog over 61 keys, each with many events.
-func procKey(id int64) string { return strconv.FormatInt(id%61, 10) }
+// procKey spreads the changelog over 16 keys: twice the workers, so that a backlog queues
+// several events of each key in MaxInFlight.
+func procKey(id int64) string { return strconv.FormatInt(id%16, 10) }
 
 // procOptions are the options of the fault tests: 8 workers, a small in-flight bound.
 func procOptions(rec *procRecorder) ProcessOptions {
@@ -91,6 +92,7 @@ func runProcessFault(t *testing.T, e *liveEnv, rounds int, fault func(context.Co
 	rec.keyOf = procKey
 	opts := procOptions(rec)
 	writers := e.startWriters(crashWriters, 2*time.Millisecond)
+	waitFor(t, func() bool { return writers.committed() >= 200 }, "a backlog") // so that keys queue
 	rec.next()
 	w := e.start(procConfig(e))
 	errc, cancel := startProcess(t, w, opts, rec.handle)
@@ -114,7 +116,9 @@ func runProcessFault(t *testing.T, e *liveEnv, rounds int, fault func(context.Co
 	catchUp(t, e, rec, opts, writers)
 	rec.check()
 	require.Zero(t, rec.replays(), "a clean stop after the faults replays nothing")
-	t.Logf("%d rows committed (%d transactions failed), %d handled before the restart", len(writers.rows), writers.errs, firstRun)
+	require.Positive(t, rec.queuedBehind(), "no event queued behind another of its key")
+	t.Logf("%d rows committed (%d transactions failed), %d handled before the restart, %d queued behind their key",
+		len(writers.rows), writers.errs, firstRun, rec.queuedBehind())
 }
 
 // procChildDSN, set in the environment, makes TestLiveProcessConsumerKilled run as the
@@ -153,11 +157,14 @@ func TestLiveProcessConsumerKilled(t *testing.T) {
 	catchUp(t, e, rec, procOptions(rec), writers)
 	rec.check()
 	require.Positive(t, midHandler, "no kill came while a handler ran")
-	t.Logf("%d rows committed, 4 kills (%d while handlers ran), %d replays", len(writers.rows), midHandler, rec.replays())
+	require.Positive(t, rec.queuedBehind(), "no event queued behind another of its key")
+	t.Logf("%d rows committed, 4 kills (%d while handlers ran), %d replays, %d queued behind their key",
+		len(writers.rows), midHandler, rec.replays(), rec.queuedBehind())
 }
 
 // runProcChildFor starts the child consumer, feeds its reports to rec, kills it with SIGKILL
-// once it handled 20 events and run has passed, and returns how many handlers were running.
+// once it handled 20 events, run has passed and a handler runs, and returns how many handlers
+// were running.
 func runProcChildFor(t *testing.T, e *liveEnv, rec *procRecorder, run time.Duration) int {
 	child := exec.Command(os.Args[0], "-test.run=^TestLiveProcessConsumerKilled$")
 	child.Env = append(os.Environ(), procChildDSN+"="+e.dsn)
@@ -166,6 +173,7 @@ func runProcChildFor(t *testing.T, e *liveEnv, rec *procRecorder, run time.Durat
 	child.Stderr = os.Stderr
 	require.NoError(t, child.Start())
 	handled, running := make(chan struct{}), make(chan int, 1)
+	var busy atomic.Int64 // handlers begun and not finished, as reported so far
 	go func() {
 		n, open := 0, 0
 		for lines := bufio.NewScanner(out); lines.Scan(); {
@@ -195,6 +203,7 @@ func runProcChildFor(t *testing.T, e *liveEnv, rec *procRecorder, run time.Durat
 					close(handled)
 				}
 			}
+			busy.Store(int64(open))
 		}
 		running <- open
 	}()
@@ -204,6 +213,10 @@ func runProcChildFor(t *testing.T, e *liveEnv, rec *procRecorder, run time.Durat
 		t.Errorf("the child consumer handled fewer than 20 events")
 	}
 	time.Sleep(run)
+	deadline := time.Now().Add(procFaultWait) // then kill it while a handler runs
+	for busy.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Microsecond)
+	}
 	_ = child.Process.Kill() // fails only if the child has exited: the status below says so
 	open := <-running        // the pipe is read to its end before Wait closes it
 	err = child.Wait()
@@ -214,7 +227,7 @@ func runProcChildFor(t *testing.T, e *liveEnv, rec *procRecorder, run time.Durat
 }
 
 // runProcChild is the child's side: Process with 8 workers, reporting its hooks on stdout (one
-// write per line), each handler taking up to 3 ms. It runs until it is killed.
+// write per line), each handler taking 2 to 15 ms. It runs until it is killed.
 func runProcChild(t *testing.T, dsn string) {
 	db, err := sql.Open("pgx", dsn)
 	require.NoError(t, err)
@@ -229,7 +242,7 @@ func runProcChild(t *testing.T, dsn string) {
 		func(_ context.Context, ev EventWithToken) error {
 			id := tokenID(t, ev)
 			fmt.Printf("%sb %d\n", procLine, id)
-			time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+			time.Sleep(time.Duration(2000+rand.IntN(13000)) * time.Microsecond)
 			fmt.Printf("%se %d\n", procLine, id)
 			return nil
 		})

@@ -30,6 +30,7 @@ type procRecorder struct {
 	crashed   []bool               // per run: it ended in a crash, so replays are allowed
 	done      map[int64]int        // handled events, and the run that handled them first
 	outOfBand map[int64]bool       // events finished outside the recorder (parked, reruns)
+	queued    int                  // events given while an earlier one of their key was unfinished
 }
 
 func newProcRecorder(t *testing.T) *procRecorder {
@@ -72,6 +73,9 @@ func (r *procRecorder) gave(id int64) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.order[r.run-1] = append(r.order[r.run-1], id)
+	if len(r.given[r.run-1][k]) > len(r.handled[r.run-1][k]) {
+		r.queued++
+	}
 	r.given[r.run-1][k] = append(r.given[r.run-1][k], id)
 	return k
 }
@@ -178,6 +182,14 @@ func (r *procRecorder) handledCount() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.done)
+}
+
+// queuedBehind returns how many events were given while an earlier event of their key was
+// unfinished: the events whose order and exclusion the engine had to hold.
+func (r *procRecorder) queuedBehind() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.queued
 }
 
 // replays returns how many events were given in a run after being handled in an earlier one.
