@@ -210,8 +210,9 @@ func TestLiveProcessParkOnFailure(t *testing.T) {
 	waitFor(t, func() bool {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
-		for _, pe := range parked {
-			if h := rec.handled[0][pe.Key]; len(h) == 0 || h[len(h)-1] < pe.ChangelogID {
+		for _, pe := range parked { // a key's events are handled in delivery order
+			given, h := rec.given[0][pe.Key], rec.handled[0][pe.Key]
+			if len(h) == 0 || slices.Index(given, h[len(h)-1]) < slices.Index(given, pe.ChangelogID) {
 				return false
 			}
 		}
