@@ -37,6 +37,7 @@ type Stats struct {
 // none runs) and totals over every run of the watcher.
 type ProcessStats struct {
 	InFlight    int           // events taken from Events and not finished
+	Deferred    int           // of InFlight, those kept as a token only (see ProcessOptions.MaxKeyQueue)
 	BusyWorkers int           // handlers (or dead-letter calls) running
 	Handled     uint64        // handler runs that succeeded, reruns of parked events included
 	Retries     uint64        // failed attempts that were retried
@@ -77,7 +78,7 @@ func (w *Watcher) Stats() Stats {
 func (w *Watcher) processStats() ProcessStats {
 	p := &w.procStats
 	n, key := p.Longest()
-	return ProcessStats{InFlight: int(p.InFlight.Load()), BusyWorkers: int(p.Busy.Load()), Handled: p.Handled.Load(),
+	return ProcessStats{InFlight: int(p.InFlight.Load()), Deferred: int(p.Deferred.Load()), BusyWorkers: int(p.Busy.Load()), Handled: p.Handled.Load(),
 		Retries: p.Retries.Load(), Parked: p.Parked.Load(), HandlerTime: time.Duration(p.HandlerTime.Load()),
 		LongestKeyQueue: n, LongestKey: key}
 }

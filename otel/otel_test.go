@@ -250,6 +250,7 @@ func testMetricsOfProcess(t *testing.T) {
 		"pgchangestream.process.retries":          1,
 		"pgchangestream.process.parked":           0,
 		"pgchangestream.process.inflight":         0, // the run ended
+		"pgchangestream.process.deferred":         0,
 		"pgchangestream.process.workers.busy":     0,
 		"pgchangestream.process.keyqueue.longest": 2, // o1's two events
 	}

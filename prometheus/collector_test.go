@@ -30,7 +30,7 @@ func TestCollectorExportsStatsAndHealth(t *testing.T) {
 		Delivered: 10, Acked: 7, Filtered: 2, Evicted: 1, Pending: 3,
 		CheckpointWrites: 5, CheckpointErrors: 1, ReadErrors: 4, LoadErrors: 2,
 		Lag: 1500 * time.Millisecond, ListenUp: true, Active: true, FloorActive: true, Rewinds: 3,
-		Process: pgchangestream.ProcessStats{InFlight: 12, BusyWorkers: 4, Handled: 90, Retries: 6, Parked: 1,
+		Process: pgchangestream.ProcessStats{InFlight: 12, Deferred: 3, BusyWorkers: 4, Handled: 90, Retries: 6, Parked: 1,
 			HandlerTime: 2250 * time.Millisecond, LongestKeyQueue: 8, LongestKey: "node-3"},
 	}})
 	c.Add("audit", &fakeWatcher{health: errors.New("read changelog: permission denied")})
@@ -99,6 +99,10 @@ pgchangestream_active{client="billing"} 1
 # TYPE pgchangestream_process_in_flight gauge
 pgchangestream_process_in_flight{client="audit"} 0
 pgchangestream_process_in_flight{client="billing"} 12
+# HELP pgchangestream_process_deferred Of the events in flight, those of keys past MaxKeyQueue, kept as a token until their turn.
+# TYPE pgchangestream_process_deferred gauge
+pgchangestream_process_deferred{client="audit"} 0
+pgchangestream_process_deferred{client="billing"} 3
 # HELP pgchangestream_process_busy_workers Process workers running a handler or a dead-letter table call.
 # TYPE pgchangestream_process_busy_workers gauge
 pgchangestream_process_busy_workers{client="audit"} 0
@@ -126,7 +130,7 @@ pgchangestream_process_longest_key_queue{client="billing"} 8
 `)))
 
 	c.Remove("audit")
-	require.Equal(t, 22, testutil.CollectAndCount(c), "one series per metric for the remaining watcher")
+	require.Equal(t, 23, testutil.CollectAndCount(c), "one series per metric for the remaining watcher")
 	require.NoError(t, prom.NewPedanticRegistry().Register(c))
 }
 
@@ -184,6 +188,6 @@ func TestCollectorReadsEachWatcherOncePerScrape(t *testing.T) {
 	c := NewCollector()
 	w := &countingWatcher{}
 	c.Add("c", w)
-	require.Equal(t, 22, testutil.CollectAndCount(c))
+	require.Equal(t, 23, testutil.CollectAndCount(c))
 	require.Equal(t, countingWatcher{stats: 1, health: 1}, *w)
 }

@@ -34,10 +34,10 @@ func TestLagIsTheWatchersLagInSeconds(t *testing.T) {
 }
 
 func TestProcessMetricsReadStatsProcess(t *testing.T) {
-	r := Reading{Stats: pgchangestream.Stats{Process: pgchangestream.ProcessStats{InFlight: 7, BusyWorkers: 3,
+	r := Reading{Stats: pgchangestream.Stats{Process: pgchangestream.ProcessStats{InFlight: 7, Deferred: 4, BusyWorkers: 3,
 		Handled: 40, Retries: 5, Parked: 2, HandlerTime: 1500 * time.Millisecond, LongestKeyQueue: 9, LongestKey: "node-1"}}}
 	want := map[string]float64{
-		"pgchangestream_process_in_flight": 7, "pgchangestream_process_busy_workers": 3,
+		"pgchangestream_process_in_flight": 7, "pgchangestream_process_deferred": 4, "pgchangestream_process_busy_workers": 3,
 		"pgchangestream_process_handled_total": 40, "pgchangestream_process_retries_total": 5,
 		"pgchangestream_process_parked_total": 2, "pgchangestream_process_handler_seconds_total": 1.5,
 		"pgchangestream_process_longest_key_queue": 9,
