@@ -186,7 +186,7 @@ func BenchmarkProcess(b *testing.B) {
 				close(w.events)
 			}()
 			b.ReportAllocs()
-			if err := w.process(ctx, w.events, ProcessOptions{Workers: c.workers, Key: c.key}.withDefaults(), c.handle); err != nil {
+			if err := w.process(ctx, w.events, ProcessOptions{Workers: c.workers, Key: c.key}.withDefaults(), w.handlerStep(c.handle)); err != nil {
 				b.Fatal(err)
 			}
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")

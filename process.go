@@ -134,11 +134,36 @@ var errProcessRunning = errors.New("pgchangestream: Process is already running o
 // context), saves the checkpoint with a bounded context of its own, and waits for every
 // goroutine it started.
 func (w *Watcher) Process(ctx context.Context, opts ProcessOptions, handle Handler) error {
+	var refuse error
+	if handle == nil {
+		refuse = fmt.Errorf("%w: Process: the handler is nil", ErrInvalidConfig)
+	}
+	return w.runProcess(ctx, opts, refuse, w.handlerStep(handle))
+}
+
+// handlerStep is Process's step: the handler, a panic recovered.
+func (w *Watcher) handlerStep(handle Handler) processStep {
+	return processStep{run: func(ctx context.Context, j *procrun.Job[EventWithToken]) error {
+		return w.runHandler(ctx, handle, j.Ev)
+	}}
+}
+
+// processStep is what differs between Process and ProcessTx: the per-event step, and a
+// background task (nil for Process) that runs while the engine does and is stopped after the
+// final save.
+type processStep struct {
+	run        func(ctx context.Context, j *procrun.Job[EventWithToken]) error
+	background func(ctx context.Context) (stop func())
+}
+
+// runProcess checks the call (refuse is the caller's own objection, if any), then runs the
+// engine with step; see Process.
+func (w *Watcher) runProcess(ctx context.Context, opts ProcessOptions, refuse error, step processStep) error {
 	if w.cfgErr != nil {
 		return w.cfgErr
 	}
-	if handle == nil {
-		return fmt.Errorf("%w: Process: the handler is nil", ErrInvalidConfig)
+	if refuse != nil {
+		return refuse
 	}
 	opts = opts.withDefaults()
 	if err := opts.validate(); err != nil {
@@ -158,7 +183,7 @@ func (w *Watcher) Process(ctx context.Context, opts ProcessOptions, handle Handl
 		w.log.Warn("ProcessOptions.MaxInFlight and Config.BufferSize exceed Config.MaxPending: the oldest deliveries may be evicted into the floor, which holds the checkpoint until a later acknowledgement",
 			"max_in_flight", opts.MaxInFlight, "buffer_size", w.cfg.BufferSize, "max_pending", w.cfg.MaxPending)
 	}
-	err := w.process(ctx, w.events, opts, handle)
+	err := w.process(ctx, w.events, opts, step)
 	if ctx.Err() == nil && err == nil { // Events closed: the watcher stopped
 		return w.Err()
 	}
@@ -166,15 +191,13 @@ func (w *Watcher) Process(ctx context.Context, opts ProcessOptions, handle Handl
 }
 
 // process runs the engine over src and saves at the end; see Process.
-func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o ProcessOptions, handle Handler) error {
+func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o ProcessOptions, step processStep) error {
 	po := procrun.Options{Workers: o.Workers, MaxInFlight: o.MaxInFlight, MaxAttempts: o.MaxAttempts,
 		Policy: procrun.Policy(o.OnFailure), Grace: o.GracePeriod, PollInterval: o.ParkedPollInterval,
 		Delay: retryDelay(o.RetryMinBackoff, o.RetryMaxBackoff)}
 	h := procrun.Hooks[EventWithToken]{
-		Key: w.safeKey(o.Key),
-		Run: func(ctx context.Context, j *procrun.Job[EventWithToken]) error {
-			return w.runHandler(ctx, handle, j.Ev)
-		},
+		Key:   w.safeKey(o.Key),
+		Run:   step.run,
 		Stats: &w.procStats,
 		StoreFailed: func(err error) {
 			w.log.Warn("dead-letter table call failed; trying again", "error", err)
@@ -182,6 +205,9 @@ func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o Proc
 	}
 	if o.OnFailure != StopOnFailure {
 		h.Store = deadLetters{client: w.cfg.ClientName, s: w.parkedStore()}
+	}
+	if step.background != nil {
+		defer step.background(ctx)()
 	}
 	s := w.startAckSaver(ctx)
 	h.Advance = s.ack
