@@ -41,8 +41,9 @@ const ackCompactInterval = time.Second
 // former owner's claims in flight, waits at most about that long for a paused one.
 //
 // An exclusive watcher's claims are fenced: once a later owner claimed the client, a claim fails
-// with [ErrFenced] and ProcessTx stops with that error at once (the event is neither retried nor
-// parked), so a former owner commits no effect after its successor started. An
+// with [ErrFenced] (or [ErrExclusiveLost], once the watcher noticed the loss of its lock) and
+// ProcessTx stops with that error at once (the event is neither retried nor parked), so a
+// former owner commits no effect after its successor started. An
 // [Config.Ephemeral] watcher saves no token and refuses. Legacy changelogs work as upgraded ones
 // do. The watcher's role needs SELECT, INSERT and DELETE on "<changelog>_acks".
 func (w *Watcher) ProcessTx(ctx context.Context, opts ProcessOptions, handle TxHandler) error {
@@ -83,7 +84,7 @@ func (w *Watcher) runTx(ctx context.Context, handle TxHandler, j *procrun.Job[Ev
 	}
 	claimed, err := w.claimAck(ctx, tx, id)
 	switch {
-	case errors.Is(err, ErrFenced):
+	case errors.Is(err, ErrFenced) || errors.Is(err, ErrExclusiveLost): // never retried: a successor may own the client
 		return procrun.Fatal(fmt.Errorf("pgchangestream: ProcessTx: %w", err))
 	case err != nil:
 		return fmt.Errorf("pgchangestream: ProcessTx: %w", err)
