@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -223,4 +224,149 @@ func TestLiveProcessTxRefusesAnEphemeralWatcher(t *testing.T) {
 	err := w.ProcessTx(context.Background(), ProcessOptions{}, func(context.Context, *sql.Tx, EventWithToken) error { return nil })
 	require.ErrorContains(t, err, "ephemeral")
 	require.ErrorContains(t, w.ProcessTx(context.Background(), ProcessOptions{}, nil), "handler is nil")
+}
+
+// gatedKey is a ProcessOptions.Key that holds back the dispatch of event id (and of every event
+// after it) until gate is closed: the owner is paused before it claims id.
+func gatedKey(t *testing.T, id int64, gate <-chan struct{}) func(EventWithToken) string {
+	return func(ev EventWithToken) string {
+		if tokenID(t, ev) == id {
+			<-gate
+		}
+		return DocumentKey(ev)
+	}
+}
+
+// An exclusive owner whose client a later owner claimed (here the epoch bump of a token reset,
+// which the owner has not noticed) commits nothing more: its next claim fails with ErrFenced
+// and ProcessTx stops with it at once, the event neither retried nor parked nor handled.
+func TestLiveProcessTxFencedOwnerStops(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	e.createEffects()
+	cfg := e.config(ModePolling)
+	cfg.Exclusive, cfg.StartFromBeginning = true, true
+	w := e.start(cfg)
+	waitFor(t, func() bool { return w.Stats().Active }, "the owner takes the lock")
+	ids := e.insert(3)
+	gate := make(chan struct{})
+	rec := &txRecorder{t: t}
+	opts := ProcessOptions{Workers: 4, Key: gatedKey(t, ids[2], gate), OnFailure: ParkOnFailure, MaxAttempts: 1}
+	errc := make(chan error, 1)
+	go func() { errc <- w.ProcessTx(context.Background(), opts, rec.handle) }()
+	waitFor(t, func() bool { return len(e.effectIDs()) == 2 }, "the owner commits the first two events")
+	_, err := e.db.Exec(w.q.bumpEpoch, "c")
+	require.NoError(t, err)
+	close(gate)
+	select {
+	case err = <-errc:
+	case <-time.After(liveWait):
+		t.Fatal("ProcessTx goes on after its claim was fenced")
+	}
+	require.ErrorIs(t, err, ErrFenced)
+	require.Equal(t, ids[:2], e.effectIDs(), "no effect after the later owner's claim")
+	require.NotContains(t, rec.called(), ids[2], "the fenced event's handler is not called")
+	require.Equal(t, ids[:2], e.ackRows("c"))
+	parked, err := ListParked(context.Background(), e.db, "c", AdminOptions{})
+	require.NoError(t, err)
+	require.Empty(t, parked, "a fenced event is not parked")
+	require.Zero(t, w.Stats().Process.Retries, "nor retried")
+}
+
+// A takeover while the owner's handlers run: the owner's lock session is terminated while one
+// of its transactions (claimed, effect written) is open and its dispatch is paused before a
+// later event. The successor's epoch claim waits for the open transaction, which commits; once
+// the successor owns the client, the former owner's next claim is refused and it stops, having
+// committed nothing after the successor's claim; the successor does not redo what it committed.
+func TestLiveProcessTxTakeoverFencesTheFormerOwner(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	e.createEffects()
+	cfg := e.config(ModePolling)
+	cfg.Exclusive, cfg.StartFromBeginning = true, true
+	a := e.start(cfg)
+	waitFor(t, func() bool { return a.Stats().Active }, "A takes the lock")
+	b := e.start(cfg)
+	ids := e.insert(4)
+
+	inTx, release, keyGate := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	recA := &txRecorder{t: t}
+	handleA := func(ctx context.Context, tx *sql.Tx, ev EventWithToken) error {
+		err := recA.handle(ctx, tx, ev)
+		if tokenID(t, ev) == ids[1] {
+			close(inTx)
+			<-release // the transaction stays open, its claim and effect written
+		}
+		return err
+	}
+	errA := make(chan error, 1)
+	go func() {
+		errA <- a.ProcessTx(context.Background(), ProcessOptions{Workers: 4, Key: gatedKey(t, ids[2], keyGate)}, handleA)
+	}()
+	<-inTx
+	waitFor(t, func() bool { return slices.Contains(e.effectIDs(), ids[0]) }, "A commits the first event")
+	epochA := e.ownerEpoch()
+	e.terminate(e.lockHolder())
+	waitFor(t, func() bool {
+		var n int
+		require.NoError(t, e.db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND query LIKE '%owner_epoch%'`).Scan(&n))
+		return n > 0
+	}, "B's epoch claim waits for A's open transaction")
+	require.Equal(t, epochA, e.ownerEpoch(), "B has not claimed the client yet")
+	close(release) // A's transaction commits: it claimed before B
+	waitFor(t, func() bool { return e.ownerEpoch() > epochA }, "B claims the client")
+	close(keyGate) // A dispatches the next event: its claim comes after B's
+	select {
+	case err := <-errA:
+		t.Logf("A stopped: %v", err)
+		require.True(t, errors.Is(err, ErrFenced) || errors.Is(err, ErrExclusiveLost), "A stops refused: %v", err)
+	case <-time.After(liveWait):
+		t.Fatal("A's ProcessTx goes on after the takeover")
+	}
+	require.Equal(t, ids[:2], recA.called(), "A handles nothing after B's claim")
+
+	recB := &txRecorder{t: t}
+	stopB := runProcessTx(b, ProcessOptions{Workers: 4}, recB.handle)
+	waitFor(t, func() bool { return len(e.effectIDs()) == len(ids) }, "B handles the rest")
+	require.NoError(t, stopB())
+	require.Equal(t, ids, e.effectIDs(), "every effect once")
+	require.NotContains(t, recB.called(), ids[0])
+	require.NotContains(t, recB.called(), ids[1], "B does not redo what A committed")
+}
+
+// ownerEpoch returns client "c"'s owner epoch.
+func (e *liveEnv) ownerEpoch() int64 {
+	e.t.Helper()
+	var epoch int64
+	require.NoError(e.t, e.db.QueryRow(`SELECT `+epochColumn+` FROM resume_tokens WHERE client_name = 'c'`).Scan(&epoch))
+	return epoch
+}
+
+// A transaction left idle longer than Config.LockSessionTimeout (the handler waits outside the
+// database) is ended by the server: that attempt fails and the next commits once.
+func TestLiveProcessTxIdleTransactionEnded(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	e.createEffects()
+	cfg := e.config(ModePolling)
+	cfg.StartFromBeginning, cfg.LockSessionTimeout = true, MinLockSessionTimeout
+	w := e.start(cfg)
+	ids := e.insert(1)
+	var attempts atomic.Int32
+	handle := func(_ context.Context, tx *sql.Tx, ev EventWithToken) error {
+		if err := insertEffect(t, tx, ev); err != nil {
+			return err
+		}
+		if attempts.Add(1) == 1 {
+			time.Sleep(cfg.LockSessionTimeout + time.Second)
+		}
+		return nil
+	}
+	stop := runProcessTx(w, ProcessOptions{RetryMinBackoff: time.Millisecond}, handle)
+	waitFor(t, func() bool { return w.Stats().Checkpoint.ID == ids[0] }, "the second attempt commits")
+	require.NoError(t, stop())
+	require.Equal(t, int32(2), attempts.Load())
+	require.Equal(t, ids, e.effectIDs())
+	require.Equal(t, uint64(1), w.Stats().Process.Retries, "the ended transaction's commit failed")
 }
