@@ -324,7 +324,9 @@ func TestLiveProcessTxTakeoverFencesTheFormerOwner(t *testing.T) {
 	case <-time.After(liveWait):
 		t.Fatal("A's ProcessTx goes on after the takeover")
 	}
-	require.Equal(t, ids[:2], recA.called(), "A handles nothing after B's claim")
+	calledA := recA.called()
+	slices.Sort(calledA)
+	require.Equal(t, ids[:2], calledA, "A handles nothing after B's claim")
 
 	recB := &txRecorder{t: t}
 	stopB := runProcessTx(b, ProcessOptions{Workers: 4}, recB.handle)
