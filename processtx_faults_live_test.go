@@ -204,3 +204,45 @@ func runProcessTxChild(t *testing.T, dsn string, mode Mode) {
 		c.crash()
 	}
 }
+
+// BenchmarkProcessTx drains a backlog of b.N rows through ProcessTx, one effect row per event in
+// the transaction ProcessTx owns, with 1 and 8 workers, on the test server (whose fsync setting
+// decides how much parallel commits gain; benchmarks/cmd/bench runs with fsync on).
+func BenchmarkProcessTx(b *testing.B) {
+	for _, workers := range []int{1, 8} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+			ctx := context.Background()
+			srv := pgtest.Shared(b)
+			require.NoError(b, srv.CreateTemplate(ctx, liveTemplate, setupLiveTemplate))
+			db, _ := srv.NewDatabase(b, liveTemplate)
+			_, err := db.Exec(`CREATE TABLE effects (changelog_id bigint NOT NULL)`)
+			require.NoError(b, err)
+			_, err = db.Exec(`INSERT INTO items (n) SELECT generate_series(1, $1)`, b.N)
+			require.NoError(b, err)
+			w, err := New(Config{DB: db, ClientName: "c", TableName: liveTable, Mode: ModePolling, Logger: quietLogger,
+				StartFromBeginning: true, DisableProcessedFlag: true})
+			require.NoError(b, err)
+			defer func() { _ = w.Close(ctx) }()
+			b.ResetTimer()
+			w.Start(ctx)
+			runCtx, cancel := context.WithCancel(ctx)
+			errc := make(chan error, 1)
+			go func() {
+				errc <- w.ProcessTx(runCtx, ProcessOptions{Workers: workers}, func(ctx context.Context, tx *sql.Tx, ev EventWithToken) error {
+					_, err := tx.ExecContext(ctx, `INSERT INTO effects (changelog_id) VALUES ($1)`, string(ev.ResumeToken))
+					return err
+				})
+			}()
+			for w.Stats().Process.Handled < uint64(b.N) {
+				select {
+				case err := <-errc:
+					b.Fatalf("ProcessTx stopped: %v", err)
+				case <-time.After(time.Millisecond):
+				}
+			}
+			cancel()
+			require.NoError(b, <-errc)
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+		})
+	}
+}
