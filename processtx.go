@@ -45,7 +45,8 @@ const ackCompactInterval = time.Second
 // ProcessTx stops with that error at once (the event is neither retried nor parked), so a
 // former owner commits no effect after its successor started. An
 // [Config.Ephemeral] watcher saves no token and refuses. Legacy changelogs work as upgraded ones
-// do. The watcher's role needs SELECT, INSERT and DELETE on "<changelog>_acks".
+// do. The watcher's role needs SELECT, INSERT and DELETE on "<changelog>_acks" and SELECT on
+// "<changelog>_parked".
 func (w *Watcher) ProcessTx(ctx context.Context, opts ProcessOptions, handle TxHandler) error {
 	var refuse error
 	switch {

@@ -372,3 +372,28 @@ func TestLiveProcessTxIdleTransactionEnded(t *testing.T) {
 	require.Equal(t, ids, e.effectIDs())
 	require.Equal(t, uint64(1), w.Stats().Process.Retries, "the ended transaction's commit failed")
 }
+
+// A parked event's acknowledgement row outlives the token's certifying it: the row is the only
+// record that the event's effects committed (an attempt whose commit reported an error but
+// took effect, then parked), so a rerun must find it and not apply the effects again.
+func TestLiveProcessTxCompactionKeepsParkedEventsRows(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	ids := e.insert(2)
+	cfg := e.config(ModePolling)
+	cfg.StartFromBeginning = true
+	w := e.start(cfg)
+	require.Equal(t, ids, receiveWithin(t, w, 2, liveWait))
+	for _, id := range ids {
+		_, err := e.db.Exec(`INSERT INTO datastore_changelog_acks (client_name, changelog_id) VALUES ('c', $1)`, id)
+		require.NoError(t, err)
+	}
+	_, err := e.db.Exec(`INSERT INTO datastore_changelog_parked (client_name, event_key, table_name, changelog_id, event, error, attempts, blocking)
+		VALUES ('c', 'k', 'items', $1, '{}', 'commit failed', 5, false)`, ids[0])
+	require.NoError(t, err)
+	require.NoError(t, w.MarkProcessed(context.Background(), tok(ids[1])))
+	n, err := w.compactAcks(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+	require.Equal(t, ids[:1], e.ackRows("c"), "the parked event keeps its row")
+}
