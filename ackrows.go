@@ -62,7 +62,9 @@ func (w *Watcher) claimAck(ctx context.Context, tx *sql.Tx, id int64) (bool, err
 }
 
 // compactAcks deletes the client's acknowledgement rows that its saved token certifies (or
-// whose changelog row is gone): their events are never delivered again.
+// whose changelog row is gone): their events are never delivered again. The rows of its parked
+// events stay: a parked event is certified, but its rerun must still find a claim committed by
+// an attempt whose commit reported an error and took effect.
 func (w *Watcher) compactAcks(ctx context.Context) (int64, error) {
 	w.mu.Lock()
 	saved, loaded := w.savedMirror, w.loaded

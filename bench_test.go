@@ -216,7 +216,7 @@ func BenchmarkProcess(b *testing.B) {
 			}()
 			b.ReportAllocs()
 			o := ProcessOptions{Workers: c.workers, Key: c.key, MaxKeyQueue: c.maxKeyQueue}.withDefaults()
-			if err := w.process(ctx, w.events, o, handle); err != nil {
+			if err := w.process(ctx, w.events, o, w.handlerStep(handle)); err != nil {
 				b.Fatal(err)
 			}
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")

@@ -128,8 +128,23 @@ func (s *sqlParkedStore) repark(ctx context.Context, id int64, attempts int, err
 }
 
 func (s *sqlParkedStore) finish(ctx context.Context, id int64) error {
-	_, err := s.db.ExecContext(ctx, `DELETE FROM `+s.table+` WHERE client_name = $1 AND id = $2`, s.client, id)
-	return s.check("remove parked event", err)
+	_, err := s.finishIn(ctx, s.db, id)
+	return err
+}
+
+// execer is a *sql.DB or a *sql.Tx.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// finishIn deletes the parked event id through ex; it returns false when there was none.
+func (s *sqlParkedStore) finishIn(ctx context.Context, ex execer, id int64) (bool, error) {
+	res, err := ex.ExecContext(ctx, `DELETE FROM `+s.table+` WHERE client_name = $1 AND id = $2`, s.client, id)
+	if err != nil {
+		return false, s.check("remove parked event", err)
+	}
+	n, err := res.RowsAffected()
+	return n == 1, s.check("remove parked event", err)
 }
 
 // parkedAdmin resolves opts and returns the store of client.

@@ -152,11 +152,42 @@ var errProcessRunning = errors.New("pgchangestream: Process is already running o
 // context), saves the checkpoint with a bounded context of its own, and waits for every
 // goroutine it started.
 func (w *Watcher) Process(ctx context.Context, opts ProcessOptions, handle Handler) error {
+	var refuse error
+	if handle == nil {
+		refuse = errNilHandler
+	}
+	return w.runProcess(ctx, opts, refuse, w.handlerStep(handle))
+}
+
+// errNilHandler is the refusal of a Process without a handler.
+var errNilHandler = fmt.Errorf("%w: Process: the handler is nil", ErrInvalidConfig)
+
+// handlerStep is Process's step: the handler, a panic recovered.
+func (w *Watcher) handlerStep(handle Handler) processStep {
+	return processStep{run: func(ctx context.Context, j *procrun.Job[EventWithToken]) error {
+		return w.runHandler(ctx, handle, j.Ev)
+	}}
+}
+
+// processStep is what differs between Process and ProcessTx: the per-event step, and a
+// background task (nil for Process) that runs while the engine does and is stopped after the
+// final save.
+type processStep struct {
+	run        func(ctx context.Context, j *procrun.Job[EventWithToken]) error
+	background func(ctx context.Context) (stop func())
+}
+
+// runProcess checks the call (refuse is the caller's own objection, if any), then runs the
+// engine with step; see Process.
+func (w *Watcher) runProcess(ctx context.Context, opts ProcessOptions, refuse error, step processStep) error {
 	if w.cfgErr != nil {
 		return w.cfgErr
 	}
-	opts, err := checkProcess(opts, handle)
-	if err != nil {
+	if refuse != nil {
+		return refuse
+	}
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
 		return err
 	}
 	w.lifeMu.Lock()
@@ -173,7 +204,7 @@ func (w *Watcher) Process(ctx context.Context, opts ProcessOptions, handle Handl
 		w.log.Warn("ProcessOptions.MaxInFlight and Config.BufferSize exceed Config.MaxPending: the oldest deliveries may be evicted into the floor, which holds the checkpoint until a later acknowledgement",
 			"max_in_flight", opts.MaxInFlight, "buffer_size", w.cfg.BufferSize, "max_pending", w.cfg.MaxPending)
 	}
-	err = w.process(ctx, w.events, opts, handle)
+	err := w.process(ctx, w.events, opts, step)
 	if ctx.Err() == nil && err == nil { // Events closed: the watcher stopped
 		return w.Err()
 	}
@@ -183,20 +214,23 @@ func (w *Watcher) Process(ctx context.Context, opts ProcessOptions, handle Handl
 // checkProcess returns opts with the defaults filled in, or why Process refuses them.
 func checkProcess(opts ProcessOptions, handle Handler) (ProcessOptions, error) {
 	if handle == nil {
-		return opts, fmt.Errorf("%w: Process: the handler is nil", ErrInvalidConfig)
+		return opts, errNilHandler
 	}
 	opts = opts.withDefaults()
 	return opts, opts.validate()
 }
 
-// process runs the engine over src and saves at the end; see Process.
-func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o ProcessOptions, handle Handler) error {
+// process runs the engine over src with step and saves at the end; see Process.
+func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o ProcessOptions, step processStep) error {
 	var store procrun.Store[EventWithToken]
 	if o.OnFailure != StopOnFailure {
 		store = deadLetters{client: w.cfg.ClientName, s: w.parkedStore()}
 	}
+	if step.background != nil {
+		defer step.background(ctx)()
+	}
 	s := w.startAckSaver(ctx)
-	err := w.runEngine(ctx, src, o, handle, store, s.ack, w.restoreEvent)
+	err := w.runEngine(ctx, src, o, step.run, store, s.ack, w.restoreEvent)
 	s.stop()
 	saveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backgroundSaveTimeout)
 	defer cancel()
@@ -204,22 +238,20 @@ func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o Proc
 	return joinErrors(err, saveErr)
 }
 
-// runEngine runs the engine over src with o (defaults filled in), handle, the dead-letter store
-// (nil under StopOnFailure), advance, told of each advance of the mark, and restore, which reads
-// a deferred event again (nil: no event is deferred). It counts into w.procStats and logs
-// through w.log only, so the test kit's fake runs its Process on it too.
-func (w *Watcher) runEngine(ctx context.Context, src <-chan EventWithToken, o ProcessOptions, handle Handler,
-	store procrun.Store[EventWithToken], advance func(EventWithToken),
-	restore func(context.Context, EventWithToken) (EventWithToken, error)) error {
+// runEngine runs the engine over src with o (defaults filled in), the per-event step run, the
+// dead-letter store (nil under StopOnFailure), advance, told of each advance of the mark, and
+// restore, which reads a deferred event again (nil: no event is deferred). It counts into
+// w.procStats and logs through w.log only, so the test kit's fake runs its Process on it too.
+func (w *Watcher) runEngine(ctx context.Context, src <-chan EventWithToken, o ProcessOptions,
+	run func(context.Context, *procrun.Job[EventWithToken]) error, store procrun.Store[EventWithToken],
+	advance func(EventWithToken), restore func(context.Context, EventWithToken) (EventWithToken, error)) error {
 	po := procrun.Options{Workers: o.Workers, MaxInFlight: o.MaxInFlight, MaxKeyQueue: o.MaxKeyQueue,
 		MaxDeferred: o.MaxDeferred, MaxAttempts: o.MaxAttempts,
 		Policy: procrun.Policy(o.OnFailure), Grace: o.GracePeriod, PollInterval: o.ParkedPollInterval,
 		Delay: retryDelay(o.RetryMinBackoff, o.RetryMaxBackoff)}
 	h := procrun.Hooks[EventWithToken]{
-		Key: w.safeKey(o.Key),
-		Run: func(ctx context.Context, j *procrun.Job[EventWithToken]) error {
-			return w.runHandler(ctx, handle, j.Ev)
-		},
+		Key:     w.safeKey(o.Key),
+		Run:     run,
 		Advance: advance,
 		Store:   store,
 		Stats:   &w.procStats,

@@ -84,7 +84,8 @@ type queries struct {
 	// acknowledgement row of client $1's event $2, unless one exists; the fenced form only while
 	// the token row holds owner epoch $3, which it locks FOR KEY SHARE (see ackrows.go).
 	// epochOf: the token row's owner epoch. compactAcks deletes client $1's acknowledgement rows
-	// whose changelog row is gone or certified by the condition that follows it.
+	// whose changelog row is gone or certified by the condition that follows it, except those of
+	// the client's parked events (a rerun must find them).
 	claimAck, claimAckFenced, epochOf, compactAcks string
 	// markLegacy, markPhase, markDelta, markSwitch and markInDelta set the legacy processed flag
 	// of the rows newly certified since the rows last marked (the background marker runs them
@@ -191,7 +192,8 @@ func buildQueries(cfg Config) queries {
 	WHERE tok.client_name = $1 AND ` + fenceCondition + ` FOR KEY SHARE ON CONFLICT DO NOTHING`,
 		epochOf: `SELECT ` + epochColumn + ` FROM ` + tok + ` WHERE client_name = $1`,
 		compactAcks: `DELETE FROM ` + acks + ` AS a WHERE a.client_name = $1 AND NOT EXISTS (
-	SELECT FROM ` + cl + ` c WHERE c.id = a.changelog_id AND NOT `,
+	SELECT FROM ` + quoteIdentifier(parkedTable(cfg.ChangelogTable)) + ` p WHERE p.client_name = a.client_name AND p.changelog_id = a.changelog_id)
+	AND NOT EXISTS (SELECT FROM ` + cl + ` c WHERE c.id = a.changelog_id AND NOT `,
 		bumpEpoch: `UPDATE ` + tok + ` SET ` + epochColumn + ` = ` + epochColumn + ` + 1 WHERE client_name = $1 AND ` +
 			epochColumn + ` IS NOT NULL AND client_name IN (` + lockForUpdate(tok, "$1") + `)`,
 		markLegacy: mark(legacyIDs(`($2, $3)`, upTo)),

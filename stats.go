@@ -36,10 +36,13 @@ type Stats struct {
 // ProcessStats are the counters of [Watcher.Process]: gauges of the run in progress (0 when
 // none runs) and totals over every run of the watcher.
 type ProcessStats struct {
-	InFlight    int           // events taken from Events and not finished
-	Deferred    int           // of InFlight, those kept as a token only (see ProcessOptions.MaxKeyQueue)
-	BusyWorkers int           // handlers (or dead-letter calls) running
-	Handled     uint64        // handler runs that succeeded, reruns of parked events included
+	InFlight    int    // events taken from Events and not finished
+	Deferred    int    // of InFlight, those kept as a token only (see ProcessOptions.MaxKeyQueue)
+	BusyWorkers int    // handlers (or dead-letter calls) running
+	Handled     uint64 // handler runs that succeeded, reruns of parked events included
+	// AlreadyDone counts the events [Watcher.ProcessTx] finished without calling the handler:
+	// their claim found them committed before (or the parked event to rerun was dropped).
+	AlreadyDone uint64
 	Retries     uint64        // failed attempts that were retried
 	Parked      uint64        // events this watcher parked in the dead-letter table
 	HandlerTime time.Duration // the sum of the handlers' durations
@@ -78,7 +81,7 @@ func (w *Watcher) Stats() Stats {
 func (w *Watcher) processStats() ProcessStats {
 	p := &w.procStats
 	n, key := p.Longest()
-	return ProcessStats{InFlight: int(p.InFlight.Load()), Deferred: int(p.Deferred.Load()), BusyWorkers: int(p.Busy.Load()), Handled: p.Handled.Load(),
+	return ProcessStats{InFlight: int(p.InFlight.Load()), Deferred: int(p.Deferred.Load()), BusyWorkers: int(p.Busy.Load()), Handled: p.Handled.Load(), AlreadyDone: p.Done.Load(),
 		Retries: p.Retries.Load(), Parked: p.Parked.Load(), HandlerTime: time.Duration(p.HandlerTime.Load()),
 		LongestKeyQueue: n, LongestKey: key}
 }

@@ -46,7 +46,7 @@ func TestLiveTxAckExactlyOnceProcessKill(t *testing.T) {
 				if drain {
 					run = 3 * time.Second
 				}
-				killedIn[runTxAckChildFor(t, e, mode, run)]++
+				killedIn[runChildFor(t, e, "TestLiveTxAckExactlyOnceProcessKill", mode, run)]++
 				kills++
 				return true
 			}
@@ -58,12 +58,12 @@ func TestLiveTxAckExactlyOnceProcessKill(t *testing.T) {
 	}
 }
 
-// runTxAckChildFor starts the child consumer, kills it with SIGKILL after run, and returns the
-// phase it last reported: "begin" or "acked" (a transaction open, before or after
+// runChildFor starts the child consumer (the test named test, run with the child's environment),
+// kills it with SIGKILL after run, and returns the phase it last reported: "begin" or "acked" (a transaction open, before or after
 // MarkProcessedTx wrote in it), "commit" (committed, before the next event) or "" (before its
 // first transaction).
-func runTxAckChildFor(t *testing.T, e *liveEnv, mode Mode, run time.Duration) string {
-	child := exec.Command(os.Args[0], "-test.run=^TestLiveTxAckExactlyOnceProcessKill$")
+func runChildFor(t *testing.T, e *liveEnv, test string, mode Mode, run time.Duration) string {
+	child := exec.Command(os.Args[0], "-test.run=^"+test+"$")
 	child.Env = append(os.Environ(), txAckChildDSN+"="+e.dsn, txAckChildMode+"="+string(mode))
 	out, err := child.StdoutPipe()
 	require.NoError(t, err)

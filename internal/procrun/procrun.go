@@ -84,7 +84,8 @@ type Store[E any] interface {
 type Hooks[E any] struct {
 	Key func(E) string
 	// Run is the per-event step: call the handler (recovering a panic into an error). A nil
-	// error finishes the event.
+	// error (or ErrDone) finishes the event; an error wrapped by Fatal stops the run; any other
+	// error is a failed attempt.
 	Run func(ctx context.Context, j *Job[E]) error
 	// Advance is called by the dispatcher when the mark advances, with the last event of the
 	// finished prefix; it must not block (acknowledge in memory, wake a saver).

@@ -2,6 +2,7 @@ package procrun
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,8 +48,19 @@ func (d *dispatcher[E]) do(ctx context.Context, t task[E]) result[E] {
 	start := time.Now()
 	err := d.h.Run(ctx, j)
 	s.HandlerTime.Add(int64(time.Since(start)))
-	if err == nil {
-		s.Handled.Add(1)
+	var fatal fatalError
+	switch {
+	case errors.As(err, &fatal):
+		j.Attempts++
+		j.LastErr = fatal.err
+		r.outcome = failed
+		return r
+	case err == nil || errors.Is(err, ErrDone):
+		if err == nil {
+			s.Handled.Add(1)
+		} else {
+			s.Done.Add(1)
+		}
 		if j.Parked == 0 || store(func() error { return d.h.Store.Finish(ctx, j.Parked) }) {
 			r.outcome = finished
 		}
@@ -82,6 +94,19 @@ func (d *dispatcher[E]) do(ctx context.Context, t task[E]) result[E] {
 	return r
 }
 
+// ErrDone, returned (wrapped or not) by Run, says the event was done already, without running
+// its handler: it finishes as a success does, and counts in Stats.Done instead of Handled.
+var ErrDone = errors.New("procrun: the event was done already")
+
+// Fatal wraps a Run error that must be neither retried nor parked: the run stops with it at
+// once (a *Failure whose Err is err), whatever the policy and the attempts left.
+func Fatal(err error) error { return fatalError{err} }
+
+type fatalError struct{ err error }
+
+func (f fatalError) Error() string { return f.err.Error() }
+func (f fatalError) Unwrap() error { return f.err }
+
 // Stats are the run's counters, safe for concurrent use: the gauges are stored by the
 // dispatcher, the counters added by workers, the longest queue noted by the dispatcher under mu.
 type Stats struct {
@@ -89,6 +114,7 @@ type Stats struct {
 	Deferred    atomic.Int64  // of those, the deferred ones not being restored
 	Busy        atomic.Int64  // tasks at workers
 	Handled     atomic.Uint64 // handler runs that succeeded
+	Done        atomic.Uint64 // runs that found their event done already (ErrDone)
 	Retries     atomic.Uint64 // failed attempts retried
 	Parked      atomic.Uint64 // events parked
 	HandlerTime atomic.Int64  // nanoseconds spent in handlers

@@ -20,7 +20,8 @@ type drainSpec struct {
 	// checkpointInterval is Config.CheckpointInterval: 0 saves on every MarkProcessed.
 	checkpointInterval time.Duration
 	// workers > 0 hands deliveries to that many goroutines, which finish out of order and
-	// acknowledge the contiguous watermark; 0 acknowledges each event as it is received.
+	// acknowledge the contiguous watermark; 0 acknowledges each event as it is received. With
+	// effectsProcessTx it is ProcessOptions.Workers.
 	workers int
 	// disableProcessedFlag leaves Config.ProcessedFlag off: no legacy processed flag is set.
 	disableProcessedFlag bool
@@ -97,6 +98,8 @@ func drain(ctx context.Context, d *database, client string, n int, spec drainSpe
 	start := time.Now()
 	w.Start(ctx)
 	switch {
+	case spec.effects == effectsProcessTx:
+		err = consumeProcessTx(ctx, w, d, n, spec.workers)
 	case spec.effects != noEffects:
 		err = consumeWithEffects(ctx, w, d, n, spec.effects)
 	case spec.workers > 0:

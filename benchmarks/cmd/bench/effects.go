@@ -18,6 +18,9 @@ const (
 	effectsInTx
 	// effectsThenAck: INSERT effect (autocommit), then MarkProcessed.
 	effectsThenAck
+	// effectsProcessTx: ProcessTx with drainSpec.workers handlers, INSERT effect in each
+	// event's transaction (processtx.go).
+	effectsProcessTx
 )
 
 // txAckGoal is the lowest ratio of drain_txack_eps to drain_effect_sync_eps: acknowledging in
@@ -25,8 +28,11 @@ const (
 // it.
 const txAckGoal = 0.8
 
-// effectsTable receives one row per event of an effects drain.
-const effectsTable = "bench_effects"
+// effectsTable receives one row per event of an effects drain; effectInsert writes one.
+const (
+	effectsTable = "bench_effects"
+	effectInsert = `INSERT INTO ` + effectsTable + ` (changelog_id) VALUES ($1)`
+)
 
 // createEffects creates the effects table of a drain.
 func (d *database) createEffects(ctx context.Context) error {
@@ -36,7 +42,7 @@ func (d *database) createEffects(ctx context.Context) error {
 
 // consumeWithEffects writes one effect row per event and acknowledges it as mode says.
 func consumeWithEffects(ctx context.Context, w *pgchangestream.Watcher, d *database, n int, mode effectMode) error {
-	const insert = `INSERT INTO ` + effectsTable + ` (changelog_id) VALUES ($1)`
+	const insert = effectInsert
 	for range n {
 		ev, err := receive(ctx, w)
 		if err != nil {

@@ -65,7 +65,9 @@ func (r *results) drainTargets(v variant) []target {
 			k("drain_sync_noflag_eps"), "upsert_limit_wps", 0.8),
 	}
 	ts = append(ts, ratioTarget(label("effect + MarkProcessedTx in one tx / effect then MarkProcessed"),
-		f("drain_txack_eps"), f("drain_effect_sync_eps"), k("drain_txack_eps"), k("drain_effect_sync_eps"), txAckGoal))
+		f("drain_txack_eps"), f("drain_effect_sync_eps"), k("drain_txack_eps"), k("drain_effect_sync_eps"), txAckGoal),
+		ratioTarget(label("ProcessTx, 8 workers / 1 worker"), f("process_tx_w8_eps"), f("process_tx_w1_eps"),
+			k("process_tx_w8_eps"), k("process_tx_w1_eps"), processTxGoal))
 	for _, b := range r.Params.Backlogs {
 		goal := 2.0
 		if b < 10_000 {

@@ -79,6 +79,10 @@ func throughputs(o options) []throughput {
 			"DisableProcessedFlag", n, drainSpec{effects: effectsInTx, disableProcessedFlag: true}),
 		drainWith("drain_effect_sync_eps", "one effect row per event: INSERT effect (autocommit), then MarkProcessed "+
 			"(CheckpointInterval 0), DisableProcessedFlag", n, drainSpec{effects: effectsThenAck, disableProcessedFlag: true}),
+		drainWith("process_tx_w1_eps", "one effect row per event in the transaction ProcessTx owns (claim, effect, "+
+			"commit), Workers 1, DisableProcessedFlag", n, drainSpec{effects: effectsProcessTx, workers: 1, disableProcessedFlag: true}),
+		drainWith("process_tx_w8_eps", "process_tx_w1 with Workers 8", n,
+			drainSpec{effects: effectsProcessTx, workers: 8, disableProcessedFlag: true}),
 		drainWith("drain_sync_concurrent_eps", itoa(concurrentWorkers)+
 			" workers, contiguous watermark acked, CheckpointInterval 0", n, drainSpec{workers: concurrentWorkers}),
 		watermillAt(n, func(key string) string { return key }),
