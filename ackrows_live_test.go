@@ -19,17 +19,7 @@ func claimIn(t *testing.T, e *liveEnv, w *Watcher, id int64) (*sql.Tx, bool, err
 // ackRows returns the changelog ids of client's acknowledgement rows, in order.
 func (e *liveEnv) ackRows(client string) []int64 {
 	e.t.Helper()
-	rows, err := e.db.Query(`SELECT changelog_id FROM datastore_changelog_acks WHERE client_name = $1 ORDER BY 1`, client)
-	require.NoError(e.t, err)
-	defer rows.Close()
-	var ids []int64
-	for rows.Next() {
-		var id int64
-		require.NoError(e.t, rows.Scan(&id))
-		ids = append(ids, id)
-	}
-	require.NoError(e.t, rows.Err())
-	return ids
+	return e.queryIDs(e.db, `SELECT changelog_id FROM datastore_changelog_acks WHERE client_name = $1 ORDER BY 1`, client)
 }
 
 func TestLiveAckClaimOnceAndInParallel(t *testing.T) {

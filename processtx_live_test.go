@@ -45,17 +45,7 @@ func (r *txRecorder) called() []int64 {
 // effectIDs returns the changelog ids of the effects table, in order.
 func (e *liveEnv) effectIDs() []int64 {
 	e.t.Helper()
-	rows, err := e.db.Query(`SELECT changelog_id FROM effects ORDER BY 1`)
-	require.NoError(e.t, err)
-	defer rows.Close()
-	var ids []int64
-	for rows.Next() {
-		var id int64
-		require.NoError(e.t, rows.Scan(&id))
-		ids = append(ids, id)
-	}
-	require.NoError(e.t, rows.Err())
-	return ids
+	return e.queryIDs(e.db, `SELECT changelog_id FROM effects ORDER BY 1`)
 }
 
 func (e *liveEnv) createEffects() {
