@@ -108,8 +108,7 @@ func (e EventWithToken) documentJSON() []byte {
 			return nil
 		}
 	default:
-		m, isMap := full.(map[string]any)
-		if !isMap || len(m) != r.keys || reflect.ValueOf(m).UnsafePointer() != reflect.ValueOf(r.built).UnsafePointer() {
+		if m, _ := full.(map[string]any); !isMap(full, r.built) || len(m) != r.keys {
 			return nil
 		}
 	}

@@ -123,14 +123,17 @@ var rawDocSeeds = []string{
 }
 
 // fuzzRow makes a changelog row of doc: wrap 0 publishes it whole, 1 as the "document" of a
-// health_events row, 2 beside a created_at column; an odd op makes it an update of itself.
+// health_events row, 2 beside a created_at column, 3 as the created_at column, unwrapped (so it
+// is also the createdAt added to itself); an odd op makes it an update of itself.
 func fuzzRow(doc string, op, wrap uint8) (*changelogRow, string) {
 	field, newValues := "", doc
-	switch wrap % 3 {
+	switch wrap % 4 {
 	case 1:
 		field, newValues = "document", `{"id": "outer", "document": `+doc+`}`
 	case 2:
 		field, newValues = "document", `{"created_at": "2025-03-14T15:09:26Z", "document": `+doc+`}`
+	case 3:
+		field, newValues = "created_at", `{"created_at": `+doc+`}`
 	}
 	row := evRow("INSERT", "", newValues)
 	if op%2 == 1 {
@@ -194,7 +197,7 @@ func requireSameResult(t *testing.T, want, got func() (string, error)) {
 
 func TestUnmarshalDocumentMatchesTheMapRoundTrip(t *testing.T) {
 	for _, doc := range append(append([]string{}, rawDocSeeds...), decodeSeeds...) {
-		for wrap := range uint8(3) {
+		for wrap := range uint8(4) {
 			for op := range uint8(2) {
 				row, field := fuzzRow(doc, op, wrap)
 				requireSameDocument(t, row, field)
