@@ -55,7 +55,8 @@ func chartsMarkdown(r *results) string {
 		return ""
 	}
 	var b strings.Builder
-	b.WriteString("## Charts\n\nDrawn by the same run from the figures below.\n\n")
+	b.WriteString("## Charts\n\nDrawn by the same run from the figures below, as SVG files in `" + chartsDir +
+		"/` beside this page (`-out` draws them beside its report).\n\n")
 	for _, c := range cs {
 		fmt.Fprintf(&b, "**%s**\n\n![%s](%s/%s)\n\n", c.caption, strings.TrimSuffix(c.file, ".svg"), chartsDir, c.file)
 	}
