@@ -41,7 +41,7 @@ check-module-graph: ## fail if a module importing the library would require cont
 fmt: ## format the code
 	gofmt -w $$(git ls-files '*.go')
 
-bench: ## run the benchmark command (fsync on) and rewrite docs/benchmarks.md
+bench: ## run the benchmark command (fsync on) and rewrite docs/benchmarks.md and its charts (docs/benchmarks/*.svg)
 	cd benchmarks && $(GO) run ./cmd/bench -out ../docs/benchmarks.md
 
 bench-quick: ## a reduced benchmark run, printed only

@@ -16,6 +16,8 @@ import (
 //     equal ignoring case (so each name reaches the same struct field, whatever the order);
 //   - no name is "createdat" (renamed by the round trip) and the top level has no "document"
 //     (unwrapped by it).
+//
+// It reads data once and allocates nothing for objects of up to len(nameSet.small) members.
 func canonicalJSON(data []byte) bool {
 	i, ok := canonicalValue(data, skipSpace(data, 0), 0)
 	return ok && skipSpace(data, i) == len(data)
@@ -26,7 +28,8 @@ func canonicalJSON(data []byte) bool {
 func canonicalValue(data []byte, i, depth int) (int, bool) {
 	switch c := data[i]; {
 	case c == '{':
-		return canonicalObject(data, i, depth+1)
+		var names nameSet
+		return canonicalObject(data, i, depth+1, &names)
 	case c == '[':
 		if i = skipSpace(data, i+1); data[i] == ']' {
 			return i + 1, true
@@ -42,30 +45,30 @@ func canonicalValue(data []byte, i, depth int) (int, bool) {
 			i = skipSpace(data, i+1) // past the comma
 		}
 	case c == '"':
-		end := skipValidString(data, i)
-		return end, canonicalString(data[i+1 : end-1])
+		return canonicalString(data, i)
 	case c == '-' || isDigit(c):
 		end := skipNumber(data, i)
 		return end, canonicalNumber(data[i:end])
+	case c == 'f':
+		return i + len("false"), true
 	default:
-		return skipValue(data, i), true // true, false or null
+		return i + len("true"), true // true or null
 	}
 }
 
 // canonicalObject checks the object at data[i], the depth-th container, and returns the index
-// after it.
-func canonicalObject(data []byte, i, depth int) (int, bool) {
-	var names nameSet
+// after it. names holds the names the object is taken to have already (fullDocumentJSON writes
+// members in front), and gets the object's own.
+func canonicalObject(data []byte, i, depth int, names *nameSet) (int, bool) {
 	if i = skipSpace(data, i+1); data[i] == '}' {
 		return i + 1, true
 	}
 	for {
-		end := skipValidString(data, i)
+		end, ok := plainName(data, i)
 		name := data[i+1 : end-1]
-		if !plainName(name) || string(name) == "createdat" || depth == 1 && string(name) == "document" || !names.add(name) {
+		if !ok || string(name) == "createdat" || depth == 1 && string(name) == "document" || !names.add(name) {
 			return 0, false
 		}
-		var ok bool
 		if i, ok = canonicalValue(data, skipSpace(data, skipSpace(data, end)+1), depth); !ok {
 			return 0, false
 		}
@@ -76,68 +79,107 @@ func canonicalObject(data []byte, i, depth int) (int, bool) {
 	}
 }
 
-// plainName reports whether a member name is printable ASCII without escapes.
-func plainName(name []byte) bool {
-	for _, c := range name {
-		if c < 0x20 || c > 0x7e || c == '\\' {
-			return false
-		}
+// stringStop and nameStop mark the bytes the scans of a string stop at: in a canonical string,
+// the quote and each byte that may make it other than json.Marshal writes it (an escape, <, >,
+// &, a multi-byte character); in a member name, the quote and each byte that is not printable
+// ASCII without escapes.
+var stringStop, nameStop = func() (str, name [256]bool) {
+	for c := range 256 {
+		str[c] = c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' || c >= utf8.RuneSelf
+		name[c] = c == '"' || c == '\\' || c < 0x20 || c > 0x7e
 	}
-	return true
+	return str, name
+}()
+
+// plainName returns the index after the member name starting at data[i] == '"' of valid JSON
+// and whether the name is printable ASCII without escapes.
+func plainName(data []byte, i int) (int, bool) {
+	for i++; !nameStop[data[i]]; i++ {
+	}
+	return i + 1, data[i] == '"'
 }
 
-// nameSet holds the member names of one object, compared ignoring ASCII case: in a slice for
-// the first few, then in a map of their upper-case forms.
+// canonicalString returns the index after the string starting at data[i] == '"' of valid JSON
+// and whether json.Marshal writes it as it is: no escapes, no characters json.Marshal escapes
+// (<, >, &, U+2028, U+2029) and valid UTF-8.
+func canonicalString(data []byte, i int) (int, bool) {
+	for i++; ; {
+		for !stringStop[data[i]] {
+			i++
+		}
+		switch c := data[i]; {
+		case c == '"':
+			return i + 1, true
+		case c < utf8.RuneSelf: // an escape, '<', '>' or '&'
+			return 0, false
+		}
+		r, size := utf8.DecodeRune(data[i:])
+		if r == utf8.RuneError && size == 1 || r == '\u2028' || r == '\u2029' {
+			return 0, false
+		}
+		i += size
+	}
+}
+
+// nameSet holds the member names of one object, compared ignoring ASCII case (all are ASCII):
+// in an array for the first few, then also in a map of their upper-case forms.
 type nameSet struct {
-	small [16][]byte
+	small [32][]byte
 	n     int
-	many  map[string]struct{}
+	many  map[string][]byte // upper-case form -> name, once small is full
 }
 
 // add adds name and reports whether no name equal to it ignoring case was there.
 func (s *nameSet) add(name []byte) bool {
-	if s.many == nil && s.n < len(s.small) {
-		for _, seen := range s.small[:s.n] {
-			if bytes.EqualFold(seen, name) {
-				return false
-			}
-		}
+	if _, dup := s.find(name); dup {
+		return false
+	}
+	if s.n < len(s.small) {
 		s.small[s.n] = name
 		s.n++
 		return true
 	}
 	if s.many == nil {
-		s.many = make(map[string]struct{}, 2*len(s.small))
-		for _, seen := range s.small[:s.n] {
-			s.many[string(bytes.ToUpper(seen))] = struct{}{}
-		}
+		s.many = make(map[string][]byte, 2*len(s.small))
 	}
-	key := string(bytes.ToUpper(name))
-	if _, dup := s.many[key]; dup {
-		return false
-	}
-	s.many[key] = struct{}{}
+	s.many[string(bytes.ToUpper(name))] = name
 	return true
 }
 
-// canonicalString reports whether json.Marshal writes the string whose JSON text (between
-// the quotes) is s as s: no escapes, no characters json.Marshal escapes (<, >, &, U+2028,
-// U+2029) and valid UTF-8.
-func canonicalString(s []byte) bool {
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c == '\\' || c == '<' || c == '>' || c == '&' {
-				return false
-			}
-			i++
+// find returns the name of s equal to name ignoring case.
+func (s *nameSet) find(name []byte) ([]byte, bool) {
+	for _, seen := range s.small[:s.n] {
+		if asciiEqualFold(seen, name) {
+			return seen, true
+		}
+	}
+	if s.many == nil {
+		return nil, false
+	}
+	seen, ok := s.many[string(bytes.ToUpper(name))]
+	return seen, ok
+}
+
+// asciiEqualFold reports whether the ASCII texts a and b are equal ignoring case, as
+// bytes.EqualFold, without its Unicode folding.
+func asciiEqualFold(a, b []byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := a[i], b[i]
+		if x == y {
 			continue
 		}
-		r, size := utf8.DecodeRune(s[i:])
-		if r == utf8.RuneError && size == 1 || r == '\u2028' || r == '\u2029' {
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
 			return false
 		}
-		i += size
 	}
 	return true
 }

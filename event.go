@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"time"
 )
@@ -137,18 +138,25 @@ func (d *documentDecoder) decode(column string, data []byte) (doc, outer map[str
 // unwrapDocument finishes a document taken from the field of the row's value outer: its "id"
 // becomes the record id and, when outer has a created_at column and the document no
 // "createdAt", "createdAt" is set to it, as the replaced watcher does for health_events. A
-// document not unwrapped (outer nil) is returned as it is.
+// document not unwrapped (outer nil) is returned as it is. A document taken from created_at
+// itself (DocumentField "created_at") is not set into itself, which would make it cyclic.
 func unwrapDocument(doc, outer map[string]any, recordID string) map[string]any {
 	if outer == nil {
 		return doc
 	}
 	doc["id"] = recordID
-	if createdAt, ok := outer["created_at"]; ok {
+	if createdAt, ok := outer["created_at"]; ok && !isMap(createdAt, doc) {
 		if _, has := doc["createdAt"]; !has {
 			doc["createdAt"] = createdAt
 		}
 	}
 	return doc
+}
+
+// isMap reports whether v is the map m itself.
+func isMap(v any, m map[string]any) bool {
+	vm, ok := v.(map[string]any)
+	return ok && reflect.ValueOf(vm).UnsafePointer() == reflect.ValueOf(m).UnsafePointer()
 }
 
 // diffInto adds to out every leaf of newDoc that is new or differs from oldDoc, keyed by its

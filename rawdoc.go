@@ -2,11 +2,16 @@ package pgchangestream
 
 import (
 	"bytes"
+	"encoding"
 	"encoding/json"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
+
+	gojson "github.com/goccy/go-json"
 )
 
 // rawDocument is what the watcher keeps of a delivered row so that [EventWithToken.UnmarshalDocument]
@@ -103,54 +108,119 @@ func (e EventWithToken) documentJSON() []byte {
 			return nil
 		}
 	default:
-		m, isMap := full.(map[string]any)
-		if !isMap || len(m) != r.keys || reflect.ValueOf(m).UnsafePointer() != reflect.ValueOf(r.built).UnsafePointer() {
+		if m, _ := full.(map[string]any); !isMap(full, r.built) || len(m) != r.keys {
 			return nil
 		}
 	}
 	return r.fullDocumentJSON()
 }
 
-// fullDocumentJSON returns the JSON object fullDocument is decoded from, or nil when it cannot
-// be told from the bytes alone: the column new_values of an insert or update, or, when the
-// document is unwrapped from DocumentField, that object with the members unwrapDocument adds
-// ("id", and "createdAt" from created_at) written first. documentJSON calls it only for a row
-// whose fullDocument was decoded, or vouched for by lazyEvent.
+// fullDocumentJSON returns the JSON object fullDocument is decoded from when it passes
+// canonicalJSON, else nil: the column new_values of an insert or update, or, when the document is
+// unwrapped from DocumentField, that object with the members unwrapDocument adds ("id", and
+// "createdAt" from created_at) written first. It reads the column once and allocates only the
+// text it returns. documentJSON calls it only for a row whose fullDocument was decoded, or
+// vouched for by lazyEvent, so the column is valid JSON.
 func (r *rawDocument) fullDocumentJSON() []byte {
 	if r.row.Operation != "INSERT" && r.row.Operation != "UPDATE" {
 		return nil
 	}
-	// The column is valid JSON: the watcher decoded it into fullDocument, or lazyEvent checked it.
 	data := r.row.NewValues
 	if r.field == "" {
-		return data
+		return canonicalOrNil(data)
 	}
-	inner, createdAt, ok := objectMembers(data, r.field, "created_at")
-	if !ok {
+	var (
+		inner, createdAt []byte
+		names            nameSet // of the unwrapped document, "id" first
+		whole            bool    // the member is not an object: the column is published whole
+		ok               bool
+	)
+	names.add(idName)
+	i := skipSpace(data, 0) + 1
+	for {
+		if i = skipSpace(data, i); data[i] == '}' {
+			break
+		}
+		end := skipValidString(data, i)
+		name := data[i+1 : end-1]
+		if bytes.IndexByte(name, '\\') >= 0 {
+			return nil // it may or may not spell the member's name
+		}
+		start := skipSpace(data, skipSpace(data, end)+1) // past the colon
+		switch string(name) {
+		case r.field:
+			if inner != nil {
+				return nil // repeated: left to the round trip
+			}
+			if whole = data[start] != '{'; whole {
+				i = skipValue(data, start)
+			} else if i, ok = canonicalObject(data, start, 1, &names); !ok {
+				return nil
+			}
+			inner = data[start:i]
+		case "created_at":
+			if createdAt != nil {
+				return nil
+			}
+			if i, ok = canonicalValue(data, start, 1); !ok {
+				return nil
+			}
+			createdAt = data[start:i]
+		default:
+			i = skipValue(data, start)
+		}
+		if i = skipSpace(data, i); data[i] == ',' {
+			i++
+		}
+	}
+	if inner == nil || whole {
+		return canonicalOrNil(data) // published whole, as decode does
+	}
+	id := r.row.RecordID
+	if !plainString(id) {
 		return nil
 	}
-	if len(inner) == 0 || inner[0] != '{' {
-		return data // published whole, as decode does
-	}
-	id, err := json.Marshal(r.row.RecordID) // as json.Marshal writes the injected "id"
-	if err != nil {
-		return nil
-	}
-	out := make([]byte, 0, len(inner)+len(id)+32)
-	out = append(append(out, `{"id":`...), id...)
 	if createdAt != nil {
-		has, _, ok := objectMembers(inner, "createdAt", "")
-		if !ok {
-			return nil
+		if taken, found := names.find([]byte("createdAt")); found && string(taken) == "createdAt" {
+			createdAt = nil // the document's own is kept
+		} else if found {
+			return nil // two names that are equal ignoring case
 		}
-		if has == nil {
-			out = append(append(out, `,"createdAt":`...), createdAt...)
-		}
+	}
+	out := make([]byte, 0, len(inner)+len(id)+len(createdAt)+24)
+	out = append(append(append(out, `{"id":"`...), id...), '"')
+	if createdAt != nil {
+		out = append(append(out, `,"createdAt":`...), createdAt...)
 	}
 	if rest := skipSpace(inner, 1); inner[rest] != '}' {
 		out = append(out, ',')
 	}
 	return append(out, inner[1:]...)
+}
+
+// idName is the name of the member fullDocumentJSON writes first.
+var idName = []byte("id")
+
+// canonicalOrNil returns data if it passes canonicalJSON, else nil.
+func canonicalOrNil(data []byte) []byte {
+	if !canonicalJSON(data) {
+		return nil
+	}
+	return data
+}
+
+// plainString reports whether json.Marshal writes s as s between quotes, as canonicalString
+// requires of a string in the text.
+func plainString(s string) bool {
+	if !utf8.ValidString(s) || strings.ContainsAny(s, "\u2028\u2029") {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c < utf8.RuneSelf && stringStop[c] {
+			return false
+		}
+	}
+	return true
 }
 
 // objectMembers returns the values of the last members named a and b of the JSON object data,
@@ -246,36 +316,22 @@ func skipValidString(data []byte, i int) int {
 	}
 }
 
-// decodeBytes decodes data, a JSON object, into v, and reports whether it could: whether
-// decoding data gives v the value and the error-ness that decoding json.Marshal of its map
-// gives, the round trip of unmarshalDocumentMap. That holds when data passes canonicalJSON
-// (every scalar is written as json.Marshal writes it, no two member names of an object fold to
-// the same name, no name is changed by the round trip) and v's type passes plainTarget (only
-// a scalar's bytes reach its decoders, never the spacing or member order of an object).
+// decodeBytes decodes data, a JSON object that passes canonicalJSON, into v, and reports
+// whether it could: whether decoding data gives v the value and the error-ness that decoding
+// json.Marshal of its map gives, the round trip of unmarshalDocumentMap. That holds when data
+// passes canonicalJSON (every scalar is written as json.Marshal writes it, no two member names
+// of an object fold to the same name, no name is changed by the round trip) and v's type passes
+// plainType (only a scalar's bytes reach its decoders, never the spacing or member order of an
+// object).
+//
+// A zero target whose type reaches no encoding.TextUnmarshaler but time.Time is decoded by
+// github.com/goccy/go-json, which, for such texts and types, gives encoding/json's values when it
+// succeeds (FuzzUnmarshalDocumentMatchesTheMapRoundTrip holds it to that); when it fails, the
+// target is zeroed and encoding/json decodes it, so every error is encoding/json's own.
 func decodeBytes(data []byte, v any) (bool, error) {
-	if data == nil || !plainTarget(v) || !canonicalJSON(data) {
-		return false, nil
-	}
-	return true, json.Unmarshal(data, v)
-}
-
-// plainTargets caches plainType by type.
-var plainTargets sync.Map // reflect.Type -> plainType
-
-// plainType is what plainTarget needs to know of a type.
-type plainType struct {
-	plain bool // no json.Unmarshaler other than time.Time can be reached
-	iface bool // an interface can be reached other than as a map element
-}
-
-// plainTarget reports whether v is a non-nil pointer to a value whose decoders see only the
-// decoded members and the bytes of scalars: no json.Unmarshaler other than time.Time is
-// reachable from its type, and, if an interface is (outside map elements, which are decoded
-// into fresh values), the value is zero, so no interface holds a pointer to one.
-func plainTarget(v any) bool {
 	rv := reflect.ValueOf(v)
-	if rv.Kind() != reflect.Pointer || rv.IsNil() {
-		return false
+	if data == nil || rv.Kind() != reflect.Pointer || rv.IsNil() {
+		return false, nil
 	}
 	t := rv.Type().Elem()
 	info, ok := plainTargets.Load(t)
@@ -283,18 +339,39 @@ func plainTarget(v any) bool {
 		info, _ = plainTargets.LoadOrStore(t, inspectType(t, false, map[reflect.Type]bool{}))
 	}
 	p := info.(plainType)
-	return p.plain && (!p.iface || rv.Elem().IsZero())
+	zero := rv.Elem().IsZero()
+	if !p.plain || p.iface && !zero {
+		return false, nil // an interface may hold a pointer to a json.Unmarshaler
+	}
+	if p.fast && zero {
+		if err := gojson.Unmarshal(data, v); err == nil {
+			return true, nil
+		}
+		rv.Elem().SetZero() // what the faster decoder filled in before it failed
+	}
+	return true, json.Unmarshal(data, v)
+}
+
+// plainTargets caches plainType by type.
+var plainTargets sync.Map // reflect.Type -> plainType
+
+// plainType is what decodeBytes needs to know of a type.
+type plainType struct {
+	plain bool // no json.Unmarshaler other than time.Time can be reached
+	iface bool // an interface can be reached other than as a map element
+	fast  bool // plain, and no encoding.TextUnmarshaler other than time.Time can be reached
 }
 
 var (
-	unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
-	timeType        = reflect.TypeFor[time.Time]()
+	unmarshalerType     = reflect.TypeFor[json.Unmarshaler]()
+	textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
+	timeType            = reflect.TypeFor[time.Time]()
 )
 
 // inspectType walks t; inMap says t is a map's element type. seen holds the types on the way.
 func inspectType(t reflect.Type, inMap bool, seen map[reflect.Type]bool) plainType {
 	if t == timeType {
-		return plainType{plain: true}
+		return plainType{plain: true, fast: true}
 	}
 	if t.Kind() == reflect.Pointer { // its methods are those of the type it points to
 		return inspectType(t.Elem(), inMap, seen)
@@ -303,28 +380,29 @@ func inspectType(t reflect.Type, inMap bool, seen map[reflect.Type]bool) plainTy
 		return plainType{}
 	}
 	if seen[t] {
-		return plainType{plain: true}
+		return plainType{plain: true, fast: true}
 	}
 	seen[t] = true
 	defer delete(seen, t)
+	fast := !t.Implements(textUnmarshalerType) && !reflect.PointerTo(t).Implements(textUnmarshalerType)
 	join := func(a, b plainType) plainType {
-		return plainType{plain: a.plain && b.plain, iface: a.iface || b.iface}
+		return plainType{plain: a.plain && b.plain, iface: a.iface || b.iface, fast: a.fast && b.fast}
 	}
 	switch t.Kind() {
 	case reflect.Interface:
-		return plainType{plain: true, iface: !inMap}
+		return plainType{plain: true, iface: !inMap, fast: fast}
 	case reflect.Slice, reflect.Array:
-		return inspectType(t.Elem(), inMap, seen)
+		return join(inspectType(t.Elem(), inMap, seen), plainType{plain: true, fast: fast})
 	case reflect.Map:
 		elem := inspectType(t.Elem(), true, seen)
-		return join(inspectType(t.Key(), inMap, seen), plainType{plain: elem.plain})
+		return join(inspectType(t.Key(), inMap, seen), plainType{plain: elem.plain, fast: fast && elem.fast})
 	case reflect.Struct:
-		p := plainType{plain: true}
+		p := plainType{plain: true, fast: fast}
 		for i := range t.NumField() {
 			p = join(p, inspectType(t.Field(i).Type, inMap, seen))
 		}
 		return p
 	default:
-		return plainType{plain: true}
+		return plainType{plain: true, fast: fast}
 	}
 }

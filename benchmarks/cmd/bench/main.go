@@ -22,6 +22,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -249,6 +250,9 @@ func run(ctx context.Context, o options, stdout, progress io.Writer) (err error)
 		writeTable(stdout, res)
 	}
 	if o.out != "" {
+		if err := writeCharts(res, filepath.Join(filepath.Dir(o.out), chartsDir)); err != nil {
+			return err
+		}
 		return os.WriteFile(o.out, []byte(markdown(res, m)), 0o644)
 	}
 	return nil

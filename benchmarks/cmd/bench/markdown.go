@@ -132,6 +132,7 @@ func markdown(r *results, m machine) string {
 	p("  The ratio divides that time by the same drain on an empty changelog, alternating the two")
 	p("  each repetition; the same is done with per-ack saves and without the processed flag.")
 	p("")
+	b.WriteString(chartsMarkdown(r))
 	p("## Figures")
 	p("")
 	p("| figure | median [min–max] | what |")

@@ -15,7 +15,7 @@ import (
 const libraryModule = "github.com/pgchangestream/pgchangestream"
 
 // microBenchmarks selects the library's micro-benchmarks the report uses.
-const microBenchmarks = `^(BenchmarkPendingPushAck|BenchmarkDeliveryPath|BenchmarkMarkProcessedBatched|BenchmarkCheckpointPosition|BenchmarkBuildEvent)$`
+const microBenchmarks = `^(BenchmarkPendingPushAck|BenchmarkDeliveryPath|BenchmarkMarkProcessedBatched|BenchmarkCheckpointPosition|BenchmarkBuildEvent|BenchmarkUnmarshalDocument)$`
 
 // microResults are the library's in-memory costs per event, from go test -bench (median of
 // the counts).
@@ -36,6 +36,12 @@ type microResults struct {
 	// BuildInsertNs and BuildUpdateNs: one event document from a changelog row of about 1 KB.
 	BuildInsertNs float64 `json:"build_event_insert_ns"`
 	BuildUpdateNs float64 `json:"build_event_update_ns"`
+	// UnmarshalDocumentMapNs and UnmarshalDocumentNs: a ~1 KB health document read into a
+	// struct through the JSON round trip of its map (the old implementation) and by
+	// UnmarshalDocument; UnmarshalDocumentAllocs is the latter's allocations.
+	UnmarshalDocumentMapNs  float64 `json:"unmarshal_document_map_ns"`
+	UnmarshalDocumentNs     float64 `json:"unmarshal_document_ns"`
+	UnmarshalDocumentAllocs float64 `json:"unmarshal_document_allocs"`
 }
 
 // benchLine matches a go test -bench result line with -benchmem.
@@ -72,7 +78,8 @@ func runMicro(ctx context.Context, count int) (*microResults, error) {
 	}
 	need := []string{"BenchmarkPendingPushAck", "BenchmarkDeliveryPath/tracked",
 		"BenchmarkDeliveryPath/untracked", "BenchmarkMarkProcessedBatched", "BenchmarkCheckpointPosition",
-		"BenchmarkBuildEvent/insert", "BenchmarkBuildEvent/update"}
+		"BenchmarkBuildEvent/insert", "BenchmarkBuildEvent/update",
+		"BenchmarkUnmarshalDocument/map-round-trip", "BenchmarkUnmarshalDocument/bytes"}
 	for _, name := range need {
 		if len(ns[name]) == 0 {
 			return nil, fmt.Errorf("no result for %s in:\n%s", name, out.String())
@@ -89,5 +96,8 @@ func runMicro(ctx context.Context, count int) (*microResults, error) {
 		CheckpointAllocs:           median(allocs[need[4]]),
 		BuildInsertNs:              median(ns[need[5]]),
 		BuildUpdateNs:              median(ns[need[6]]),
+		UnmarshalDocumentMapNs:     median(ns[need[7]]),
+		UnmarshalDocumentNs:        median(ns[need[8]]),
+		UnmarshalDocumentAllocs:    median(allocs[need[8]]),
 	}, nil
 }

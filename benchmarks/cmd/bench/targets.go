@@ -42,6 +42,14 @@ func (t target) margin() float64 {
 	return (t.value - t.goal) / t.goal
 }
 
+// unmarshalSpeedupGoal is the least speed-up of UnmarshalDocument over the JSON round trip of
+// the document map it replaced; typedDrainGoal the least rate of a drain whose consumer reads
+// each document into a struct, against the same drain reading nothing.
+const (
+	unmarshalSpeedupGoal = 4
+	typedDrainGoal       = 0.9
+)
+
 // ratioTarget is a lower bound on the ratio of figure a to figure b.
 func ratioTarget(name string, a, b float64, aKey, bKey string, goal float64) target {
 	v, ok := ratio(a, b)
@@ -84,6 +92,8 @@ func (r *results) drainTargets(v variant) []target {
 			f("watcher_read_limit_rps"), k("drain_batched_noflag_eps"), k("watcher_read_limit_rps"), 0.8),
 		ratioTarget(label("health-shaped drain / items drain (within 2x)"), f("drain_health_eps"), f("drain_batched_eps"),
 			k("drain_health_eps"), k("drain_batched_eps"), 0.5),
+		ratioTarget(label("typed health drain (Document) / drain_health"), f("drain_health_typed_eps"), f("drain_health_eps"),
+			k("drain_health_typed_eps"), k("drain_health_eps"), typedDrainGoal),
 		ratioTarget(label("bulk one-transaction drain / drain_sync"), f("drain_bulk_sync_eps"), f("drain_sync_eps"),
 			k("drain_bulk_sync_eps"), k("drain_sync_eps"), 0.8),
 	)
@@ -150,6 +160,12 @@ func (r *results) targets() []target {
 		add("pending push+ack / drain_batched per-event cost", "BenchmarkPendingPushAck, `drain_batched_eps`",
 			100*m.PushAckNs/perEvent, 3, true, "%")
 		add("pending push+ack allocations", "BenchmarkPendingPushAck", m.PushAckAllocs, 0, true, "allocs/op")
+	}
+	if m := r.Micro; m != nil {
+		t := ratioTarget("UnmarshalDocument speed-up over the map round trip", m.UnmarshalDocumentMapNs, m.UnmarshalDocumentNs,
+			"", "", unmarshalSpeedupGoal)
+		t.uses = "BenchmarkUnmarshalDocument: map-round-trip ÷ bytes, same run"
+		ts = append(ts, t)
 	}
 	if s := r.SaturationHeapMB; s != nil {
 		add(heapGrowthName(s.Deliveries), "`saturation_heap_mb`", s.AfterAllMB-s.AfterEarlyMB, heapGrowthGoalMB, true, "MB")
