@@ -97,7 +97,7 @@ func markdown(r *results, m machine) string {
 	p("  HealthEventWithStatus-shaped struct with `Document` before acknowledging it;")
 	p("  `drain_health_raw` the same with `RawDocuments`, so the watcher builds no document maps.")
 	p("- `watcher_read_limit` is the read ceiling: a watcher whose `Filter` drops every event, with")
-	p("  `DisableProcessedFlag` and batched checkpoints, its start position saved as a drain's, timed")
+	p("  no processed flag and batched checkpoints, its start position saved as a drain's, timed")
 	p("  from `Start` until the filter saw the last row. It runs the library's own batched read query (BatchSize rows after the cursor, the")
 	p("  next read started while the current batch is decoded) and its own event building; nothing is")
 	p("  delivered or acknowledged and no processed flag is set, and the filtered progress is saved")
