@@ -135,7 +135,19 @@ func (w *Watcher) deltaIDs(ctx context.Context, from Position, after int64) ([]i
 
 // rowsByID reads rows of a listed delta by primary key (deltaReads).
 func (w *Watcher) rowsByID(ctx context.Context, ids []int64, buf []changelogRow) ([]changelogRow, error) {
-	return w.queryByKey(ctx, w.q.deltaRows, buf, true, pgArray(ids))
+	q, args := w.rowsByIDQuery(ids)
+	return w.queryByKey(ctx, q, buf, true, args...)
+}
+
+// rowsByIDQuery is the query of rowsByID and its arguments. Ids that are consecutive (every id
+// from the first to the last is on the page, as in a backlog of one captured table) are read as
+// one primary-key range, which visits the index and heap pages once, as a legacy page does;
+// others by one index descent per id.
+func (w *Watcher) rowsByIDQuery(ids []int64) (string, []any) {
+	if n := len(ids); n > 0 && ids[n-1]-ids[0] == int64(n-1) {
+		return w.q.deltaKeyRange, []any{ids[0], ids[n-1]}
+	}
+	return w.q.deltaRows, []any{pgArray(ids)}
 }
 
 // rowPosition is the position of a row read after from.

@@ -1,7 +1,9 @@
 package pgchangestream
 
 import (
+	"context"
 	"regexp"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -105,4 +107,53 @@ func TestLiveDeltaReadPlans(t *testing.T) {
 	plan, buffers = explainDeltaRead(t, e, w.q.deltaRead, end, next)
 	require.Regexp(t, rangeScan, plan)
 	require.LessOrEqual(t, buffers, 20, "the old transaction's one row:\n%s", plan)
+}
+
+// TestLiveListedPageByKeyRange proves that a page of a listed delta whose ids are consecutive
+// (a backlog of one captured table) is read as one primary-key range, touching about the
+// buffers of a legacy page, rather than by one index descent per id; and that a page with gaps
+// (rows of another table between) still returns exactly its rows.
+func TestLiveListedPageByKeyRange(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	w, err := New(e.config(ModePolling))
+	require.NoError(t, err)
+	_, err = e.db.Exec(`INSERT INTO items (n) SELECT g FROM generate_series(1, 20000) g`)
+	require.NoError(t, err)
+	_, err = e.db.Exec(`ANALYZE datastore_changelog`)
+	require.NoError(t, err)
+	var ids []int64
+	rows, err := e.db.Query(`SELECT id FROM datastore_changelog WHERE table_name = $1 ORDER BY id`, liveTable)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id int64
+		require.NoError(t, rows.Scan(&id))
+		ids = append(ids, id)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, ids, 20000)
+	page := ids[10000:10100]
+	require.Equal(t, page[0]+99, page[99], "one statement's rows have consecutive ids")
+
+	q, args := w.rowsByIDQuery(page)
+	plan, buffers := explainLive(t, e, q, args...)
+	require.Regexp(t, `Index Scan using datastore_changelog_pkey on datastore_changelog`, plan)
+	require.LessOrEqual(t, buffers, 12, "a page of 100 consecutive ids:\n%s", plan)
+	got, err := w.rowsByID(context.Background(), page, nil)
+	require.NoError(t, err)
+	require.Equal(t, page, rowIDs(got))
+
+	gaps := append(slices.Clone(ids[100:150]), ids[160:210]...)
+	got, err = w.rowsByID(context.Background(), gaps, nil)
+	require.NoError(t, err)
+	require.Equal(t, gaps, rowIDs(got), "the ids in the gap are not on the page")
+}
+
+// rowIDs returns the ids of rows, in order.
+func rowIDs(rows []changelogRow) []int64 {
+	ids := make([]int64, len(rows))
+	for i, r := range rows {
+		ids[i] = r.ID
+	}
+	return ids
 }

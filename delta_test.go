@@ -124,10 +124,11 @@ func TestLargeDeltaIsListedThenReadByID(t *testing.T) {
 	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "104", int64(maxID), "107", int64(maxID), "100:108:", int64(minID)).
 		WillReturnRows(rows(9, 7, 8))
 	mock.ExpectQuery(w.q.deltaIDs).WithArgs("t", "{104}", "{9223372036854775807}", "{107}", "{9223372036854775807}", "100:108:", int64(minID)).
-		WillReturnRows(sqlmock.NewRows([]string{"id"}).AddRow(int64(6)).AddRow(int64(7)).AddRow(int64(8)).AddRow(int64(9)).AddRow(int64(10)))
-	mock.ExpectQuery(w.q.deltaRows).WithArgs("{6,7}").WillReturnRows(rows(6, 7))
-	mock.ExpectQuery(w.q.deltaRows).WithArgs("{8,9}").WillReturnRows(rows(8, 9))
-	mock.ExpectQuery(w.q.deltaRows).WithArgs("{10}").WillReturnRows(rows(10))
+		WillReturnRows(sqlmock.NewRows([]string{"id"}).AddRow(int64(6)).AddRow(int64(8)).AddRow(int64(9)).AddRow(int64(10)).AddRow(int64(11)))
+	// A page with a gap is read by its ids, one of consecutive ids as a key range.
+	mock.ExpectQuery(w.q.deltaRows).WithArgs("{6,8}").WillReturnRows(rows(6, 8))
+	mock.ExpectQuery(w.q.deltaKeyRange).WithArgs(int64(9), int64(10)).WillReturnRows(rows(9, 10))
+	mock.ExpectQuery(w.q.deltaKeyRange).WithArgs(int64(11), int64(11)).WillReturnRows(rows(11))
 	var got []string
 	for range 3 {
 		full, err := w.readOnce(ctx)
@@ -137,7 +138,7 @@ func TestLargeDeltaIsListedThenReadByID(t *testing.T) {
 		}
 		require.True(t, full, "more follows at once: the list, then the next delta, whose rows may have notified while the list was read")
 	}
-	require.Equal(t, []string{"6", "7", "8", "9", "10"}, got)
+	require.Equal(t, []string{"6", "8", "9", "10", "11"}, got)
 	require.True(t, w.Stats().Cursor.atDeltaStart(), "the list ended the delta")
 	require.Equal(t, "100:108:", w.Stats().Cursor.span.base.String())
 	require.Nil(t, w.pager.ids, "the list is dropped with its delta")

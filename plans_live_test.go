@@ -109,9 +109,12 @@ func requireIndexPlans(t *testing.T, e *liveEnv, w *Watcher, b, end pgSnapshot) 
 		{"read", w.q.read, stream, 20, []any{liveTable, ts, id}, false, false},
 		{"switchRead", w.q.switchRead, stream, 20, []any{liveTable, ts, id, end.String()}, false, false},
 		{"deltaRead", w.q.deltaRead, txid, 20, []any{liveTable, lo, loID, hi, hiID, end.String(), int64(minID)}, false, false},
-		// A listed delta's rows: by primary key, at most a batch of ids, whatever the plan's shape.
+		// A listed delta's rows: by primary key, at most a batch of ids (or the key range of a
+		// batch of consecutive ids), whatever the plan's shape.
 		{"deltaRows", w.q.deltaRows, `(Bitmap Index Scan on|Index Scan using) datastore_changelog_pkey`, 10,
 			[]any{pgArray([]int64{one - 1, one})}, true, true},
+		{"deltaKeyRange", w.q.deltaKeyRange, `(Bitmap Index Scan on|Index Scan using) datastore_changelog_pkey`, 10,
+			[]any{one - 1, one}, true, true},
 		{"byID", w.q.byID, `Index Scan using datastore_changelog_pkey on datastore_changelog`, 10, []any{liveTable, one}, false, true},
 		// The id list of a delta larger than a batch reads the delta whole (50,000 index entries):
 		// an index range scan, or a bitmap of one.

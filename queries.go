@@ -34,7 +34,8 @@ type queries struct {
 	// only its index range can serve it), then sorted by id.
 	deltaIDs string
 	// deltaRows: the rows of a listed delta with the ids $1, by primary key, in id order.
-	deltaRows string
+	// deltaKeyRange: the same for a page of consecutive ids, every id from $1 to $2.
+	deltaRows, deltaKeyRange string
 	// snapshot: the current snapshot, the end of the next delta. snapshotInc adds the
 	// server's incarnation (NULL while its row is missing).
 	snapshot, snapshotInc string
@@ -151,7 +152,8 @@ func buildQueries(cfg Config) queries {
 		deltaRange: `SELECT ` + changelogColumns + `, txid FROM ` + cl + `
 	WHERE table_name = $1 AND (txid, id) > ($2::xid8, $3) AND (txid, id) <= ($4::xid8, $5) AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
 	ORDER BY txid, id LIMIT ` + pageLimit,
-		deltaRows: `SELECT ` + changelogColumns + `, txid FROM ` + cl + ` WHERE id = ANY($1::int8[]) ORDER BY id`,
+		deltaRows:     `SELECT ` + changelogColumns + `, txid FROM ` + cl + ` WHERE id = ANY($1::int8[]) ORDER BY id`,
+		deltaKeyRange: `SELECT ` + changelogColumns + `, txid FROM ` + cl + ` WHERE id BETWEEN $1 AND $2 ORDER BY id`,
 		deltaIDs: `SELECT c.id FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
 	CROSS JOIN LATERAL (SELECT id FROM ` + cl + ` WHERE table_name = $1
 		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id) AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7

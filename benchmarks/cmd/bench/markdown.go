@@ -67,6 +67,11 @@ func markdown(r *results, m machine) string {
 	p("  drain is timed from the second `Start` until every event was received and acknowledged with")
 	p("  `MarkProcessed` and a final `Flush` returned; then its saved token is checked for the form of")
 	p("  its schema's reads (a `snapshot` field on the upgraded schema, none on the legacy one).")
+	p("- Processed flag: `drain_batched`, its backlog sizes and `drain_batched_unanalyzed` run with")
+	p("  `New`'s defaults, which set no processed flag; `drain_batched_flag` is `drain_batched` with")
+	p("  `ProcessedFlag`, timed until the watcher's marker has marked every drained row. The")
+	p("  `drain_sync`, `drain_sync_concurrent`, `drain_bulk_sync` and `drain_health*` figures run with")
+	p("  the flag as well (`drain_sync_noflag` is `drain_sync` without it).")
 	p("- Schema variants: every drain, the watcher read ceiling, `insert_4w` and the four-writer")
 	p("  hybrid latency runs run on each variant. `upgraded` is the schema `InstallSchema` creates,")
 	p("  read in snapshot deltas; `legacy` is the same followed by `ALTER TABLE datastore_changelog")
@@ -87,7 +92,7 @@ func markdown(r *results, m machine) string {
 	p("  ProcessTx stopped with its final save. `DisableProcessedFlag`; the effects are checked.")
 	p("- `drain_bulk_sync` is `drain_sync` of a backlog inserted by one statement, so one transaction")
 	p("  writes every row with the same `changed_at`; each event is acknowledged and saved.")
-	p("- `drain_health` is `drain_batched` of `health_events (id uuid, document jsonb)` rows shaped like")
+	p("- `drain_health` is `drain_batched_flag` of `health_events (id uuid, document jsonb)` rows shaped like")
 	p("  the store-client's: a ~1 KB document (so ~1.1 KB of `new_values`), the first half of the")
 	p("  backlog inserts and the second half updates of two nested status fields (each update row")
 	p("  carries old and new values, which are both decoded and diffed), read with")
@@ -96,7 +101,7 @@ func markdown(r *results, m machine) string {
 	p("  HealthEventWithStatus-shaped struct with `Document` before acknowledging it;")
 	p("  `drain_health_raw` the same with `RawDocuments`, so the watcher builds no document maps.")
 	p("- `watcher_read_limit` is the read ceiling: a watcher whose `Filter` drops every event, with")
-	p("  `DisableProcessedFlag` and batched checkpoints, its start position saved as a drain's, timed")
+	p("  no processed flag and batched checkpoints, its start position saved as a drain's, timed")
 	p("  from `Start` until the filter saw the last row. It runs the library's own batched read query (BatchSize rows after the cursor, the")
 	p("  next read started while the current batch is decoded) and its own event building; nothing is")
 	p("  delivered or acknowledged and no processed flag is set, and the filtered progress is saved")
@@ -204,19 +209,22 @@ func writeVariants(b *strings.Builder, r *results) {
 // deltaText says what bounds the snapshot-delta figures, from measurements outside the run.
 const deltaText = `What bounds them:
 
-- **Drains.** A delta page is one index range scan of ` + "`(table_name, txid, id)`" + `, as a legacy
-  page is of ` + "`(table_name, changed_at, id)`" + `. Measured with pgbench (` + "`-M prepared -T 5`" + `,
-  the watcher's two read queries for 100 rows of a 50,000-row changelog, on the same server),
-  a delta page took 0.12–0.125 ms against 0.115 ms: about 5%, the cost of comparing ` + "`xid8`" + `
-  keys (a function call each) against ` + "`timestamptz`" + ` and ` + "`bigint`" + ` ones, and of the
-  visibility check against the delta's end snapshot. With the processed flag on, the drains
-  end when every row is marked, and a marked row is rewritten with an entry in every index: an
-  upgraded changelog has one more, so marking costs more per row (12.1 µs against 8.7 µs in the
-  run of 2026-11-30, from drain_batched against drain_batched_noflag). That, not the reads, is
-  most of what the flagged batched drains miss by; the flag-off drains compare the reads. The
-  spread across repetitions is also wider than the differences: a figure whose median misses
-  0.95x in one run can pass in the next (` + "`drain_sync_concurrent`" + ` went from 1.16x to 0.75x
-  between two runs of 2026-11-30).
+- **Drains.** A drain's backlog is one delta larger than a batch: its first read says so, its
+  ids are then listed once in id order (one pass over its ` + "`(table_name, txid, id)`" + ` range and a
+  sort), and its pages are read from the list by primary key, each prefetched while the one
+  before is delivered, as legacy pages are. A page of consecutive ids (a backlog of one
+  captured table) is read as one key range, 8 buffers for 100 rows as a legacy page; a page with
+  gaps by ` + "`id = ANY(...)`" + `, one index descent per id (about 200 buffers). Measured outside the run
+  (50,000 rows, reads alone, one after the other, the least of 8 interleaved runs on a loaded
+  machine): legacy pages 147 ms; the delta's list 34 ms, its pages 158 ms as key ranges (221 ms
+  by ` + "`= ANY`" + `). The list is not overlapped with delivery, so it is what the upgraded drains
+  still pay over legacy ones, in proportion to the backlog. With the processed flag on
+  (` + "`drain_batched_flag`" + `), the drains end when every row is marked, and a marked row is
+  rewritten with an entry in every index: an upgraded changelog has one more, so marking costs
+  more per row (12.1 µs against 8.7 µs in the run of 2026-11-30). The spread across
+  repetitions is also wider than the differences: a figure whose median misses 0.95x in one run
+  can pass in the next (` + "`drain_sync_concurrent`" + ` went from 1.16x to 0.75x between two runs of
+  2026-11-30).
 - **Latency.** A read at the start of a delta first takes the delta's end snapshot, one more
   round trip than a legacy read: p50 is about twice the legacy one, a fraction of a millisecond.
   An open transaction in another database does not delay other rows (` + "`hybrid_4w_longtx`" + `).
@@ -248,22 +256,23 @@ const limitsText = `## What limits each figure
 - **drain_sync_concurrent**: acknowledgements coalesce. While one save runs, other workers finish
   and advance the watermark; the next save covers all of them, and calls that find the position
   already saved do not write.
-- **drain_batched**: saves are off the delivery path, so without the flag the reader sets the
-  pace (` + "`drain_batched_noflag`" + `): one read query per BatchSize (100) rows, then decoding
-  each row's JSON into maps on the reader goroutine, the next read running meanwhile. With the
-  flag, the drain ends when every row is marked, and the rewrites of the rows set the pace: a
-  marked row gets a new version with new entries in the changelog's indexes (the partial
+- **drain_batched**: saves are off the delivery path and, with ` + "`New`" + `'s defaults, no processed flag
+  is set, so the reader sets the pace: one read query per BatchSize (100) rows, then decoding
+  each row's JSON into maps on the reader goroutine, the next read running meanwhile.
+  ` + "`drain_batched_flag`" + ` ends when every row is marked, and the rewrites of the rows set the
+  pace: a marked row gets a new version with new entries in the changelog's indexes (the partial
   ` + "`WHERE processed = FALSE`" + ` indexes rule out HOT updates), and an upgraded changelog has one
   index more (` + "`(table_name, txid, id)`" + `). The time per row that the flag adds,
-  1/` + "`drain_batched`" + ` − 1/` + "`drain_batched_noflag`" + ` from the same run, was 8.7 µs on the legacy
-  changelog and 12.1 µs on the upgraded one in the run of 2026-11-30; it is the bound of the
-  targets that use ` + "`drain_batched`" + ` with the flag on, which is why they miss where the
-  flag-off figures pass. The marker cannot start before the first save (CheckpointInterval,
-  100 ms) and never marks past the saved token, so a drain shorter than that is all catch-up.
-- **drain_batched_unanalyzed**: a changelog never analyzed has no statistics; PostgreSQL then
-  estimates a handful of rows for ` + "`table_name = $1`" + ` and reads each batch with a bitmap
-  scan that fetches and sorts every remaining row of the table, so each batch costs time in
-  proportion to the backlog. Autovacuum's first ANALYZE ends it.
+  1/` + "`drain_batched_flag`" + ` − 1/` + "`drain_batched`" + ` from the same run, was 8.7 µs on the legacy
+  changelog and 12.1 µs on the upgraded one in the run of 2026-11-30. The marker cannot start
+  before the first save (CheckpointInterval, 100 ms) and never marks past the saved token, so a
+  drain shorter than that is all catch-up.
+- **drain_batched_unanalyzed**: a changelog never analyzed has no statistics; PostgreSQL would
+  then estimate a handful of rows for ` + "`table_name = $1`" + ` and read each batch with a bitmap scan
+  that fetches and sorts every remaining row. The watcher notices (at most once a second) and
+  runs each range read in a read-only transaction that allows only index plans: three round
+  trips more per read (BEGIN, the settings, ROLLBACK). On the upgraded schema only a delta's
+  first read and its id list are range reads; its pages by primary key run as they are.
 - **drain_txack** and **drain_effect_sync**: one effect row per event. drain_txack commits the
   effect and the acknowledgement together (` + "`MarkProcessedTx`" + `): one WAL flush but four round
   trips per event (BEGIN, the effect, the token update, COMMIT). drain_effect_sync commits the

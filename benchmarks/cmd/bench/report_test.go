@@ -42,7 +42,7 @@ func TestResultsKeepJSONKeys(t *testing.T) {
 	}
 	for _, key := range []string{"drain_sync_eps", "drain_batched_eps", "drain_sync_concurrent_eps", "watermill_eps",
 		"select_decode_limit_rps", "upsert_limit_wps", "latency_ms", "saturation_heap_mb", "retained_drain_ratio",
-		"drain_sync_noflag_eps", "drain_batched_noflag_eps", "drain_batched_unanalyzed_eps", "retained_drain_ratio_sync",
+		"drain_sync_noflag_eps", "drain_batched_flag_eps", "drain_batched_unanalyzed_eps", "retained_drain_ratio_sync",
 		"retained_drain_ratio_noflag", "micro", "samples", "params", "wall_seconds", "delta_vs_legacy", "delta_goals"} {
 		if _, ok := got[key]; !ok {
 			t.Errorf("key %q missing from the JSON output", key)

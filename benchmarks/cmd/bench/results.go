@@ -61,8 +61,9 @@ type results struct {
 
 	// DrainSyncNoFlagEPS is drain_sync with DisableProcessedFlag: the cost of the legacy flag.
 	DrainSyncNoFlagEPS float64 `json:"drain_sync_noflag_eps"`
-	// DrainBatchedNoFlagEPS is drain_batched with DisableProcessedFlag.
-	DrainBatchedNoFlagEPS float64 `json:"drain_batched_noflag_eps"`
+	// DrainBatchedFlagEPS is drain_batched with Config.ProcessedFlag (drain_batched has New's
+	// defaults: no flag).
+	DrainBatchedFlagEPS float64 `json:"drain_batched_flag_eps"`
 	// DrainBatchedUnanalyzedEPS is drain_batched on a changelog never analyzed.
 	DrainBatchedUnanalyzedEPS float64 `json:"drain_batched_unanalyzed_eps"`
 	// RetainedDrainRatioSync and RetainedDrainRatioNoFlag are the retained ratio of drains
@@ -145,7 +146,7 @@ func (r *results) setMedians(ts []throughput) {
 		"drain_batched_eps":             &r.DrainBatchedEPS,
 		"drain_sync_concurrent_eps":     &r.DrainSyncConcurrentEPS,
 		"drain_sync_noflag_eps":         &r.DrainSyncNoFlagEPS,
-		"drain_batched_noflag_eps":      &r.DrainBatchedNoFlagEPS,
+		"drain_batched_flag_eps":        &r.DrainBatchedFlagEPS,
 		"drain_batched_unanalyzed_eps":  &r.DrainBatchedUnanalyzedEPS,
 		"watermill_eps":                 &r.WatermillEPS,
 		"watermill_decode_eps":          &r.WatermillDecodeEPS,

@@ -62,7 +62,10 @@ func throughputs(o options) []throughput {
 			},
 		}
 	}
-	batched := drainSpec{checkpointInterval: batchedInterval}
+	// batched is a drain with New's defaults (no processed flag), saving every batchedInterval;
+	// batchedFlag the same with Config.ProcessedFlag.
+	batched := drainSpec{checkpointInterval: batchedInterval, disableProcessedFlag: true}
+	batchedFlag := drainSpec{checkpointInterval: batchedInterval}
 	inserts := one("insert_4w_rps", itoa(hybridWriters)+" writers inserting through the trigger, one autocommit row each",
 		true, n, func(ctx context.Context, e *env, v variant) (time.Duration, error) {
 			return insertThroughput(ctx, e, v, n)
@@ -86,7 +89,9 @@ func throughputs(o options) []throughput {
 		drainWith("drain_sync_concurrent_eps", itoa(concurrentWorkers)+
 			" workers, contiguous watermark acked, CheckpointInterval 0", n, drainSpec{workers: concurrentWorkers}),
 		watermillAt(n, func(key string) string { return key }),
-		drainWith("drain_batched_eps", "drain_sync with CheckpointInterval "+batchedInterval.String()+", final Flush", n, batched),
+		drainWith("drain_batched_eps", "New's defaults (no processed flag), MarkProcessed each event, CheckpointInterval "+
+			batchedInterval.String()+", final Flush", n, batched),
+		drainWith("drain_batched_flag_eps", "drain_batched with ProcessedFlag, until every row is marked", n, batchedFlag),
 		one("watcher_read_limit_rps", "watcher whose Filter drops every event: its own batched reads and decoding, "+
 			"nothing delivered or acknowledged", true, n, func(ctx context.Context, e *env, v variant) (time.Duration, error) {
 			return watcherReadFresh(ctx, e, v, n, itemsShape)
@@ -95,7 +100,7 @@ func throughputs(o options) []throughput {
 			func(ctx context.Context, e *env, v variant) (time.Duration, error) {
 				return watcherReadFresh(ctx, e, v, n, healthShape)
 			}),
-		drainWith("drain_health_eps", "drain_batched of ~1 KB health_events rows, half updates, DocumentField \"document\"", n,
+		drainWith("drain_health_eps", "drain_batched_flag of ~1 KB health_events rows, half updates, DocumentField \"document\"", n,
 			drainSpec{checkpointInterval: batchedInterval, shape: healthShape}),
 		drainWith("drain_health_typed_eps", "drain_health, each document read into a HealthEventWithStatus-shaped "+
 			"struct by Document (document maps built)", n,
@@ -106,10 +111,8 @@ func throughputs(o options) []throughput {
 			func(ctx context.Context, e *env, _ variant) (time.Duration, error) {
 				return selectDecodeFresh(ctx, e, n)
 			}),
-		drainWith("drain_batched_noflag_eps", "drain_batched with DisableProcessedFlag", n,
-			drainSpec{checkpointInterval: batchedInterval, disableProcessedFlag: true}),
 		drainWith("drain_batched_unanalyzed_eps", "drain_batched on a changelog never analyzed", n,
-			drainSpec{checkpointInterval: batchedInterval, unanalyzed: true}),
+			drainSpec{checkpointInterval: batchedInterval, disableProcessedFlag: true, unanalyzed: true}),
 		inserts,
 	}
 	ts = append(ts, processThroughputs(n)...)
