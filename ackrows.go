@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 )
 
 // Acknowledgement rows of transactional handlers. A handler's transaction first claims its
@@ -25,7 +26,10 @@ import (
 
 // claimAck claims the event id in tx for this watcher's client. It returns false when a
 // committed transaction claimed it before: tx must then be rolled back and the event counted as
-// done. It returns an error wrapping [ErrFenced] when a later owner claimed the client.
+// done. It returns an error wrapping [ErrFenced] when a later owner claimed the client. In the
+// same statement it sets tx's idle_in_transaction_session_timeout to Config.LockSessionTimeout:
+// the server ends the session of a transaction left idle that long (a paused or stuck process),
+// which bounds how long a successor's epoch claim waits for its FOR KEY SHARE lock.
 func (w *Watcher) claimAck(ctx context.Context, tx *sql.Tx, id int64) (bool, error) {
 	w.ckMu.Lock()
 	fenced, epoch, err := w.txFenceLocked()
@@ -33,11 +37,12 @@ func (w *Watcher) claimAck(ctx context.Context, tx *sql.Tx, id int64) (bool, err
 	if err != nil {
 		return false, err
 	}
+	idle := strconv.FormatInt(w.cfg.LockSessionTimeout.Milliseconds(), 10)
 	var res sql.Result
 	if fenced {
-		res, err = tx.ExecContext(ctx, w.q.claimAckFenced, w.cfg.ClientName, id, epoch)
+		res, err = tx.ExecContext(ctx, w.q.claimAckFenced, w.cfg.ClientName, id, epoch, idle)
 	} else {
-		res, err = tx.ExecContext(ctx, w.q.claimAck, w.cfg.ClientName, id)
+		res, err = tx.ExecContext(ctx, w.q.claimAck, w.cfg.ClientName, id, idle)
 	}
 	if err != nil {
 		return false, fmt.Errorf("claim event %d in %s: %w", id, ackTable(w.cfg.ChangelogTable), err)

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
@@ -79,10 +78,6 @@ func (w *Watcher) runTx(ctx context.Context, handle TxHandler, j *procrun.Job[Ev
 			_ = tx.Rollback()
 		}
 	}()
-	timeout := strconv.FormatInt(w.cfg.LockSessionTimeout.Milliseconds(), 10)
-	if _, err := tx.ExecContext(ctx, `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`, timeout); err != nil {
-		return fmt.Errorf("pgchangestream: ProcessTx: set idle_in_transaction_session_timeout: %w", err)
-	}
 	claimed, err := w.claimAck(ctx, tx, id)
 	switch {
 	case errors.Is(err, ErrFenced) || errors.Is(err, ErrExclusiveLost): // never retried: a successor may own the client

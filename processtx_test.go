@@ -13,10 +13,7 @@ import (
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
-const (
-	wantIdleTimeout = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
-	wantEffect      = `INSERT INTO effects VALUES ($1)`
-)
+const wantEffect = `INSERT INTO effects VALUES ($1)`
 
 // txStepWatcher is a watcher on a mock database, not started: runTx needs only its
 // configuration and queries.
@@ -30,11 +27,11 @@ func txStepWatcher(t *testing.T) (*Watcher, sqlmock.Sqlmock) {
 	return w, mock
 }
 
-// expectClaim expects the transaction's start and the claim of id, which inserts n rows.
+// expectClaim expects the transaction's start and the claim of id, which inserts n rows and sets
+// the transaction's idle timeout to Config.LockSessionTimeout (7 s) in the same statement.
 func expectClaim(w *Watcher, mock sqlmock.Sqlmock, id int64, n int64) {
 	mock.ExpectBegin()
-	mock.ExpectExec(wantIdleTimeout).WithArgs("7000").WillReturnResult(sqlmock.NewResult(0, 1))
-	mock.ExpectExec(w.q.claimAck).WithArgs("c", id).WillReturnResult(sqlmock.NewResult(0, n))
+	mock.ExpectExec(w.q.claimAck).WithArgs("c", id, "7000").WillReturnResult(sqlmock.NewResult(0, n))
 }
 
 // effectHandler writes one effect in tx and counts its calls; err, if set, is its error after.
@@ -52,8 +49,8 @@ func txJob(id string) *procrun.Job[EventWithToken] {
 	return &procrun.Job[EventWithToken]{Ev: EventWithToken{ResumeToken: []byte(id)}}
 }
 
-// The step: begin, the idle timeout of Config.LockSessionTimeout for this transaction only, the
-// claim, the handler's statements, commit.
+// The step: begin, the claim (with the idle timeout of Config.LockSessionTimeout for this
+// transaction only), the handler's statements, commit.
 func TestProcessTxStepCommitsClaimAndEffect(t *testing.T) {
 	w, mock := txStepWatcher(t)
 	expectClaim(w, mock, 5, 1)

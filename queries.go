@@ -83,7 +83,9 @@ type queries struct {
 	epochColumn, claimEpoch, claimNew, bumpEpoch string
 	// claimAck and claimAckFenced insert, in a transactional handler's transaction, the
 	// acknowledgement row of client $1's event $2, unless one exists; the fenced form only while
-	// the token row holds owner epoch $3, which it locks FOR KEY SHARE (see ackrows.go).
+	// the token row holds owner epoch $3, which it locks FOR KEY SHARE (see ackrows.go). Both
+	// set the transaction's idle_in_transaction_session_timeout (the last parameter, in ms) in
+	// the same round trip.
 	// epochOf: the token row's owner epoch. compactAcks deletes client $1's acknowledgement rows
 	// whose changelog row is gone or certified by the condition that follows it, except those of
 	// the client's parked events (a rerun must find them).
@@ -189,9 +191,11 @@ func buildQueries(cfg Config) queries {
 		claimNew: `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated, ` + epochColumn + `)
 	SELECT $1, $2::jsonb, now(), 1 WHERE ` + heldBySessionSQL("$3", "$4") + `
 	ON CONFLICT (client_name) DO NOTHING RETURNING ` + epochColumn,
-		claimAck: `INSERT INTO ` + acks + ` (client_name, changelog_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
-		claimAckFenced: `INSERT INTO ` + acks + ` (client_name, changelog_id) SELECT tok.client_name, $2 FROM ` + tok + ` AS tok
-	WHERE tok.client_name = $1 AND ` + fenceCondition + ` FOR KEY SHARE ON CONFLICT DO NOTHING`,
+		claimAck: `INSERT INTO ` + acks + ` (client_name, changelog_id) SELECT $1::varchar, $2::bigint
+	FROM (SELECT set_config('idle_in_transaction_session_timeout', $3, true)) AS idle ON CONFLICT DO NOTHING`,
+		claimAckFenced: `INSERT INTO ` + acks + ` (client_name, changelog_id) SELECT tok.client_name, $2 FROM ` + tok + ` AS tok,
+	(SELECT set_config('idle_in_transaction_session_timeout', $4, true)) AS idle
+	WHERE tok.client_name = $1 AND ` + fenceCondition + ` FOR KEY SHARE OF tok ON CONFLICT DO NOTHING`,
 		epochOf: `SELECT ` + epochColumn + ` FROM ` + tok + ` WHERE client_name = $1`,
 		compactAcks: `DELETE FROM ` + acks + ` AS a WHERE a.client_name = $1 AND NOT EXISTS (
 	SELECT FROM ` + quoteIdentifier(parkedTable(cfg.ChangelogTable)) + ` p WHERE p.client_name = a.client_name AND p.changelog_id = a.changelog_id)
