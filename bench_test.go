@@ -145,8 +145,8 @@ func BenchmarkCheckpointPosition(b *testing.B) {
 // the engine, the low-water-mark acknowledgement), with batched checkpoints and no token writes,
 // so that no save touches the database: (a) a no-op handler, (b) a 2 ms handler over 1,000 keys,
 // (c) the same with one hot key holding half of the events, whose deferred events are read
-// again from an in-memory changelog (cold_events/s is the other keys' own rate), and (d) (c)
-// without deferral (MaxKeyQueue = MaxInFlight), the figure before deferral.
+// again from an in-memory changelog (MaxDeferred 64 × MaxInFlight; cold_events/s is the other
+// keys' own rate), and (d) (c) without deferral (the default), for comparison.
 func BenchmarkProcess(b *testing.B) {
 	keys := make([]string, 1000)
 	for i := range keys {
@@ -169,13 +169,13 @@ func BenchmarkProcess(b *testing.B) {
 		workers     int
 		key         func(EventWithToken) string
 		handle      Handler
-		maxKeyQueue int
+		maxDeferred int
 	}{
 		{"noop/workers=8", 8, spread, noop, 0},
 		{"sleep2ms/keys=1000/workers=8", 8, spread, sleep2ms, 0},
 		{"sleep2ms/keys=1000/workers=64", 64, spread, sleep2ms, 0},
-		{"sleep2ms/hotkey=half/workers=64", 64, hotHalf, sleep2ms, 0},
-		{"sleep2ms/hotkey=half/workers=64/nodefer", 64, hotHalf, sleep2ms, DefaultProcessMaxInFlight},
+		{"sleep2ms/hotkey=half/workers=64", 64, hotHalf, sleep2ms, 64 * DefaultProcessMaxInFlight},
+		{"sleep2ms/hotkey=half/workers=64/nodefer", 64, hotHalf, sleep2ms, 0},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			ctx, cancel := context.WithCancel(context.Background())
@@ -215,7 +215,7 @@ func BenchmarkProcess(b *testing.B) {
 				}
 			}()
 			b.ReportAllocs()
-			o := ProcessOptions{Workers: c.workers, Key: c.key, MaxKeyQueue: c.maxKeyQueue}.withDefaults()
+			o := ProcessOptions{Workers: c.workers, Key: c.key, MaxDeferred: c.maxDeferred}.withDefaults()
 			if err := w.process(ctx, w.events, o, w.handlerStep(handle)); err != nil {
 				b.Fatal(err)
 			}

@@ -38,8 +38,6 @@ const (
 	DefaultGracePeriod        = 10 * time.Second
 	DefaultParkedPollInterval = 5 * time.Second
 	defaultProcessWorkers     = 1
-	// defaultDeferredPerInFlight is ProcessOptions.MaxDeferred over MaxInFlight by default.
-	defaultDeferredPerInFlight = 64
 )
 
 // ProcessOptions configure [Watcher.Process]. Zero values take the defaults; negative values
@@ -49,20 +47,23 @@ type ProcessOptions struct {
 	// Key: events of one key run one at a time, in delivery order; default DocumentKey.
 	// Events of different keys run in parallel. Events whose key is "" share that one key.
 	Key func(EventWithToken) string
-	// MaxInFlight is the number of full events (with their documents) taken from Events and
-	// not finished; at it, Process stops reading (back-pressure). Default
-	// DefaultProcessMaxInFlight (or Workers, if more); at least Workers.
+	// MaxInFlight is the number of events taken from Events and not finished; at it, Process
+	// stops reading (back-pressure), so memory is bounded for any backlog and any hot key, and
+	// a crash replays at most that many finished events. With MaxDeferred, it bounds the full
+	// events (with their documents) only. Default DefaultProcessMaxInFlight (or Workers, if
+	// more); at least Workers.
 	MaxInFlight int
-	// MaxKeyQueue is how many full events one key holds. The key's later events are deferred:
-	// kept as a compact handle (token and key, tens of bytes), and read again from the
-	// changelog by id, their document built as the reader built it, when they are next of
-	// their key. So a hot key does not fill MaxInFlight and other keys keep flowing. Default
-	// MaxInFlight / (2 × Workers), at least 1: when MaxInFlight stops reading, at least 2 ×
-	// Workers keys have work.
-	MaxKeyQueue int
-	// MaxDeferred is the number of deferred events held; at it, Process stops reading too, so
-	// memory is bounded for any backlog and any hot key. Default 64 × MaxInFlight.
+	// MaxDeferred, when above 0, lets the other keys flow past a hot key: a key's events past
+	// MaxKeyQueue are deferred, kept as a compact handle (token and key, tens of bytes) and read
+	// again from the changelog by id, their document built as the reader built it, when they
+	// are next of their key. MaxDeferred bounds the deferred events (at it, Process stops
+	// reading too). Default 0: no event is deferred, and a key holding MaxInFlight unfinished
+	// events holds the other keys to its pace.
 	MaxDeferred int
+	// MaxKeyQueue is how many full events one key holds before its later ones are deferred
+	// (with MaxDeferred only). Default MaxInFlight / (2 × Workers), at least 1: when
+	// MaxInFlight stops reading, at least 2 × Workers keys have work.
+	MaxKeyQueue int
 	// MaxAttempts is the attempts of one event before OnFailure applies; default 5.
 	MaxAttempts int
 	// RetryMinBackoff and RetryMaxBackoff bound the capped, jittered exponential backoff
@@ -83,7 +84,6 @@ func (o ProcessOptions) withDefaults() ProcessOptions {
 	if o.Workers > 0 {
 		o.MaxKeyQueue = cmpOr(o.MaxKeyQueue, max(1, o.MaxInFlight/(2*o.Workers)))
 	}
-	o.MaxDeferred = cmpOr(o.MaxDeferred, defaultDeferredPerInFlight*o.MaxInFlight)
 	o.MaxAttempts = cmpOr(o.MaxAttempts, DefaultProcessMaxAttempts)
 	o.RetryMinBackoff = cmpOr(o.RetryMinBackoff, DefaultRetryMinBackoff)
 	o.RetryMaxBackoff = cmpOr(o.RetryMaxBackoff, max(DefaultRetryMaxBackoff, o.RetryMinBackoff))
@@ -240,8 +240,9 @@ func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o Proc
 
 // runEngine runs the engine over src with o (defaults filled in), the per-event step run, the
 // dead-letter store (nil under StopOnFailure), advance, told of each advance of the mark, and
-// restore, which reads a deferred event again (nil: no event is deferred). It counts into
-// w.procStats and logs through w.log only, so the test kit's fake runs its Process on it too.
+// restore, which reads a deferred event again (nil, or MaxDeferred 0: no event is deferred).
+// It counts into w.procStats and logs through w.log only, so the test kit's fake runs its
+// Process on it too.
 func (w *Watcher) runEngine(ctx context.Context, src <-chan EventWithToken, o ProcessOptions,
 	run func(context.Context, *procrun.Job[EventWithToken]) error, store procrun.Store[EventWithToken],
 	advance func(EventWithToken), restore func(context.Context, EventWithToken) (EventWithToken, error)) error {
@@ -259,7 +260,7 @@ func (w *Watcher) runEngine(ctx context.Context, src <-chan EventWithToken, o Pr
 			w.log.Warn("dead-letter table call failed; trying again", "error", err)
 		},
 	}
-	if restore != nil {
+	if restore != nil && o.MaxDeferred > 0 {
 		h.Defer, h.Restore = deferEvent, restore
 		h.RestoreFailed = func(key string, err error) {
 			w.log.Warn("cannot read a deferred event's changelog row again; trying again", "key", key, "error", err)

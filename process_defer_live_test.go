@@ -24,7 +24,7 @@ func TestLiveDeferredEventsHaveTheDeliveredDocument(t *testing.T) {
 
 	// run processes every row with one key for all and returns the events handed over, by id,
 	// and the most deferred events held at once.
-	run := func(client string, maxKeyQueue int) (map[string]Event, int64) {
+	run := func(client string, maxDeferred int) (map[string]Event, int64) {
 		cfg := e.config(ModePolling)
 		cfg.ClientName, cfg.StartFromBeginning = client, true
 		w := e.start(cfg)
@@ -44,14 +44,14 @@ func TestLiveDeferredEventsHaveTheDeliveredDocument(t *testing.T) {
 			}
 			return nil
 		}
-		o := ProcessOptions{Workers: 4, MaxKeyQueue: maxKeyQueue, Key: func(EventWithToken) string { return "one" }}
+		o := ProcessOptions{Workers: 4, MaxKeyQueue: 1, MaxDeferred: maxDeferred, Key: func(EventWithToken) string { return "one" }}
 		require.NoError(t, w.Process(ctx, o, handle))
 		mu.Lock()
 		defer mu.Unlock()
 		return got, mostDeferred
 	}
-	plain, plainDeferred := run("plain", DefaultProcessMaxInFlight)
-	deferring, mostDeferred := run("deferring", 1)
+	plain, plainDeferred := run("plain", 0)
+	deferring, mostDeferred := run("deferring", 64*DefaultProcessMaxInFlight)
 	require.Len(t, plain, total)
 	require.Zero(t, plainDeferred)
 	require.Greater(t, mostDeferred, int64(total/2), "most events were deferred")

@@ -250,12 +250,21 @@ func runProcChild(t *testing.T, dsn string) {
 }
 
 // TestLiveProcessHotKeyBoundedInFlight: half the events share one hot key whose handler takes
-// 15 ms (slower than the writers), the rest spread over 61 cold keys. The hot key's backlog
-// grows past MaxKeyQueue and is deferred (kept as tokens); the events held with their document
-// never exceed MaxInFlight 64 and the deferred ones never exceed MaxDeferred (sampled every
-// 200 µs), the cold keys keep making progress, and everything is handled (the hot handler quick
-// once the writers stop).
+// 15 ms (slower than the writers), the rest spread over 61 cold keys, with MaxInFlight 64.
+//   - By default the hot key's backlog fills MaxInFlight: the events taken and not finished
+//     never exceed it (sampled every 200 µs), and the cold keys still make progress.
+//   - With MaxDeferred, the hot key's events past MaxKeyQueue are deferred (kept as tokens): the
+//     events held with their document never exceed MaxInFlight and the deferred ones never
+//     exceed MaxDeferred.
+//
+// In both, everything is handled in the end (the hot handler quick once the writers stop).
 func TestLiveProcessHotKeyBoundedInFlight(t *testing.T) {
+	t.Run("default", func(t *testing.T) { hotKeyBounded(t, 0) })
+	t.Run("deferred", func(t *testing.T) { hotKeyBounded(t, 512) })
+}
+
+// hotKeyBounded runs one case of TestLiveProcessHotKeyBoundedInFlight.
+func hotKeyBounded(t *testing.T, maxDeferred int) {
 	t.Parallel()
 	e := newLive(t)
 	rec := newProcRecorder(t)
@@ -273,13 +282,14 @@ func TestLiveProcessHotKeyBoundedInFlight(t *testing.T) {
 		return 200 * time.Microsecond
 	}
 	opts := procOptions(rec)
+	opts.MaxDeferred = maxDeferred
 	writers := e.startWriters(crashWriters, 2*time.Millisecond)
 	rec.next()
 	w := e.start(procConfig(e))
 	errc, cancel := startProcess(t, w, opts, rec.handle)
-	sampling, sampled := make(chan struct{}), make(chan [2]int, 1)
+	sampling, sampled := make(chan struct{}), make(chan [3]int, 1)
 	go func() {
-		var peak [2]int // events in memory with their document, and kept as a token
+		var peak [3]int // events in flight, of those with their document, and kept as a token
 		for {
 			select {
 			case <-sampling:
@@ -287,7 +297,7 @@ func TestLiveProcessHotKeyBoundedInFlight(t *testing.T) {
 				return
 			case <-time.After(200 * time.Microsecond):
 				p := w.Stats().Process
-				peak = [2]int{max(peak[0], p.InFlight-p.Deferred), max(peak[1], p.Deferred)}
+				peak = [3]int{max(peak[0], p.InFlight), max(peak[1], p.InFlight-p.Deferred), max(peak[2], p.Deferred)}
 			}
 		}
 	}()
@@ -300,10 +310,14 @@ func TestLiveProcessHotKeyBoundedInFlight(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, func() bool { return w.Stats().Process.Deferred > 0 }, "the hot key's backlog is deferred past MaxKeyQueue")
-	for range 2 { // the cold keys make progress while the hot key's backlog holds the in-flight bound
+	if maxDeferred == 0 {
+		waitFor(t, func() bool { return w.Stats().Process.InFlight == opts.MaxInFlight }, "the hot key's backlog fills the in-flight bound")
+	} else {
+		waitFor(t, func() bool { return w.Stats().Process.Deferred > 0 }, "the hot key's backlog is deferred past MaxKeyQueue")
+	}
+	for range 2 { // the cold keys make progress while the hot key is backlogged
 		n := cold()
-		waitFor(t, func() bool { return cold() >= n+50 }, "the cold keys make progress")
+		waitFor(t, func() bool { return cold() >= n+20 }, "the cold keys make progress")
 	}
 	began, coldBefore := time.Now(), cold()
 	time.Sleep(500 * time.Millisecond)
@@ -317,11 +331,16 @@ func TestLiveProcessHotKeyBoundedInFlight(t *testing.T) {
 	require.NoError(t, <-errc)
 	rec.check()
 	o := opts.withDefaults()
-	require.LessOrEqual(t, peak[0], o.MaxInFlight, "events in flight with their document")
-	require.LessOrEqual(t, peak[1], o.MaxDeferred, "events deferred")
+	if maxDeferred == 0 {
+		require.LessOrEqual(t, peak[0], o.MaxInFlight, "events taken and not finished")
+		require.Zero(t, peak[2], "no event is deferred by default")
+	} else {
+		require.LessOrEqual(t, peak[1], o.MaxInFlight, "events in flight with their document")
+		require.LessOrEqual(t, peak[2], o.MaxDeferred, "events deferred")
+	}
 	st := w.Stats().Process
-	t.Logf("%d rows; peak in flight %d of %d, deferred %d of %d; cold keys %.0f events/s while the hot key was backlogged; longest queue %d (%s)",
-		len(writers.rows), peak[0], o.MaxInFlight, peak[1], o.MaxDeferred, coldRate, st.LongestKeyQueue, st.LongestKey)
+	t.Logf("%d rows; peak in flight %d (full %d of %d, deferred %d of %d); cold keys %.0f events/s while the hot key was backlogged; longest queue %d (%s)",
+		len(writers.rows), peak[0], peak[1], o.MaxInFlight, peak[2], o.MaxDeferred, coldRate, st.LongestKeyQueue, st.LongestKey)
 }
 
 // TestLiveProcessGracefulStop: ctx is cancelled while 8 handlers of 5-20 ms run and writers

@@ -17,6 +17,9 @@ const (
 	processKeys       = 1000                 // distinct keys of the 2 ms figures
 	processHandleTime = 2 * time.Millisecond // the 2 ms handler's sleep
 	processHotKey     = "hot"                // the key of the even changelog ids in process_hotkey
+	// processHotDeferred is process_hotkey's ProcessOptions.MaxDeferred: 64 × the default
+	// MaxInFlight deferred events at most.
+	processHotDeferred = 64 * pgchangestream.DefaultProcessMaxInFlight
 )
 
 // processSpec is one Process figure.
@@ -34,8 +37,8 @@ func processThroughputs(n int) []throughput {
 			return []time.Duration{d}, err
 		}}
 	}
-	hot := fig("process_hotkey_w64_eps", "process_sleep2ms_w64 with one key holding half the events (even ids): "+
-		"the other keys' own rate", processSpec{workers: 64, sleep: processHandleTime, hot: true})
+	hot := fig("process_hotkey_w64_eps", "process_sleep2ms_w64 with one key holding half the events (even ids) and MaxDeferred "+
+		itoa(processHotDeferred)+": the other keys' own rate", processSpec{workers: 64, sleep: processHandleTime, hot: true})
 	hot.count = n / 2 // the odd ids of n consecutive ones
 	return []throughput{
 		fig("process_noop_w8_eps", "Process, Workers 8, no-op handler, "+itoa(processKeys)+" keys", processSpec{workers: 8}),
@@ -101,8 +104,12 @@ func processFresh(ctx context.Context, e *env, v variant, n int, s processSpec) 
 		return nil
 	}
 	w.Start(ctx)
-	err = w.Process(pctx, pgchangestream.ProcessOptions{Workers: s.workers,
-		Key: func(ev pgchangestream.EventWithToken) string { return processKey(ev, s.hot) }}, handle)
+	opts := pgchangestream.ProcessOptions{Workers: s.workers,
+		Key: func(ev pgchangestream.EventWithToken) string { return processKey(ev, s.hot) }}
+	if s.hot { // the other keys flow past the hot one: its events past MaxKeyQueue are deferred
+		opts.MaxDeferred = processHotDeferred
+	}
+	err = w.Process(pctx, opts, handle)
 	if err != nil {
 		return 0, err
 	}
