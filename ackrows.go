@@ -70,7 +70,20 @@ func (w *Watcher) claimAck(ctx context.Context, tx *sql.Tx, id int64) (bool, err
 // whose changelog row is gone): their events are never delivered again. The rows of its parked
 // events stay: a parked event is certified, but its rerun must still find a claim committed by
 // an attempt whose commit reported an error and took effect.
+//
+// An exclusive watcher's compaction is fenced as its claims are: it deletes only while the
+// token row holds its owner epoch, so a former owner that wakes up after a successor claimed
+// the client (or after a token reset) deletes nothing by its own, older view.
 func (w *Watcher) compactAcks(ctx context.Context) (int64, error) {
+	w.ckMu.Lock()
+	fenced, epoch, lost := w.fenced, w.epoch, w.excl.lostErr()
+	w.ckMu.Unlock()
+	switch {
+	case lost != nil:
+		return 0, lost
+	case fenced && epoch == 0: // not claimed yet
+		return 0, nil
+	}
 	w.mu.Lock()
 	saved, loaded := w.savedMirror, w.loaded
 	w.mu.Unlock()
@@ -78,7 +91,11 @@ func (w *Watcher) compactAcks(ctx context.Context) (int64, error) {
 		return 0, nil
 	}
 	args := params{w.cfg.ClientName}
-	res, err := w.cfg.DB.ExecContext(ctx, w.q.compactAcks+certifiedBy(saved, args.add)+`)`, args...)
+	q := w.q.compactAcks + certifiedBy(saved, args.add) + `)`
+	if fenced {
+		q += w.q.compactFence + args.add(epoch) + ` FOR KEY SHARE)`
+	}
+	res, err := w.cfg.DB.ExecContext(ctx, q, args...)
 	if err != nil {
 		return 0, fmt.Errorf("delete certified rows of %s: %w", ackTable(w.cfg.ChangelogTable), err)
 	}

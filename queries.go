@@ -89,7 +89,8 @@ type queries struct {
 	// epochOf: the token row's owner epoch. compactAcks deletes client $1's acknowledgement rows
 	// whose changelog row is gone or certified by the condition that follows it, except those of
 	// the client's parked events (a rerun must find them).
-	claimAck, claimAckFenced, epochOf, compactAcks string
+	// compactFence, followed by the owner epoch's placeholder, fences compactAcks.
+	claimAck, claimAckFenced, epochOf, compactAcks, compactFence string
 	// markLegacy, markPhase, markDelta, markSwitch and markInDelta set the legacy processed flag
 	// of the rows newly certified since the rows last marked (the background marker runs them
 	// after saves). markLegacy marks table $1's legacy positions in ($2, $3) .. ($4, $5);
@@ -200,6 +201,7 @@ func buildQueries(cfg Config) queries {
 		compactAcks: `DELETE FROM ` + acks + ` AS a WHERE a.client_name = $1 AND NOT EXISTS (
 	SELECT FROM ` + quoteIdentifier(parkedTable(cfg.ChangelogTable)) + ` p WHERE p.client_name = a.client_name AND p.changelog_id = a.changelog_id)
 	AND NOT EXISTS (SELECT FROM ` + cl + ` c WHERE c.id = a.changelog_id AND NOT `,
+		compactFence: ` AND EXISTS (SELECT FROM ` + tok + ` AS tok WHERE tok.client_name = $1 AND tok.` + epochColumn + ` = `,
 		bumpEpoch: `UPDATE ` + tok + ` SET ` + epochColumn + ` = ` + epochColumn + ` + 1 WHERE client_name = $1 AND ` +
 			epochColumn + ` IS NOT NULL AND client_name IN (` + lockForUpdate(tok, "$1") + `)`,
 		markLegacy: mark(legacyIDs(`($2, $3)`, upTo)),
