@@ -28,6 +28,7 @@ const (
 	// DefaultCheckpointRefreshInterval is the default [Config.CheckpointRefreshInterval].
 	DefaultCheckpointRefreshInterval = time.Minute
 	DefaultLockSessionTimeout        = 30 * time.Second
+	DefaultSharedLease               = 5 * time.Second
 )
 
 // Limits of [Config]: larger sizes, shorter intervals and longer names are invalid. The sizes
@@ -46,6 +47,11 @@ const (
 	// MinLockSessionTimeout and MaxLockSessionTimeout bound LockSessionTimeout.
 	MinLockSessionTimeout = 4 * time.Second
 	MaxLockSessionTimeout = 24 * time.Hour
+	// MinSharedLease and MaxSharedLease bound SharedLease.
+	MinSharedLease = time.Second
+	MaxSharedLease = 5 * time.Minute
+	// MaxMemberNameLen is the longest MemberName, in characters.
+	MaxMemberNameLen = 255
 	// MaxClientNameLen is the length, in characters, of the token table's client_name column
 	// (VARCHAR(255)).
 	MaxClientNameLen = 255
@@ -133,6 +139,27 @@ type Config struct {
 	// [MaxLockSessionTimeout]. A network outage longer than this ends the session too.
 	LockSessionTimeout time.Duration
 
+	// Shared makes the watchers of one ClientName, in any number of processes, divide its
+	// rows: each committed row goes to one active member, and the rows of one key (fixed when
+	// the row is written, see [SchemaOptions].Key) to one member at a time, in order. The
+	// members coordinate in PostgreSQL through the changelog's _members and _ranges tables
+	// (InstallSchema creates them): the 1,024 units of the key hash are grouped in
+	// [SharedRanges] ranges, each with its own saved position and fenced owner, and the live
+	// members divide the ranges between them. A range moves to a new member only after its
+	// old owner's deliveries in it were acknowledged, or the old owner's lease ran out.
+	// Requires an upgraded changelog (with the txid column). Exclusive is the one-member
+	// case: setting both, or Shared with Ephemeral or ProcessedFlag, is an [ErrInvalidConfig].
+	// docs/operations.md ("Shared consumers") explains sizing and the failure model.
+	Shared bool
+	// SharedLease is how long a Shared member keeps its ranges without renewing its lease.
+	// It renews every fifth of it and stops delivering before it runs out; other members take
+	// over the ranges of a member whose lease ran out (a crash, a pause, a lost network).
+	// Default 5s; between [MinSharedLease] and [MaxSharedLease].
+	SharedLease time.Duration
+	// MemberName names a Shared member in status, logs and metrics. Default: host name and
+	// process id. At most [MaxMemberNameLen] characters.
+	MemberName string
+
 	// Ephemeral makes the watcher never write the token table (nor the processed flag): it
 	// resumes after the client's saved token if there is one, else starts as a new client
 	// without saving that start, and acknowledgements only free pending deliveries. For
@@ -214,6 +241,9 @@ func (cfg Config) withDefaults() Config {
 	if cfg.LockSessionTimeout == 0 {
 		cfg.LockSessionTimeout = DefaultLockSessionTimeout
 	}
+	if cfg.SharedLease == 0 {
+		cfg.SharedLease = DefaultSharedLease
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -246,6 +276,21 @@ func (cfg Config) validate() error {
 	}
 	if cfg.ProcessedFlag && cfg.DisableProcessedFlag {
 		return invalid("Config.ProcessedFlag and Config.DisableProcessedFlag contradict each other: set at most one")
+	}
+	if cfg.Shared {
+		switch {
+		case cfg.Exclusive:
+			return invalid("Config.Shared and Config.Exclusive contradict each other: Exclusive is the one-member case of Shared")
+		case cfg.Ephemeral:
+			return invalid("Config.Shared needs saved positions: it cannot be Ephemeral")
+		case cfg.marksProcessed():
+			return invalid("Config.Shared cannot set the legacy processed flag (Config.ProcessedFlag): members certify rows per range")
+		case cfg.SharedLease < MinSharedLease || cfg.SharedLease > MaxSharedLease:
+			return invalid("Config.SharedLease must be between %v and %v, got %v", MinSharedLease, MaxSharedLease, cfg.SharedLease)
+		}
+		if err := checkText(cfg.MemberName, MaxMemberNameLen); err != nil {
+			return invalid("Config.MemberName: %v", err)
+		}
 	}
 	switch cfg.Mode {
 	case ModePolling, ModeHybrid:
