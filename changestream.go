@@ -43,6 +43,7 @@ type Watcher struct {
 	wg       sync.WaitGroup      // reader, listener, saver, marker, prefetch and lock goroutines
 	health   health              // failures and their counters; safe for concurrent use
 	excl     exclusive           // the exclusive lock; see exclusive.go
+	sh       *sharedMember       // immutable pointer; nil unless Config.Shared (shared.go)
 
 	// Lifecycle, guarded by lifeMu.
 	lifeMu  sync.Mutex
@@ -106,6 +107,9 @@ type Watcher struct {
 	ckErrors  atomic.Uint64 // added under ckMu after each failed save
 
 	// Reader goroutine only.
+	// rq: the row reads; a Shared member's change with its ranges (set by its hand-overs,
+	// before any prefetch that uses them starts).
+	rq             *readQueries
 	recent         *recentIDs
 	batch          []changelogRow // the rows being delivered
 	spare          []changelogRow // the other buffer; owned by the prefetch while one runs
@@ -176,7 +180,7 @@ func NewPostgreSQLChangeStreamWatcher(db *sql.DB, clientName, tableName, connStr
 }
 
 func newWatcher(cfg Config) *Watcher {
-	return &Watcher{
+	w := &Watcher{
 		cfg:      cfg,
 		log:      cfg.Logger.With("client", cfg.ClientName, "table", cfg.TableName),
 		q:        buildQueries(cfg),
@@ -192,6 +196,11 @@ func newWatcher(cfg Config) *Watcher {
 		pager:    deltaPager{pageSize: cfg.BatchSize, maxIDs: maxDeltaIDs},
 		health:   health{listenCritical: cfg.Mode == ModeNotify},
 	}
+	w.rq = &w.q.readQueries
+	if cfg.Shared {
+		w.sh = newSharedMember(cfg)
+	}
+	return w
 }
 
 // Events returns the channel of deliveries. It is closed when the watcher stops: after Close, or
@@ -281,6 +290,9 @@ func (w *Watcher) Close(ctx context.Context) error {
 	}
 	if err := w.markPass(ctx); err != nil { // what the marker had not got to
 		w.log.Warn("cannot set the processed flag at Close; it lags the saved token", "error", err)
+	}
+	if w.sh != nil {
+		return w.leave(ctx)
 	}
 	return nil
 }

@@ -96,6 +96,9 @@ func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, e
 			"transaction counter going back only while it has not passed the ids seen before; run InstallSchema to add it",
 			"table", incarnationTable(w.cfg.ChangelogTable))
 	}
+	if w.sh != nil {
+		return w.loadShared(ctx, rewinding, skipFree, now, inc)
+	}
 	raw, found, err := w.claimToken(ctx, !rewinding)
 	if err != nil {
 		return Position{}, err

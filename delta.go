@@ -23,9 +23,9 @@ func (w *Watcher) readPage(ctx context.Context, from Position, buf []changelogRo
 	}
 	switch {
 	case from.span == nil:
-		rows, err = w.query(ctx, w.q.read, buf, false, w.cfg.TableName, from.ChangedAt, from.ID)
+		rows, err = w.query(ctx, w.rq.read, buf, rowColumns{}, w.cfg.TableName, from.ChangedAt, from.ID)
 	case from.span.seq == 0:
-		rows, err = w.query(ctx, w.q.switchRead, buf, false, w.cfg.TableName, from.ChangedAt, from.ID, from.span.base.String())
+		rows, err = w.query(ctx, w.rq.switchRead, buf, w.rq.columnsOf(false), w.cfg.TableName, from.ChangedAt, from.ID, from.span.base.String())
 	default:
 		return w.pager.read(ctx, w, from, buf)
 	}
@@ -108,18 +108,18 @@ func (w *Watcher) deltaPage(ctx context.Context, from Position, buf []changelogR
 	ranges := deltaRanges(from.span.base, from.span.end)
 	if len(ranges) == 1 {
 		r := ranges[0]
-		return w.query(ctx, w.q.deltaRange, buf, true, w.cfg.TableName, strconv.FormatUint(r.lo, 10), r.loID,
+		return w.query(ctx, w.rq.deltaRange, buf, w.rq.columnsOf(true), w.cfg.TableName, strconv.FormatUint(r.lo, 10), r.loID,
 			strconv.FormatUint(r.hi, 10), r.hiID, from.span.end.String(), from.afterID())
 	}
 	lo, loID, hi, hiID := rangeArgs(ranges)
-	return w.query(ctx, w.q.deltaRead, buf, true, w.cfg.TableName, lo, loID, hi, hiID, from.span.end.String(), from.afterID())
+	return w.query(ctx, w.rq.deltaRead, buf, w.rq.columnsOf(true), w.cfg.TableName, lo, loID, hi, hiID, from.span.end.String(), from.afterID())
 }
 
 // deltaIDs lists the ids of from's delta after after (deltaReads).
 func (w *Watcher) deltaIDs(ctx context.Context, from Position, after int64) ([]int64, error) {
 	lo, loID, hi, hiID := rangeArgs(deltaRanges(from.span.base, from.span.end))
 	var ids []int64
-	err := w.read(ctx, w.q.deltaIDs, func(rows *sql.Rows) error {
+	err := w.read(ctx, w.rq.deltaIDs, func(rows *sql.Rows) error {
 		defer rows.Close()
 		for rows.Next() {
 			var id int64
@@ -136,7 +136,7 @@ func (w *Watcher) deltaIDs(ctx context.Context, from Position, after int64) ([]i
 // rowsByID reads rows of a listed delta by primary key (deltaReads).
 func (w *Watcher) rowsByID(ctx context.Context, ids []int64, buf []changelogRow) ([]changelogRow, error) {
 	q, args := w.rowsByIDQuery(ids)
-	return w.queryByKey(ctx, q, buf, true, args...)
+	return w.queryByKey(ctx, q, buf, w.rq.columnsOf(true), args...)
 }
 
 // rowsByIDQuery is the query of rowsByID and its arguments. Ids that are consecutive (every id
@@ -145,9 +145,9 @@ func (w *Watcher) rowsByID(ctx context.Context, ids []int64, buf []changelogRow)
 // others by one index descent per id.
 func (w *Watcher) rowsByIDQuery(ids []int64) (string, []any) {
 	if n := len(ids); n > 0 && ids[n-1]-ids[0] == int64(n-1) {
-		return w.q.deltaKeyRange, []any{ids[0], ids[n-1]}
+		return w.rq.deltaKeyRange, []any{ids[0], ids[n-1]}
 	}
-	return w.q.deltaRows, []any{pgArray(ids)}
+	return w.rq.deltaRows, []any{pgArray(ids)}
 }
 
 // rowPosition is the position of a row read after from.

@@ -22,6 +22,8 @@ type changelogRow struct {
 	ChangedAt time.Time
 	// Xid is the writing transaction's id, read by snapshot-delta reads only.
 	Xid uint64
+	// Unit is the row's unit (see UnitOf), read by the reads of Shared members only.
+	Unit int16
 }
 
 // buildEvent turns a changelog row into its change event document (see [Event]). table is the

@@ -108,6 +108,8 @@ func (w *Watcher) writeToken(ctx context.Context, p Position, seq uint64) error 
 		inc = p.span.inc
 	}
 	switch {
+	case w.sh != nil:
+		return w.writeShared(ctx, p, string(tok), inc)
 	case w.fenced && w.epoch == 0: // the lock session ends with a crash: it cannot outlive the incarnation
 		return w.claimNew(ctx, string(tok))
 	case w.txAcked:

@@ -15,6 +15,7 @@ const (
 	opRead   = "read changelog"
 	opListen = "LISTEN connection"
 	opLock   = "exclusive lock"
+	opMember = "shared membership"  // the _members and _ranges tables
 	opMark   = "set processed flag" // the changelog's legacy flag, after saves
 	opSave   = "save checkpoint"    // the token table, inline or in the background
 )

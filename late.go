@@ -19,7 +19,7 @@ func (w *Watcher) lateRow(ctx context.Context, id int64) (*changelogRow, error) 
 		return nil, nil
 	}
 	var err error
-	if w.batch, err = w.queryByKey(ctx, w.q.byID, w.batch[:0], false, w.cfg.TableName, id); err != nil {
+	if w.batch, err = w.queryByKey(ctx, w.q.byID, w.batch[:0], rowColumns{}, w.cfg.TableName, id); err != nil {
 		return nil, fmt.Errorf("fetch changelog row %d: %w", id, err)
 	}
 	if len(w.batch) == 0 {

@@ -288,7 +288,7 @@ func (w *Watcher) restoreEvent(ctx context.Context, c EventWithToken) (EventWith
 	if err != nil {
 		return c, err
 	}
-	rows, err := w.query(ctx, w.q.byID, nil, false, w.cfg.TableName, id)
+	rows, err := w.query(ctx, w.q.byID, nil, rowColumns{}, w.cfg.TableName, id)
 	if err != nil {
 		return c, fmt.Errorf("read changelog row %d again: %w", id, err)
 	}
@@ -299,8 +299,14 @@ func (w *Watcher) restoreEvent(ctx context.Context, c EventWithToken) (EventWith
 	return EventWithToken{Event: ev, ResumeToken: c.ResumeToken}, nil
 }
 
-// runHandler runs handle, recovering a panic into an error wrapping ErrPanic.
+// runHandler runs handle, recovering a panic into an error wrapping ErrPanic. A Shared member
+// first waits for its lease: one paused past it handles nothing when it wakes.
 func (w *Watcher) runHandler(ctx context.Context, handle Handler, ev EventWithToken) (err error) {
+	if w.sh != nil {
+		if err := w.waitLease(ctx); err != nil {
+			return err
+		}
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			err = w.panicError("handler", r)

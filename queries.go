@@ -12,30 +12,7 @@ const txidColumn = "txid"
 
 // queries holds the watcher's SQL, with the configured identifiers quoted once.
 type queries struct {
-	// read: the next batch after a legacy position. The row comparison lets PostgreSQL seek
-	// the (table_name, changed_at, id) index to the position instead of filtering earlier
-	// entries.
-	read string
-	// switchRead: read in the legacy part of a switch-over: the same, limited to the rows the
-	// switch-over's snapshot ($4) sees or that were written before the upgrade.
-	switchRead string
-	// deltaRead: the first page of a snapshot delta: the rows its end snapshot ($6) sees in the
-	// (txid, id) index ranges given as arrays (lower keys $2, $3; upper keys $4, $5) with an id
-	// above $7, in (txid, id) order, at most one more than a batch (the reader sorts them by
-	// id; one more says the delta does not fit a batch). Each range is its own index range scan
-	// (an "= ANY" list is not), which stops at the limit.
-	deltaRead string
-	// deltaRange: deltaRead for a delta read as one range (the common case: no transaction of
-	// the base snapshot ended), with its keys as scalars: one index range scan, whose order
-	// is the result's, with no sort.
-	deltaRange string
-	// deltaIDs: the ids of a delta larger than a batch, after $7, in id order, at most
-	// maxDeltaIDs: the rows of deltaRead's ranges, each read whole in its index order (so that
-	// only its index range can serve it), then sorted by id.
-	deltaIDs string
-	// deltaRows: the rows of a listed delta with the ids $1, by primary key, in id order.
-	// deltaKeyRange: the same for a page of consecutive ids, every id from $1 to $2.
-	deltaRows, deltaKeyRange string
+	readQueries
 	// snapshot: the current snapshot, the end of the next delta. snapshotInc adds the
 	// server's incarnation (NULL while its row is missing).
 	snapshot, snapshotInc string
@@ -111,6 +88,37 @@ type queries struct {
 	unprocessed string
 }
 
+// readQueries are the reads of changelog rows. A Shared member's read only the units of its
+// ranges (sharedReadQueries) and return each row's unit as their last column (unit).
+type readQueries struct {
+	// read: the next batch after a legacy position. The row comparison lets PostgreSQL seek
+	// the (table_name, changed_at, id) index to the position instead of filtering earlier
+	// entries.
+	read string
+	// switchRead: read in the legacy part of a switch-over: the same, limited to the rows the
+	// switch-over's snapshot ($4) sees or that were written before the upgrade.
+	switchRead string
+	// deltaRead: the first page of a snapshot delta: the rows its end snapshot ($6) sees in the
+	// (txid, id) index ranges given as arrays (lower keys $2, $3; upper keys $4, $5) with an id
+	// above $7, in (txid, id) order, at most one more than a batch (the reader sorts them by
+	// id; one more says the delta does not fit a batch). Each range is its own index range scan
+	// (an "= ANY" list is not), which stops at the limit.
+	deltaRead string
+	// deltaRange: deltaRead for a delta read as one range (the common case: no transaction of
+	// the base snapshot ended), with its keys as scalars: one index range scan, whose order
+	// is the result's, with no sort.
+	deltaRange string
+	// deltaIDs: the ids of a delta larger than a batch, after $7, in id order, at most
+	// maxDeltaIDs: the rows of deltaRead's ranges, each read whole in its index order (so that
+	// only its index range can serve it), then sorted by id.
+	deltaIDs string
+	// deltaRows: the rows of a listed delta with the ids $1, by primary key, in id order.
+	// deltaKeyRange: the same for a page of consecutive ids, every id from $1 to $2.
+	deltaRows, deltaKeyRange string
+	// unit: the rows end with their unit.
+	unit bool
+}
+
 const changelogColumns = `id, record_id::text, operation, old_values::text, new_values::text, changed_at`
 
 func buildQueries(cfg Config) queries {
@@ -119,7 +127,7 @@ func buildQueries(cfg Config) queries {
 	limit := strconv.Itoa(cfg.BatchSize)
 	inc := quoteIdentifier(incarnationTable(cfg.ChangelogTable))
 	acks := quoteIdentifier(ackTable(cfg.ChangelogTable))
-	incarnation := `(SELECT incarnation::text FROM ` + inc + `)`
+	incarnation := incarnationSQL(cfg)
 	pageLimit := strconv.Itoa(cfg.BatchSize + 1)
 	newestTxid := `(SELECT c.txid::text AS newest_txid FROM ` + cl + ` c
 		WHERE c.table_name = $1 AND c.txid IS NOT NULL ORDER BY c.txid DESC LIMIT 1)`
@@ -140,28 +148,7 @@ func buildQueries(cfg Config) queries {
 			AND (pg_visible_in_snapshot(txid, $6::pg_snapshot)
 				OR (pg_visible_in_snapshot(txid, $7::pg_snapshot) AND id <= $8))) c`)
 	q := queries{
-		read: `SELECT ` + changelogColumns + ` FROM ` + cl + `
-	WHERE table_name = $1 AND (changed_at, id) > ($2, $3)
-	ORDER BY changed_at, id LIMIT ` + limit,
-		switchRead: `SELECT ` + changelogColumns + ` FROM ` + cl + `
-	WHERE table_name = $1 AND (changed_at, id) > ($2, $3) AND (txid IS NULL OR pg_visible_in_snapshot(txid, $4::pg_snapshot))
-	ORDER BY changed_at, id LIMIT ` + limit,
-		deltaRead: `SELECT c.id, c.record_id::text, c.operation, c.old_values::text, c.new_values::text, c.changed_at, c.txid
-	FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
-	CROSS JOIN LATERAL (SELECT * FROM ` + cl + ` WHERE table_name = $1
-		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id) AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
-		ORDER BY txid, id LIMIT ` + pageLimit + `) c
-	ORDER BY c.txid, c.id LIMIT ` + pageLimit,
-		deltaRange: `SELECT ` + changelogColumns + `, txid FROM ` + cl + `
-	WHERE table_name = $1 AND (txid, id) > ($2::xid8, $3) AND (txid, id) <= ($4::xid8, $5) AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
-	ORDER BY txid, id LIMIT ` + pageLimit,
-		deltaRows:     `SELECT ` + changelogColumns + `, txid FROM ` + cl + ` WHERE id = ANY($1::int8[]) ORDER BY id`,
-		deltaKeyRange: `SELECT ` + changelogColumns + `, txid FROM ` + cl + ` WHERE id BETWEEN $1 AND $2 ORDER BY id`,
-		deltaIDs: `SELECT c.id FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
-	CROSS JOIN LATERAL (SELECT id FROM ` + cl + ` WHERE table_name = $1
-		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id) AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
-		ORDER BY txid, id) c
-	ORDER BY c.id LIMIT ` + strconv.Itoa(maxDeltaIDs),
+		readQueries: buildReadQueries(cl, limit, pageLimit, nil),
 		snapshot:    `SELECT pg_current_snapshot()::text`,
 		snapshotInc: `SELECT pg_current_snapshot()::text, ` + incarnation,
 		detect: `SELECT current_setting('server_version_num')::int >= 130000 AND EXISTS (
@@ -250,22 +237,30 @@ func saveTokenSQL(tokenTable string, fenced bool, incarnation string) string {
 	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`
 }
 
-// scanRows reads changelog rows into buf and closes rows. withXid reads the txid column that
-// delta reads add after the changelog columns.
-func scanRows(rows *sql.Rows, buf []changelogRow, withXid bool) ([]changelogRow, error) {
+// rowColumns says which columns a read returns after the changelog columns: the txid column
+// (delta reads) and the unit (the reads of Shared members), in that order.
+type rowColumns struct{ xid, unit bool }
+
+// columnsOf returns the columns of the reads of rq: with the txid column or not.
+func (rq *readQueries) columnsOf(xid bool) rowColumns { return rowColumns{xid: xid, unit: rq.unit} }
+
+// scanRows reads changelog rows, with the columns cols, into buf and closes rows.
+func scanRows(rows *sql.Rows, buf []changelogRow, cols rowColumns) ([]changelogRow, error) {
 	defer rows.Close()
+	dest := make([]any, 0, 8)
 	for rows.Next() {
 		var (
 			r        changelogRow
 			old, new sql.RawBytes
-			err      error
 		)
-		if withXid {
-			err = rows.Scan(&r.ID, &r.RecordID, &r.Operation, &old, &new, &r.ChangedAt, &r.Xid)
-		} else {
-			err = rows.Scan(&r.ID, &r.RecordID, &r.Operation, &old, &new, &r.ChangedAt)
+		dest = append(dest[:0], &r.ID, &r.RecordID, &r.Operation, &old, &new, &r.ChangedAt)
+		if cols.xid {
+			dest = append(dest, &r.Xid)
 		}
-		if err != nil {
+		if cols.unit {
+			dest = append(dest, &r.Unit)
+		}
+		if err := rows.Scan(dest...); err != nil {
 			return buf, err
 		}
 		r.OldValues = cloneOrNil(old)
@@ -305,4 +300,48 @@ func rangeArgs(rs []keyRange) (lo string, loID string, hi string, hiID string) {
 		los[i], loIDs[i], hts[i], hiIDs[i] = r.lo, r.loID, r.hi, r.hiID
 	}
 	return pgArray(los), pgArray(loIDs), pgArray(hts), pgArray(hiIDs)
+}
+
+// incarnationSQL is the subquery of the server's incarnation (NULL while its row is missing).
+func incarnationSQL(cfg Config) string {
+	return `(SELECT incarnation::text FROM ` + quoteIdentifier(incarnationTable(cfg.ChangelogTable)) + `)`
+}
+
+// buildReadQueries builds the row reads of changelog cl (quoted). A Shared member's reads (u
+// not nil) add u.cond, a condition on the unit expression inside each scan, where the index
+// checks it, and return the rows' units as their last column.
+func buildReadQueries(cl, limit, pageLimit string, u *unitSQL) readQueries {
+	sel := changelogColumns
+	delta := `c.id, c.record_id::text, c.operation, c.old_values::text, c.new_values::text, c.changed_at, c.txid`
+	var cond string
+	if u != nil {
+		sel += `, ` + u.expr
+		delta += `, ` + u.exprC
+		cond = u.cond
+	}
+	return readQueries{
+		read: `SELECT ` + changelogColumns + ` FROM ` + cl + `
+	WHERE table_name = $1 AND (changed_at, id) > ($2, $3)
+	ORDER BY changed_at, id LIMIT ` + limit,
+		switchRead: `SELECT ` + sel + ` FROM ` + cl + `
+	WHERE table_name = $1` + cond + ` AND (changed_at, id) > ($2, $3) AND (txid IS NULL OR pg_visible_in_snapshot(txid, $4::pg_snapshot))
+	ORDER BY changed_at, id LIMIT ` + limit,
+		deltaRead: `SELECT ` + delta + `
+	FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
+	CROSS JOIN LATERAL (SELECT * FROM ` + cl + ` WHERE table_name = $1
+		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id)` + cond + ` AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
+		ORDER BY txid, id LIMIT ` + pageLimit + `) c
+	ORDER BY c.txid, c.id LIMIT ` + pageLimit,
+		deltaRange: `SELECT ` + sel + `, txid FROM ` + cl + `
+	WHERE table_name = $1 AND (txid, id) > ($2::xid8, $3) AND (txid, id) <= ($4::xid8, $5)` + cond + ` AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
+	ORDER BY txid, id LIMIT ` + pageLimit,
+		deltaRows:     `SELECT ` + sel + `, txid FROM ` + cl + ` WHERE id = ANY($1::int8[]) ORDER BY id`,
+		deltaKeyRange: `SELECT ` + sel + `, txid FROM ` + cl + ` WHERE id BETWEEN $1 AND $2 ORDER BY id`,
+		deltaIDs: `SELECT c.id FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
+	CROSS JOIN LATERAL (SELECT id FROM ` + cl + ` WHERE table_name = $1
+		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id)` + cond + ` AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
+		ORDER BY txid, id) c
+	ORDER BY c.id LIMIT ` + strconv.Itoa(maxDeltaIDs),
+		unit: u != nil,
+	}
 }

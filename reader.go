@@ -145,6 +145,17 @@ func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 	if err := w.checkStats(ctx); err != nil {
 		return 0, err
 	}
+	if w.sh != nil {
+		if w.sh.changeAsked.Load() {
+			if err := w.handOver(ctx); err != nil {
+				return 0, fmt.Errorf("shared hand-over: %w", err)
+			}
+		}
+		if len(w.sh.view.Load().owned) == 0 { // nothing to read until a range is claimed
+			w.noteEmptyRead()
+			return 0, nil
+		}
+	}
 	w.mu.Lock()
 	from := w.cursor
 	w.mu.Unlock()
@@ -251,20 +262,20 @@ func (w *Watcher) prefetch(ctx context.Context, from Position) *nextBatch {
 }
 
 // queryByKey runs a changelog query by primary key, whose plan needs no statistics, and reads
-// its rows into buf; withXid reads the txid column that delta reads add.
-func (w *Watcher) queryByKey(ctx context.Context, q string, buf []changelogRow, withXid bool, args ...any) ([]changelogRow, error) {
+// its rows, with the columns cols, into buf.
+func (w *Watcher) queryByKey(ctx context.Context, q string, buf []changelogRow, cols rowColumns, args ...any) ([]changelogRow, error) {
 	rows, err := w.cfg.DB.QueryContext(ctx, q, args...)
 	if err != nil {
 		return buf, err
 	}
-	return scanRows(rows, buf, withXid)
+	return scanRows(rows, buf, cols)
 }
 
-// query runs a changelog read of index ranges (plans.go) and reads its rows into buf; withXid
-// reads the txid column that delta reads add.
-func (w *Watcher) query(ctx context.Context, q string, buf []changelogRow, withXid bool, args ...any) ([]changelogRow, error) {
+// query runs a changelog read of index ranges (plans.go) and reads its rows, with the columns
+// cols, into buf.
+func (w *Watcher) query(ctx context.Context, q string, buf []changelogRow, cols rowColumns, args ...any) ([]changelogRow, error) {
 	err := w.read(ctx, q, func(rows *sql.Rows) (err error) {
-		buf, err = scanRows(rows, buf, withXid)
+		buf, err = scanRows(rows, buf, cols)
 		return err
 	}, args...)
 	return buf, err
@@ -278,6 +289,11 @@ func (w *Watcher) deliver(ctx context.Context, row *changelogRow, pos Position, 
 	ev, raw, pending, behindSaved := w.register(row, pos, late)
 	if !pending {
 		return nil
+	}
+	if w.sh != nil {
+		if err := w.waitLease(ctx); err != nil { // registered: a save cannot pass it
+			return err
+		}
 	}
 	if behindSaved {
 		if err := w.saveInBackground(ctx, saveChanged); err != nil {
@@ -298,6 +314,12 @@ func (w *Watcher) deliver(ctx context.Context, row *changelogRow, pos Position, 
 // pending is false for a filtered row; behindSaved reports a late row that sits behind the
 // token already saved. raw is what the delivery keeps of the row (see [Watcher.event]).
 func (w *Watcher) register(row *changelogRow, pos Position, late bool) (ev Event, raw *rawDocument, pending, behindSaved bool) {
+	if w.sh != nil && w.skipShared(row, pos) { // another member's row, or one its range's floor passed: not decoded
+		w.mu.Lock()
+		w.advanceLocked(pos)
+		w.mu.Unlock()
+		return Event{}, nil, false, false
+	}
 	ev, raw, err := w.event(row)
 	if err != nil { // the event still has its id, operation, time and key: deliver it, don't stall
 		w.log.Error("cannot decode changelog row; delivering it without documents", "id", row.ID, "error", err)

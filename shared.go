@@ -1,8 +1,20 @@
 package pgchangestream
 
 import (
+	"context"
 	"crypto/md5"
 	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/lease"
 )
 
 const (
@@ -24,4 +36,313 @@ const (
 func UnitOf(key string) int {
 	sum := md5.Sum([]byte(key))
 	return int(binary.BigEndian.Uint32(sum[:4]) % SharedUnits)
+}
+
+// A Shared watcher is a member of its client. Its membership lives in two tables beside the
+// changelog: <changelog>_members, one row per member with a lease on the server's clock, and
+// <changelog>_ranges, one row per range with its owner and its saved position (resume_token, as
+// in the token table). There is no leader: every member renews its own lease, deletes the rows
+// of members whose lease ran out, and computes from the live members the ranges it is to own
+// (internal/lease), the same split on every member. It releases the ranges it is no longer to
+// own only once its deliveries are acknowledged (the reader's hand-over, shared_read.go), and
+// claims a range only while it is free or its owner's lease ran out. A member keeps delivering
+// only until a local deadline that ends before its lease, counted from the start of its last
+// successful renewal on its monotonic clock, so a member paused past its lease delivers nothing
+// when it wakes; every save of a range is fenced to its owner, so its saves are then refused.
+
+// ErrSharedSchema is returned through [Watcher.Err] by a Shared watcher whose changelog lacks
+// what shared members need: the txid column (skip-free reads) and the unit column, the
+// _members and _ranges tables InstallSchema creates.
+var ErrSharedSchema = errors.New("pgchangestream: Config.Shared needs an upgraded changelog: run InstallSchema " +
+	"(it adds the txid and unit columns and the _members and _ranges tables)")
+
+// errSharedTx refuses the transactional acknowledgements in a Shared watcher.
+var errSharedTx = errors.New("pgchangestream: transactional acknowledgements (MarkProcessedTx, ProcessTx) are not available to Shared watchers")
+
+// sharedTick is the renewal period as a part of the lease: a member renews five times per lease,
+// and looks at the split as often (faster while a hand-over is under way, see sharedBusyTick).
+const (
+	sharedTicksPerLease = 5
+	sharedBusyTick      = 200 * time.Millisecond
+	// sharedMargin is the part of the lease a member does not use: it stops delivering this much
+	// before the server would let another member claim its ranges.
+	sharedMarginParts = 5
+)
+
+// memberTable, memberSequence and rangeTable are the shared members' tables beside changelog.
+func memberTable(changelog string) string    { return changelog + "_members" }
+func memberSequence(changelog string) string { return changelog + "_member_seq" }
+func rangeTable(changelog string) string     { return changelog + "_ranges" }
+
+// unitFunction is the changelog's SQL twin of UnitOf.
+func unitFunction(changelog string) string { return changelog + "_unit" }
+
+// sharedQueries are the statements of membership. $1 is always the client name, $2 the member.
+type sharedQueries struct {
+	detect     string // $1 changelog, $2 ranges table (quoted): the unit column and the tables exist
+	join       string // $2 the member's name, $3 the lease in ms: the new member's id
+	renew      string // $3 the lease in ms
+	expire     string // deletes the members whose lease ran out
+	state      string // the live members, and the owner (0: none) of each range
+	initRanges string // $2 the start token: one row per range, unless they exist
+	claim      string // $3 ranges: those free or of a member whose lease ran out, while $2's lease holds
+	release    string // $3 ranges owned by $2: free them
+	leave      string // frees every range of $2 and deletes its row
+	load       string // the ranges $2 owns and their tokens
+	save       string // $3 the token, $4 ranges: only those $2 still owns
+	saveInc    string // save, while the incarnation is still $5
+}
+
+func buildSharedQueries(cfg Config) sharedQueries {
+	cl := cfg.ChangelogTable
+	mt, rt := quoteIdentifier(memberTable(cl)), quoteIdentifier(rangeTable(cl))
+	lease := `now() + $3 * interval '1 millisecond'`
+	incarnation := incarnationSQL(cfg)
+	save := `UPDATE ` + rt + ` SET resume_token = $3::jsonb, last_updated = now()
+	WHERE client_name = $1 AND owner = $2 AND range_no = ANY($4::int2[])`
+	return sharedQueries{
+		detect: `SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'unit' AND NOT attisdropped)
+		AND to_regclass($2) IS NOT NULL`,
+		join: `INSERT INTO ` + mt + ` (client_name, member, name, lease_until)
+	VALUES ($1, nextval(` + quoteLiteral(quoteIdentifier(memberSequence(cl))) + `), $2, ` + lease + `) RETURNING member`,
+		renew:  `UPDATE ` + mt + ` SET lease_until = ` + lease + ` WHERE client_name = $1 AND member = $2`,
+		expire: `DELETE FROM ` + mt + ` WHERE client_name = $1 AND lease_until < now()`,
+		state: `SELECT ARRAY(SELECT member FROM ` + mt + ` WHERE client_name = $1 AND lease_until > now() ORDER BY member)::text,
+	ARRAY(SELECT COALESCE(owner, 0) FROM ` + rt + ` WHERE client_name = $1 ORDER BY range_no)::text`,
+		initRanges: `INSERT INTO ` + rt + ` (client_name, range_no, resume_token)
+	SELECT $1, g, $2::jsonb FROM generate_series(0, ` + strconv.Itoa(SharedRanges-1) + `) AS g ON CONFLICT DO NOTHING`,
+		claim: `UPDATE ` + rt + ` AS r SET owner = $2, last_updated = now()
+	WHERE r.client_name = $1 AND r.range_no = ANY($3::int2[])
+		AND EXISTS (SELECT FROM ` + mt + ` m WHERE m.client_name = $1 AND m.member = $2 AND m.lease_until > now())
+		AND (r.owner IS NULL OR r.owner = $2 OR NOT EXISTS (
+			SELECT FROM ` + mt + ` m WHERE m.client_name = $1 AND m.member = r.owner AND m.lease_until > now()))
+	RETURNING r.range_no`,
+		release: `UPDATE ` + rt + ` SET owner = NULL, last_updated = now() WHERE client_name = $1 AND owner = $2 AND range_no = ANY($3::int2[])`,
+		leave: `WITH freed AS (UPDATE ` + rt + ` SET owner = NULL, last_updated = now() WHERE client_name = $1 AND owner = $2)
+	DELETE FROM ` + mt + ` WHERE client_name = $1 AND member = $2`,
+		load:    `SELECT range_no, resume_token::text FROM ` + rt + ` WHERE client_name = $1 AND owner = $2 ORDER BY range_no`,
+		save:    save,
+		saveInc: save + ` AND ` + incarnation + ` = $5`,
+	}
+}
+
+// sharedMember is the membership of a Shared watcher.
+type sharedMember struct {
+	q     sharedQueries // immutable
+	lease time.Duration // immutable
+	name  string        // immutable: Config.MemberName or host:pid
+	base  time.Time     // immutable: the monotonic origin of deadline
+
+	// id is the member's id, 0 until the reader joins (once; read by the coordinator, saves and
+	// Stats afterwards).
+	id atomic.Int64
+	// deadline is when deliveries must stop unless the lease is renewed, in nanoseconds since
+	// base: written by the coordinator after each renewal, read before each delivery.
+	deadline atomic.Int64
+	// changeAsked: the coordinator found ranges to release or to claim; the reader hands over
+	// at its next batch and clears it.
+	changeAsked atomic.Bool
+	// view is what the member owns and how its reads are filtered: replaced (never changed)
+	// under ckMu, by the reader's hand-over and by saves dropping floors; read by the reader
+	// and the saves.
+	view atomic.Pointer[sharedView]
+
+	mu     sync.Mutex // guards target
+	target []int      // the ranges the split gives this member, from the coordinator's last look
+}
+
+func newSharedMember(cfg Config) *sharedMember {
+	name := cfg.MemberName
+	if name == "" {
+		host, _ := os.Hostname()
+		name = host + ":" + strconv.Itoa(os.Getpid())
+	}
+	s := &sharedMember{q: buildSharedQueries(cfg), lease: cfg.SharedLease, name: name, base: time.Now()}
+	s.view.Store(&sharedView{})
+	return s
+}
+
+// leaseValid reports whether deliveries may go on: the local deadline has not passed.
+func (s *sharedMember) leaseValid() bool {
+	return time.Since(s.base).Nanoseconds() < s.deadline.Load()
+}
+
+// renewed moves the deadline to the lease, less its margin, after a renewal that started at
+// start.
+func (s *sharedMember) renewed(start time.Time) {
+	s.deadline.Store((start.Sub(s.base) + s.lease - s.lease/sharedMarginParts).Nanoseconds())
+}
+
+// waitLease waits until deliveries may go on: the lease holds, or was renewed. It returns the
+// error that stopped the watcher when it lost its membership, or ctx's.
+func (w *Watcher) waitLease(ctx context.Context) error {
+	for !w.sh.leaseValid() {
+		if err := w.excl.lostErr(); err != nil {
+			return err
+		}
+		if !sleepCtx(ctx, 20*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// join makes the watcher a member of its client (once) and starts its coordinator. Reader
+// goroutine only, from the load.
+func (w *Watcher) join(ctx context.Context) error {
+	if w.sh.id.Load() != 0 {
+		return nil
+	}
+	var ok bool
+	if err := w.cfg.DB.QueryRowContext(ctx, w.sh.q.detect, quoteIdentifier(w.cfg.ChangelogTable),
+		quoteIdentifier(rangeTable(w.cfg.ChangelogTable))).Scan(&ok); err != nil {
+		return fmt.Errorf("inspect changelog %s for shared members: %w", w.cfg.ChangelogTable, err)
+	}
+	if !ok {
+		return ErrSharedSchema
+	}
+	start := time.Now()
+	var id int64
+	if err := w.cfg.DB.QueryRowContext(ctx, w.sh.q.join, w.cfg.ClientName, w.sh.name, w.sh.lease.Milliseconds()).Scan(&id); err != nil {
+		return fmt.Errorf("join the members of client %q: %w", w.cfg.ClientName, err)
+	}
+	w.sh.renewed(start)
+	w.sh.id.Store(id)
+	w.log.Info("joined the shared members", "member", id, "name", w.sh.name)
+	w.wg.Add(1)
+	go w.coordinate(ctx)
+	return nil
+}
+
+// coordinate is the member's coordinator goroutine: it renews the lease, deletes the rows of
+// members whose lease ran out, and asks the reader to hand over when the split changed. It
+// stops the watcher when its membership is gone (its lease ran out and another member deleted
+// it).
+func (w *Watcher) coordinate(ctx context.Context) {
+	defer w.wg.Done()
+	defer w.recoverPanic(opMember, "shared coordinator", w.stopWith)
+	tick := w.sh.lease / sharedTicksPerLease
+	t := time.NewTimer(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		busy, err := w.coordinateOnce(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, ErrFenced):
+			w.stopOwning(err, "the member's lease ran out and another member removed it; stopping")
+			return
+		case err != nil:
+			w.health.fail(opMember, err)
+			w.log.Warn("shared membership: cannot renew or look at the split; retrying", "error", err)
+		}
+		next := tick
+		if busy {
+			next = min(tick, sharedBusyTick)
+		}
+		t.Reset(next)
+	}
+}
+
+// coordinateOnce renews the lease and looks at the split; busy reports a hand-over under way
+// (ranges to release or to claim).
+func (w *Watcher) coordinateOnce(ctx context.Context) (busy bool, err error) {
+	id := w.sh.id.Load()
+	start := time.Now()
+	res, err := w.cfg.DB.ExecContext(ctx, w.sh.q.renew, w.cfg.ClientName, id, w.sh.lease.Milliseconds())
+	if err != nil {
+		return false, fmt.Errorf("renew the lease of member %d: %w", id, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return false, err
+	} else if n == 0 {
+		return false, fmt.Errorf("%w: member %d's lease ran out and its row was removed", ErrFenced, id)
+	}
+	w.sh.renewed(start)
+	w.health.ok(opMember)
+	if _, err := w.cfg.DB.ExecContext(ctx, w.sh.q.expire, w.cfg.ClientName); err != nil {
+		return false, fmt.Errorf("remove expired members: %w", err)
+	}
+	var membersText, ownersText string
+	if err := w.cfg.DB.QueryRowContext(ctx, w.sh.q.state, w.cfg.ClientName).Scan(&membersText, &ownersText); err != nil {
+		return false, fmt.Errorf("read the members and ranges: %w", err)
+	}
+	members, err1 := parseIntArray(membersText)
+	owners, err2 := parseIntArray(ownersText)
+	if err := errors.Join(err1, err2); err != nil {
+		return false, fmt.Errorf("read the members and ranges: %w", err)
+	}
+	target := lease.Target(members, id, SharedRanges)
+	w.sh.mu.Lock()
+	w.sh.target = target
+	w.sh.mu.Unlock()
+	if handOverNeeded(id, target, owners, members) {
+		w.sh.changeAsked.Store(true)
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+		return true, nil
+	}
+	return false, nil
+}
+
+// handOverNeeded reports whether member id has ranges to release (owned, not in its target) or
+// to claim (in its target, and free or owned by a member not live). owners holds each range's
+// owner, 0 when free; live the live members, ascending.
+func handOverNeeded(id int64, target []int, owners, live []int64) bool {
+	inTarget := make([]bool, len(owners))
+	for _, r := range target {
+		if r < len(owners) {
+			inTarget[r] = true
+		}
+	}
+	for r, o := range owners {
+		switch {
+		case o == id && !inTarget[r]:
+			return true
+		case inTarget[r] && o != id:
+			if _, found := slices.BinarySearch(live, o); o == 0 || !found {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// parseIntArray parses the text form of a PostgreSQL integer array ("{1,2,3}").
+func parseIntArray(s string) ([]int64, error) {
+	s = strings.TrimSuffix(strings.TrimPrefix(s, "{"), "}")
+	if s == "" {
+		return nil, nil
+	}
+	parts := strings.Split(s, ",")
+	out := make([]int64, len(parts))
+	for i, p := range parts {
+		n, err := strconv.ParseInt(p, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("array %q: %w", s, err)
+		}
+		out[i] = n
+	}
+	return out, nil
+}
+
+// leave frees the member's ranges and deletes its row, at Close, so that other members take
+// them over at once rather than after its lease.
+func (w *Watcher) leave(ctx context.Context) error {
+	id := w.sh.id.Load()
+	if id == 0 {
+		return nil
+	}
+	if _, err := w.cfg.DB.ExecContext(ctx, w.sh.q.leave, w.cfg.ClientName, id); err != nil {
+		return fmt.Errorf("pgchangestream: close: leave the shared members (the others take over after the lease): %w", err)
+	}
+	w.log.Info("left the shared members", "member", id)
+	return nil
 }

@@ -65,6 +65,8 @@ func (w *Watcher) MarkProcessedTx(ctx context.Context, tx *sql.Tx, token []byte)
 		return errors.New("pgchangestream: MarkProcessedTx: the transaction is nil")
 	case w.cfg.Ephemeral:
 		return errors.New("pgchangestream: MarkProcessedTx: an ephemeral watcher saves no token; use MarkProcessed")
+	case w.sh != nil:
+		return errSharedTx
 	}
 	id, ok, err := parseToken(token)
 	if err != nil {

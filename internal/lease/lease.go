@@ -1,0 +1,40 @@
+// Package lease divides the ranges of a shared client between its live members. The split is a
+// pure function of the members' ids, so every member computes the same one from the same list,
+// with no leader: the members sorted by id take contiguous, nearly equal blocks of ranges, in
+// order. Contiguous blocks keep each member's units one interval (one index condition for its
+// reads), and a block's bounds move by at most one member's share when one joins or leaves.
+package lease
+
+import "slices"
+
+// Target returns, ascending, the ranges (0 to ranges-1) that member me is to own when the live
+// members are members (any order, no duplicates). It is empty when me is not among them.
+func Target(members []int64, me int64, ranges int) []int {
+	sorted := slices.Clone(members)
+	slices.Sort(sorted)
+	i, found := slices.BinarySearch(sorted, me)
+	if !found {
+		return nil
+	}
+	n := len(sorted)
+	lo, hi := i*ranges/n, (i+1)*ranges/n
+	out := make([]int, 0, hi-lo)
+	for r := lo; r < hi; r++ {
+		out = append(out, r)
+	}
+	return out
+}
+
+// Interval is the units from Lo to Hi, both included.
+type Interval struct{ Lo, Hi int }
+
+// Cover returns the interval of units that holds every unit of the ranges (ascending, each of
+// unitsPerRange units), and whether the ranges are exactly that interval (contiguous). ok is
+// false when ranges is empty.
+func Cover(ranges []int, unitsPerRange int) (iv Interval, exact, ok bool) {
+	if len(ranges) == 0 {
+		return Interval{}, false, false
+	}
+	first, last := ranges[0], ranges[len(ranges)-1]
+	return Interval{Lo: first * unitsPerRange, Hi: (last+1)*unitsPerRange - 1}, last-first+1 == len(ranges), true
+}

@@ -1,0 +1,306 @@
+package pgchangestream
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// sharedChildDSN and sharedChildName, set in the environment, make TestLiveSharedMembers run
+// as one member: a child process that the test starts, stops, kills and pauses.
+const (
+	sharedChildDSN  = "PGCHANGESTREAM_SHARED_CHILD_DSN"
+	sharedChildName = "PGCHANGESTREAM_SHARED_CHILD_NAME"
+	sharedClient    = "shared"
+	sharedLease     = 2 * time.Second
+	sharedKeys      = 200
+)
+
+// sharedMemberProc is a member running in a child process.
+type sharedMemberProc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process ended and its output was read
+	// fenced is set when the member reported that it stopped, fenced off.
+	fenced atomic.Bool
+}
+
+// startSharedMember starts a member process named name.
+func startSharedMember(t *testing.T, e *liveEnv, name string) *sharedMemberProc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLiveSharedMembers$")
+	cmd.Env = append(os.Environ(), sharedChildDSN+"="+e.dsn, sharedChildName+"="+name)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	m := &sharedMemberProc{name: name, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		defer close(m.done)
+		for lines := bufio.NewScanner(out); lines.Scan(); {
+			line := lines.Text()
+			if strings.HasPrefix(line, "shared-member: fenced") {
+				m.fenced.Store(true)
+			}
+			if strings.HasPrefix(line, "shared-member: ") {
+				t.Logf("%s: %s", name, line)
+			}
+		}
+		_ = cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-m.done
+	})
+	return m
+}
+
+// stop ends the member with SIGTERM (it closes its watcher) and waits for it.
+func (m *sharedMemberProc) stop(t *testing.T) {
+	t.Helper()
+	require.NoError(t, m.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-m.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("member %s did not stop within 30s of SIGTERM", m.name)
+	}
+}
+
+// runSharedChild is the member's side: Process with 8 workers and a 2 ms handler that records,
+// per event, the member, the key, the changelog id and when the handler started and ended. It
+// runs until SIGTERM (then closes the watcher) or until the watcher stops.
+func runSharedChild(t *testing.T, dsn, name string) {
+	db, err := sql.Open("pgx", dsn+"&application_name="+name)
+	require.NoError(t, err)
+	defer db.Close()
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer cancel()
+	w, err := New(Config{
+		DB: db, ConnString: dsn, ClientName: sharedClient, TableName: liveTable, Mode: ModeHybrid,
+		Shared: true, SharedLease: sharedLease, MemberName: name, StartFromBeginning: true,
+		FallbackPollInterval: 200 * time.Millisecond, Logger: quietLogger,
+	})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctx))
+	err = w.Process(ctx, ProcessOptions{Workers: 8}, func(ctx context.Context, ev EventWithToken) error {
+		start := time.Now()
+		time.Sleep(2 * time.Millisecond)
+		id, _, err := parseToken(ev.ResumeToken)
+		if err != nil {
+			return err
+		}
+		_, err = db.ExecContext(ctx, `INSERT INTO shared_handled (member, key, changelog_id, started, finished)
+			VALUES ($1, $2, $3, $4, $5)`, name, DocumentKey(ev), id, start, time.Now())
+		return err
+	})
+	if errors.Is(err, ErrFenced) || errors.Is(w.Err(), ErrFenced) {
+		fmt.Println("shared-member: fenced:", err, w.Err())
+	} else {
+		fmt.Println("shared-member: stopped:", err, w.Err())
+	}
+	closeCtx, stop := context.WithTimeout(context.Background(), 20*time.Second)
+	defer stop()
+	fmt.Println("shared-member: closed:", w.Close(closeCtx))
+}
+
+// TestLiveSharedMembers runs members of one client in separate processes while writers update
+// and insert rows throughout: it scales them 1 → 4 → 2, kills one with SIGKILL, pauses one with
+// SIGSTOP for three leases, and ends the server sessions of another. At the end every committed
+// changelog row was handled, no key was handled by two members at once, and each key's events
+// were handled in order, except where a member that did not hand over (killed or paused)
+// handled some again.
+func TestLiveSharedMembers(t *testing.T) {
+	if dsn := os.Getenv(sharedChildDSN); dsn != "" {
+		runSharedChild(t, dsn, os.Getenv(sharedChildName))
+		return
+	}
+	e := newLive(t)
+	_, err := e.db.Exec(`CREATE TABLE shared_handled (
+		member text NOT NULL, key text NOT NULL, changelog_id bigint NOT NULL,
+		started timestamptz NOT NULL, finished timestamptz NOT NULL)`)
+	require.NoError(t, err)
+	keys := make([]string, sharedKeys)
+	for i := range keys {
+		require.NoError(t, e.db.QueryRow(`INSERT INTO items (n) VALUES (0) RETURNING id::text`).Scan(&keys[i]))
+	}
+
+	// Writers: updates of random keys and inserts, in small transactions, until stopped.
+	writeCtx, stopWriters := context.WithCancel(context.Background())
+	var writers sync.WaitGroup
+	var written atomic.Int64
+	for i := range 3 {
+		writers.Add(1)
+		go func() {
+			defer writers.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 18))
+			for writeCtx.Err() == nil {
+				var err error
+				if rng.IntN(10) == 0 {
+					_, err = e.db.ExecContext(writeCtx, `INSERT INTO items (n) VALUES (0)`)
+				} else {
+					_, err = e.db.ExecContext(writeCtx, `UPDATE items SET n = n + 1 WHERE id = $1`, keys[rng.IntN(len(keys))])
+				}
+				if err == nil {
+					written.Add(1)
+				}
+				time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
+			}
+		}()
+	}
+	defer func() { stopWriters(); writers.Wait() }()
+
+	owners := func() map[string]int {
+		rows, err := e.db.Query(`SELECT m.name, count(*) FROM datastore_changelog_ranges r
+			JOIN datastore_changelog_members m ON m.client_name = r.client_name AND m.member = r.owner
+			WHERE r.client_name = $1 GROUP BY m.name`, sharedClient)
+		require.NoError(t, err)
+		defer rows.Close()
+		out := map[string]int{}
+		for rows.Next() {
+			var name string
+			var n int
+			require.NoError(t, rows.Scan(&name, &n))
+			out[name] = n
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+	waitOwners := func(what string, want ...string) time.Duration {
+		t.Helper()
+		start := time.Now()
+		deadline := start.Add(30 * time.Second)
+		for {
+			got := owners()
+			total, fair := 0, len(got) == len(want)
+			for _, n := range got {
+				total += n
+				fair = fair && n >= SharedRanges/len(want)-1 && n <= SharedRanges/len(want)+1
+			}
+			for _, name := range want {
+				_, ok := got[name]
+				fair = fair && ok
+			}
+			if fair && total == SharedRanges {
+				t.Logf("%s: ranges %v after %v", what, got, time.Since(start).Round(10*time.Millisecond))
+				return time.Since(start)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: ranges owned %v, want a fair split between %v", what, got, want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+
+	m1 := startSharedMember(t, e, "m1")
+	waitOwners("one member", "m1")
+	time.Sleep(2 * time.Second)
+	m2, m3, m4 := startSharedMember(t, e, "m2"), startSharedMember(t, e, "m3"), startSharedMember(t, e, "m4")
+	waitOwners("scaled to 4", "m1", "m2", "m3", "m4")
+	time.Sleep(2 * time.Second)
+	m3.stop(t)
+	m4.stop(t)
+	waitOwners("scaled to 2", "m1", "m2")
+	time.Sleep(time.Second)
+
+	require.NoError(t, m2.cmd.Process.Kill())
+	<-m2.done
+	m5 := startSharedMember(t, e, "m5")
+	waitOwners("m2 killed, m5 joined", "m1", "m5")
+	time.Sleep(time.Second)
+
+	require.NoError(t, m1.cmd.Process.Signal(syscall.SIGSTOP))
+	waitOwners("m1 paused", "m5")
+	time.Sleep(3 * sharedLease)
+	require.NoError(t, m1.cmd.Process.Signal(syscall.SIGCONT))
+	select {
+	case <-m1.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the paused member did not stop after it woke up fenced off")
+	}
+	require.True(t, m1.fenced.Load(), "the paused member did not report that it was fenced off")
+	m6 := startSharedMember(t, e, "m6")
+	waitOwners("m6 joined", "m5", "m6")
+
+	n, err := e.srv.TerminateBackends(context.Background(), "m5")
+	require.NoError(t, err)
+	require.Positive(t, n, "no session of m5 to terminate")
+	time.Sleep(2 * sharedLease)
+	waitOwners("m5's sessions terminated", "m5", "m6")
+
+	stopWriters()
+	writers.Wait()
+	require.Positive(t, written.Load())
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var missing int
+		require.NoError(t, e.db.QueryRow(`SELECT count(*) FROM datastore_changelog c WHERE c.table_name = 'items'
+			AND NOT EXISTS (SELECT FROM shared_handled h WHERE h.changelog_id = c.id)`).Scan(&missing))
+		if missing == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d committed changelog rows were never handled", missing)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	m5.stop(t)
+	m6.stop(t)
+
+	// No key handled by two members at once.
+	var overlaps int
+	var example sql.NullString
+	require.NoError(t, e.db.QueryRow(`SELECT count(*), min(a.key || ': ' || a.member || ' and ' || b.member)
+		FROM shared_handled a JOIN shared_handled b ON a.key = b.key AND a.member < b.member
+		AND a.started < b.finished AND b.started < a.finished`).Scan(&overlaps, &example))
+	require.Zero(t, overlaps, "a key handled by two members at once, e.g. %s", example.String)
+
+	// Per key, in the order handled: within a member ids only grow; when the key moves to
+	// another member, the new member starts at the key's next event, or, after a member that
+	// was killed or paused, at an event the old one had already handled.
+	rows, err := e.db.Query(`SELECT h.key, h.member, h.changelog_id,
+		(SELECT min(c.id) FROM datastore_changelog c WHERE c.table_name = 'items' AND c.id > prev.changelog_id
+			AND 'items/' || c.record_id = h.key) AS next_of_prev, prev.member, prev.changelog_id
+		FROM (SELECT *, lag(member) OVER w AS pm, lag(changelog_id) OVER w AS pid FROM shared_handled
+			WINDOW w AS (PARTITION BY key ORDER BY started)) h
+		CROSS JOIN LATERAL (SELECT h.pm AS member, h.pid AS changelog_id) prev
+		WHERE prev.member IS NOT NULL ORDER BY h.key, h.started`)
+	require.NoError(t, err)
+	defer rows.Close()
+	crashed := map[string]bool{"m1": true, "m2": true}
+	var moves, replays int
+	for rows.Next() {
+		var key, member, prevMember string
+		var id, prevID int64
+		var next sql.NullInt64
+		require.NoError(t, rows.Scan(&key, &member, &id, &next, &prevMember, &prevID))
+		switch {
+		case member == prevMember:
+			require.Greater(t, id, prevID, "key %s: member %s handled %d after %d", key, member, id, prevID)
+		case id <= prevID:
+			require.True(t, crashed[prevMember], "key %s moved from %s (not crashed) to %s, which handled %d again after %d",
+				key, prevMember, member, id, prevID)
+			replays++
+		default:
+			moves++
+			require.True(t, next.Valid && id == next.Int64, "key %s: moved from %s at %d to %s, which started at %d, skipping %d",
+				key, prevMember, prevID, member, id, next.Int64)
+		}
+	}
+	require.NoError(t, rows.Err())
+	t.Logf("%d rows written; %d key moves between members, %d replays after a kill or pause", written.Load(), moves, replays)
+	require.Positive(t, moves, "no key moved between members")
+}

@@ -1,0 +1,464 @@
+package pgchangestream
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/lease"
+)
+
+// A Shared member reads with one cursor over all the ranges it owns. Ranges it took over may
+// have been saved at other positions (their former owners read with cursors of their own, over
+// other snapshots): the member then starts at a position behind all of them (the intersection
+// of their snapshots) and skips, in each range, the rows that range's own saved position
+// certifies (its floor). A floor is dropped once the member's checkpoint certifies all it did;
+// until then the range's saved position is left as it is, so it never goes back.
+//
+// Hand-overs run on the reader goroutine between batches: the member stops delivering, waits
+// until every delivery is acknowledged, saves, releases the ranges the split no longer gives it,
+// claims those it gives it that are free (or whose owner's lease ran out), and reads on from
+// its ranges' saved positions. A hand-over waits while floors remain (the checkpoint has not yet
+// passed what a range's former owner certified), so that each range's saved position is exact
+// when it is released.
+
+// sharedView is what a member owns and how its reads are filtered. Never changed once made.
+type sharedView struct {
+	owned  []int // ascending
+	mine   [SharedRanges]bool
+	floors map[int]Position // the saved positions of the ranges ahead of the reads' start
+}
+
+func newSharedView(owned []int, floors map[int]Position) *sharedView {
+	v := &sharedView{owned: owned, floors: floors}
+	for _, r := range owned {
+		v.mine[r] = true
+	}
+	return v
+}
+
+// unitSQL is the unit part of a Shared member's reads: the condition on the units its reads
+// ask for, and the unit expression, bare and of alias c.
+type unitSQL struct{ cond, expr, exprC string }
+
+// sharedReadQueries returns the row reads of a member that owns ranges (ascending, at least
+// one): they ask for the units from the first range's to the last range's, one condition the
+// index checks; rows of ranges between them that the member does not own are skipped when read.
+func sharedReadQueries(cfg Config, ranges []int) *readQueries {
+	iv, _, _ := lease.Cover(ranges, unitsPerRange)
+	cl := cfg.ChangelogTable
+	u := &unitSQL{
+		cond:  ` AND ` + unitExpr(cl, "") + ` BETWEEN ` + strconv.Itoa(iv.Lo) + ` AND ` + strconv.Itoa(iv.Hi),
+		expr:  unitExpr(cl, ""),
+		exprC: unitExpr(cl, "c."),
+	}
+	rq := buildReadQueries(quoteIdentifier(cl), strconv.Itoa(cfg.BatchSize), strconv.Itoa(cfg.BatchSize+1), u)
+	return &rq
+}
+
+// unitExpr is a row's unit in SQL, columns prefixed with alias: the unit column, else the unit
+// of the record id. The changelog's shared index is built on this expression.
+func unitExpr(changelog, alias string) string {
+	return `COALESCE(` + alias + `unit, ` + quoteIdentifier(unitFunction(changelog)) + `(` + alias + `record_id::text))`
+}
+
+// skipShared reports whether a member skips the row read at pos: its range is not the
+// member's, or the range's floor certifies it. Reader goroutine only.
+func (w *Watcher) skipShared(row *changelogRow, pos Position) bool {
+	v := w.sh.view.Load()
+	r := int(row.Unit) / unitsPerRange
+	if r < 0 || r >= SharedRanges || !v.mine[r] {
+		return true
+	}
+	f, ok := v.floors[r]
+	return ok && rowCertified(f, pos, row.Xid)
+}
+
+// rowCertified reports whether saved position p certifies the row read at pos, written by
+// transaction xid: resuming after p would not read it again. p and pos may come from different
+// readers of the same client (their deltas start at different snapshots); the legacy part of a
+// switch-over is the same for all of them (the client's ranges start from one token).
+func rowCertified(p, pos Position, xid uint64) bool {
+	switch {
+	case !pos.inDelta(): // a row of the legacy part, which every delta position has passed
+		return p.inDelta() || !p.Before(pos)
+	case !p.inDelta():
+		return false
+	case !p.span.base.running(xid):
+		return true
+	}
+	return p.inRows && !p.span.end.running(xid) && pos.ID <= p.ID
+}
+
+// covers reports whether position c certifies every row p certifies (it may say no when it
+// does: a floor then stays a little longer).
+func covers(c, p Position) bool {
+	switch {
+	case !p.inDelta():
+		return c.inDelta() || !c.Before(p)
+	case !c.inDelta():
+		return false
+	}
+	return samePosition(c, p) || p.top().within(c.span.base)
+}
+
+// within reports whether every transaction s sees as finished, t sees as finished too.
+func (s pgSnapshot) within(t pgSnapshot) bool {
+	if s.xmax > t.xmax && (s.xmax-t.xmax > uint64(len(s.xip)) || slices.ContainsFunc(rangeOf(t.xmax, s.xmax), func(x uint64) bool { return !s.running(x) })) {
+		return false
+	}
+	for _, x := range t.xip {
+		if x < s.xmax && !s.running(x) {
+			return false
+		}
+	}
+	return true
+}
+
+// rangeOf returns the integers from lo up to hi, excluded.
+func rangeOf(lo, hi uint64) []uint64 {
+	out := make([]uint64, 0, hi-lo)
+	for x := lo; x < hi; x++ {
+		out = append(out, x)
+	}
+	return out
+}
+
+// intersect returns the snapshot that sees as finished exactly the transactions both s and t
+// see as finished.
+func intersect(s, t pgSnapshot) pgSnapshot {
+	m := min(s.xmax, t.xmax)
+	var xip []uint64
+	for _, x := range append(slices.Clone(s.xip), t.xip...) {
+		if x < m {
+			xip = append(xip, x)
+		}
+	}
+	slices.Sort(xip)
+	xip = slices.Compact(xip)
+	xmin := m
+	if len(xip) > 0 {
+		xmin = xip[0]
+	}
+	return pgSnapshot{xmin: xmin, xmax: m, xip: xip}
+}
+
+// samePosition reports whether p and q are the same position in the same form.
+func samePosition(p, q Position) bool {
+	switch {
+	case p.Compare(q) != 0 || (p.span == nil) != (q.span == nil) || p.inRows != q.inRows:
+		return false
+	case p.span == nil:
+		return true
+	case !p.span.base.equal(q.span.base):
+		return false
+	}
+	return !p.inRows || p.span.end.equal(q.span.end)
+}
+
+// sharedStart returns where a member that owns ranges (ascending) saved at ps starts reading,
+// and the floors of the ranges saved ahead of it. With no range it is the start of the delta
+// after now (nothing is read or saved).
+func sharedStart(ranges []int, ps []Position, now pgSnapshot) (Position, map[int]Position) {
+	if len(ps) == 0 {
+		return Position{span: &span{seq: 1, base: now}}, nil
+	}
+	x := ps[0]
+	for _, p := range ps[1:] {
+		if p.Before(x) {
+			x = p
+		}
+	}
+	if x.inDelta() {
+		base := ps[0].span.base
+		for _, p := range ps[1:] {
+			base = intersect(base, p.span.base)
+		}
+		x = Position{ChangedAt: x.ChangedAt, ID: x.ID, span: &span{seq: 1, base: base}}
+	}
+	var floors map[int]Position
+	for i, p := range ps {
+		if !samePosition(p, x) {
+			if floors == nil {
+				floors = make(map[int]Position)
+			}
+			floors[ranges[i]] = p
+		}
+	}
+	return x, floors
+}
+
+// loadShared is loadPosition for a Shared member: it joins (once), gives the client's ranges
+// their start token if they have none, claims its ranges of the split and returns where it
+// starts reading. A rewind only reads its ranges' saved positions again. ckMu must be held;
+// reader goroutine only.
+func (w *Watcher) loadShared(ctx context.Context, rewinding bool, skipFree bool, now pgSnapshot, inc string) (Position, error) {
+	if !skipFree {
+		return Position{}, fmt.Errorf("%w: changelog %s has no txid column", ErrSharedSchema, w.cfg.ChangelogTable)
+	}
+	if !rewinding {
+		if err := w.join(ctx); err != nil {
+			return Position{}, err
+		}
+		if err := w.initRanges(ctx, now, inc); err != nil {
+			return Position{}, err
+		}
+		if _, err := w.coordinateOnce(ctx); err != nil {
+			return Position{}, err
+		}
+		w.sh.mu.Lock()
+		target := w.sh.target
+		w.sh.mu.Unlock()
+		if err := w.claimRanges(ctx, target); err != nil {
+			return Position{}, err
+		}
+	}
+	w.skipFree.Store(true)
+	w.takeHints()
+	return w.loadOwned(ctx, now, inc)
+}
+
+// initRanges gives the client's ranges, if they have no rows yet, the start token: the client's
+// saved token (a client that ran unshared before), else the start of a new client.
+func (w *Watcher) initRanges(ctx context.Context, now pgSnapshot, inc string) error {
+	raw, found, err := w.claimToken(ctx, false)
+	if err != nil {
+		return err
+	}
+	var pos Position
+	if found {
+		if pos, err = decodeToken([]byte(raw)); errors.Is(err, errTokenNeedsLookup) {
+			pos, err = w.tokenRowPosition(ctx, pos.ID)
+		}
+		if err != nil {
+			return fmt.Errorf("load saved token: %w", err)
+		}
+		if pos, _, err = w.resumePosition(pos, true, now); err != nil {
+			return err
+		}
+	} else if pos, err = w.startPosition(ctx, true, now); err != nil {
+		return err
+	}
+	res, err := w.cfg.DB.ExecContext(ctx, w.sh.q.initRanges, w.cfg.ClientName, string(encodeToken(pos, w.cfg.TableName)))
+	if err != nil {
+		return fmt.Errorf("create the ranges of client %q: %w", w.cfg.ClientName, err)
+	}
+	if n, _ := res.RowsAffected(); n > 0 {
+		w.log.Info("created the client's ranges", "position", pos, "ranges", n)
+	}
+	return nil
+}
+
+// claimRanges claims the ranges of want that are free or whose owner's lease ran out.
+func (w *Watcher) claimRanges(ctx context.Context, want []int) error {
+	if len(want) == 0 {
+		return nil
+	}
+	rows, err := w.cfg.DB.QueryContext(ctx, w.sh.q.claim, w.cfg.ClientName, w.sh.id.Load(), pgArray(int64s(want)))
+	if err != nil {
+		return fmt.Errorf("claim ranges: %w", err)
+	}
+	defer rows.Close()
+	var got []int64
+	for rows.Next() {
+		var r int64
+		if err := rows.Scan(&r); err != nil {
+			return err
+		}
+		got = append(got, r)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("claim ranges: %w", err)
+	}
+	if len(got) > 0 {
+		w.log.Info("claimed ranges", "member", w.sh.id.Load(), "ranges", got)
+	}
+	return nil
+}
+
+// loadOwned reads the saved positions of the ranges the member owns, and sets the view and the
+// reads from them; it returns where reading starts. ckMu must be held; reader goroutine only.
+func (w *Watcher) loadOwned(ctx context.Context, now pgSnapshot, inc string) (Position, error) {
+	rows, err := w.cfg.DB.QueryContext(ctx, w.sh.q.load, w.cfg.ClientName, w.sh.id.Load())
+	if err != nil {
+		return Position{}, fmt.Errorf("load the ranges' saved positions: %w", err)
+	}
+	var (
+		owned []int
+		ps    []Position
+	)
+	err = func() error {
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				r   int
+				raw string
+			)
+			if err := rows.Scan(&r, &raw); err != nil {
+				return err
+			}
+			p, err := decodeToken([]byte(raw))
+			if err != nil {
+				return fmt.Errorf("range %d: %w", r, err)
+			}
+			if p, _, err = w.resumePosition(p, true, now); err != nil {
+				return fmt.Errorf("range %d: %w", r, err)
+			}
+			owned, ps = append(owned, r), append(ps, p)
+		}
+		return rows.Err()
+	}()
+	if err != nil {
+		return Position{}, fmt.Errorf("load the ranges' saved positions: %w", err)
+	}
+	x, floors := sharedStart(owned, ps, now)
+	if x.span != nil {
+		s := *x.span
+		s.inc = inc
+		x.span = &s
+	}
+	w.sh.view.Store(newSharedView(owned, floors))
+	if len(owned) > 0 {
+		w.rq = sharedReadQueries(w.cfg, owned)
+	}
+	w.pager.drop()
+	w.log.Info("reading the member's ranges", "member", w.sh.id.Load(), "ranges", owned, "position", x, "floors", len(floors))
+	return x, nil
+}
+
+// writeShared saves p (as tok, read in incarnation inc) to the ranges the member owns, except
+// those whose floor p does not cover yet; it drops the floors p covers. A range the member no
+// longer owns (another member claimed it after this one's lease ran out) fences the save off:
+// the watcher stops. ckMu must be held.
+func (w *Watcher) writeShared(ctx context.Context, p Position, tok, inc string) error {
+	v := w.sh.view.Load()
+	ranges := v.owned
+	if len(v.floors) > 0 {
+		ranges = nil
+		floors := make(map[int]Position)
+		for _, r := range v.owned {
+			if f, ok := v.floors[r]; ok && !covers(p, f) {
+				floors[r] = f
+				continue
+			}
+			ranges = append(ranges, r)
+		}
+		if len(floors) < len(v.floors) {
+			if len(floors) == 0 {
+				floors = nil
+			}
+			w.sh.view.Store(newSharedView(v.owned, floors))
+		}
+	}
+	if len(ranges) == 0 {
+		return nil
+	}
+	id := w.sh.id.Load()
+	var (
+		res sql.Result
+		err error
+	)
+	if inc == "" {
+		res, err = w.cfg.DB.ExecContext(ctx, w.sh.q.save, w.cfg.ClientName, id, tok, pgArray(int64s(ranges)))
+	} else {
+		res, err = w.cfg.DB.ExecContext(ctx, w.sh.q.saveInc, w.cfg.ClientName, id, tok, pgArray(int64s(ranges)), inc)
+	}
+	if err != nil {
+		return err
+	}
+	n, err := res.RowsAffected()
+	if err != nil || n == int64(len(ranges)) {
+		return err
+	}
+	if inc != "" {
+		var same bool
+		if err := w.cfg.DB.QueryRowContext(ctx, w.q.incarnationIs, inc).Scan(&same); err != nil {
+			return fmt.Errorf("the save wrote nothing; checking why: %w", err)
+		}
+		if !same {
+			return ErrServerRecovered
+		}
+	}
+	err = fmt.Errorf("%w: member %d no longer owns %d of its %d ranges", ErrFenced, id, len(ranges)-int(n), len(ranges))
+	w.stopOwning(err, "fenced off: another member took over ranges of this one; stopping")
+	return err
+}
+
+// handOver releases and claims ranges as the split asks, between two batches: it waits until
+// every delivery is acknowledged, saves, and reads on from the saved positions of the ranges
+// it then owns. It does nothing yet while floors remain after the save. Reader goroutine only.
+func (w *Watcher) handOver(ctx context.Context) error {
+	if p := w.takePrefetch(); p != nil {
+		w.spare = p.rows
+	}
+	for {
+		if _, _, _, busy := w.checkpoint(); !busy {
+			break
+		}
+		if err := w.excl.lostErr(); err != nil {
+			return err
+		}
+		if !sleepCtx(ctx, 5*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	w.ckMu.Lock()
+	defer w.ckMu.Unlock()
+	var obs SaveObservation
+	if _, err := w.writeCheckpointOnce(ctx, saveChanged, &obs); err != nil {
+		return err
+	}
+	v := w.sh.view.Load()
+	if len(v.floors) > 0 {
+		return nil // asked again at the next batch, once the reads passed the floors
+	}
+	w.sh.changeAsked.Store(false) // before looking at the target: a later change asks again
+	w.sh.mu.Lock()
+	target := w.sh.target
+	w.sh.mu.Unlock()
+	var release []int
+	for _, r := range v.owned {
+		if !slices.Contains(target, r) {
+			release = append(release, r)
+		}
+	}
+	if len(release) > 0 {
+		if _, err := w.cfg.DB.ExecContext(ctx, w.sh.q.release, w.cfg.ClientName, w.sh.id.Load(), pgArray(int64s(release))); err != nil {
+			w.sh.changeAsked.Store(true)
+			return fmt.Errorf("release ranges: %w", err)
+		}
+		w.log.Info("released ranges", "member", w.sh.id.Load(), "ranges", release)
+	}
+	if err := w.claimRanges(ctx, target); err != nil {
+		w.sh.changeAsked.Store(true)
+		return err
+	}
+	now, inc, err := w.currentSnapshot(ctx)
+	if err != nil {
+		w.sh.changeAsked.Store(true)
+		return fmt.Errorf("hand over: take snapshot: %w", err)
+	}
+	x, err := w.loadOwned(ctx, now, inc)
+	if err != nil {
+		w.sh.changeAsked.Store(true)
+		return err
+	}
+	w.saved, w.hasSaved, w.savedAt = x, true, time.Now()
+	w.mu.Lock()
+	w.cursor, w.savedMirror = x, x
+	w.mu.Unlock()
+	return nil
+}
+
+// int64s converts ranges for pgArray.
+func int64s(xs []int) []int64 {
+	out := make([]int64, len(xs))
+	for i, x := range xs {
+		out[i] = int64(x)
+	}
+	return out
+}
