@@ -73,7 +73,7 @@ func TestLiveDeltaReadPlans(t *testing.T) {
 	require.True(t, b.running(oldXid), "the old transaction is open in both snapshots")
 	require.True(t, end.running(oldXid))
 	require.Less(t, oldXid, b.xmin+1)
-	rangeScan := `Index (Only )?Scan using datastore_changelog_txid_idx on datastore_changelog`
+	rangeScan := `Index (Only )?Scan using datastore_changelog_txid_unit_idx on datastore_changelog`
 	rangeCond := `Index Cond: .*\(ROW\(txid, id\) > ROW\(r\.lo, r\.lo_id\)\) AND \(ROW\(txid, id\) <= ROW\(r\.hi, r\.hi_id\)\)`
 	plan, buffers := explainDeltaRead(t, e, w.q.deltaRead, b, end)
 	require.Regexp(t, rangeScan, plan)
@@ -83,7 +83,7 @@ func TestLiveDeltaReadPlans(t *testing.T) {
 	require.LessOrEqual(t, buffers, 20, "one new row behind a transaction open since 100,000 rows ago:\n%s", plan)
 	// The id list reads each range whole, then sorts: an index range scan, or a bitmap of one.
 	plan, buffers = explainDeltaRead(t, e, w.q.deltaIDs, b, end)
-	require.Regexp(t, `(Bitmap Index Scan on|Index (Only )?Scan using) datastore_changelog_txid_idx`, plan)
+	require.Regexp(t, `(Bitmap Index Scan on|Index (Only )?Scan using) datastore_changelog_txid_unit_idx`, plan)
 	require.Regexp(t, rangeCond, plan)
 	require.NotContains(t, plan, "Seq Scan")
 	require.LessOrEqual(t, buffers, 20, "the id list of one new row:\n%s", plan)
@@ -92,7 +92,7 @@ func TestLiveDeltaReadPlans(t *testing.T) {
 	require.Len(t, r, 1, "no transaction of the base ended: one range, read by deltaRange")
 	plan, buffers = explainLive(t, e, w.q.deltaRange, liveTable, strconv.FormatUint(r[0].lo, 10), r[0].loID,
 		strconv.FormatUint(r[0].hi, 10), r[0].hiID, end.String(), int64(minID))
-	require.Regexp(t, `^Limit.*\n.*\n  ->  Index Scan using datastore_changelog_txid_idx on datastore_changelog`, plan)
+	require.Regexp(t, `^Limit.*\n.*\n  ->  Index Scan using datastore_changelog_txid_unit_idx on datastore_changelog`, plan)
 	require.Regexp(t, `Index Cond: .*\(ROW\(txid, id\) > ROW\(.*\)\) AND \(ROW\(txid, id\) <= ROW\(.*\)\)`, plan)
 	require.NotContains(t, plan, "Sort")
 	require.LessOrEqual(t, buffers, 20, plan)

@@ -97,7 +97,7 @@ func requireIndexPlans(t *testing.T, e *liveEnv, w *Watcher, b, end pgSnapshot) 
 		ORDER BY changed_at, id OFFSET 100 LIMIT 1`, liveTable).Scan(&ts, &id))
 	require.NoError(t, e.db.QueryRow(`SELECT max(id) FROM datastore_changelog`).Scan(&one))
 	stream := `Index Scan using datastore_changelog_stream_idx on datastore_changelog`
-	txid := `Index (Only )?Scan using datastore_changelog_txid_idx on datastore_changelog`
+	txid := `Index (Only )?Scan using datastore_changelog_txid_unit_idx on datastore_changelog`
 	lo, loID, hi, hiID := rangeArgs(deltaRanges(b, end))
 	for _, r := range []struct {
 		name, q, index string
@@ -118,7 +118,7 @@ func requireIndexPlans(t *testing.T, e *liveEnv, w *Watcher, b, end pgSnapshot) 
 		{"byID", w.q.byID, `Index Scan using datastore_changelog_pkey on datastore_changelog`, 10, []any{liveTable, one}, false, true},
 		// The id list of a delta larger than a batch reads the delta whole (50,000 index entries):
 		// an index range scan, or a bitmap of one.
-		{"deltaIDs", w.q.deltaIDs, `(Bitmap Index Scan on|Index (Only )?Scan using) datastore_changelog_txid_idx`, 2000,
+		{"deltaIDs", w.q.deltaIDs, `(Bitmap Index Scan on|Index (Only )?Scan using) datastore_changelog_txid_unit_idx`, 2000,
 			[]any{liveTable, lo, loID, hi, hiID, end.String(), int64(minID)}, true, false},
 	} {
 		explain := func() (string, int) { return explainWatcherRead(t, w, r.q, r.args...) }

@@ -57,7 +57,12 @@ func TestLiveClientCannotMoveAnotherClientsToken(t *testing.T) {
 	role, client := e.withRole("client_a")
 	e.grant(`GRANT SELECT, UPDATE ON datastore_changelog TO ` + role)
 	e.grant(`GRANT SELECT, INSERT, UPDATE, DELETE ON resume_tokens, datastore_changelog_acks, datastore_changelog_parked TO ` + role)
-	e.grant(`GRANT USAGE ON SEQUENCE datastore_changelog_parked_id_seq TO ` + role)
+	e.grant(`GRANT USAGE ON SEQUENCE datastore_changelog_parked_id_seq, datastore_changelog_member_seq TO ` + role)
+	e.grant(`GRANT SELECT, INSERT, UPDATE, DELETE ON datastore_changelog_members, datastore_changelog_ranges TO ` + role)
+	liveExec(t, e.db, `INSERT INTO datastore_changelog_members (client_name, member, name, lease_until)
+		VALUES ('c', nextval('datastore_changelog_member_seq'), 'm', now() + interval '1 hour')`)
+	liveExec(t, e.db, `INSERT INTO datastore_changelog_ranges (client_name, range_no, owner, resume_token)
+		SELECT 'c', 0, member, '{}' FROM datastore_changelog_members WHERE client_name = 'c'`)
 	ids := e.insert(3)
 	other := e.start(e.fromBeginning(ModePolling)) // client "c", as the owner
 	require.Equal(t, ids, receiveWithin(t, other, 3, liveWait))
@@ -78,7 +83,22 @@ func TestLiveClientCannotMoveAnotherClientsToken(t *testing.T) {
 	requireRefused(t, client, `INSERT INTO datastore_changelog_parked
 		(client_name, event_key, table_name, changelog_id, event, error, attempts, blocking)
 		VALUES ('c', 'k', 'items', 1, '{}', 'x', 1, TRUE)`)
-	_, err := client.Exec(`INSERT INTO datastore_changelog_acks (client_name, changelog_id) VALUES ('a', $1)`, ids[1])
+	ranges := liveScalar[string](t, e.db, `SELECT string_agg(owner || ' ' || resume_token::text, ',') FROM datastore_changelog_ranges`)
+	requireRefused(t, client, `UPDATE datastore_changelog_ranges SET owner = 99, resume_token = $1 WHERE client_name = 'c'`, forged)
+	requireRefused(t, client, `INSERT INTO datastore_changelog_ranges (client_name, range_no, owner, resume_token)
+		VALUES ('c', 1, 99, $1)`, forged)
+	requireRefused(t, client, `DELETE FROM datastore_changelog_ranges WHERE client_name = 'c'`)
+	requireRefused(t, client, `UPDATE datastore_changelog_members SET lease_until = now() - interval '1 day' WHERE client_name = 'c'`)
+	requireRefused(t, client, `INSERT INTO datastore_changelog_members (client_name, member, name, lease_until)
+		VALUES ('c', nextval('datastore_changelog_member_seq'), 'forged', now())`)
+	require.Equal(t, ranges, liveScalar[string](t, e.db, `SELECT string_agg(owner || ' ' || resume_token::text, ',') FROM datastore_changelog_ranges`),
+		"another client's ranges are unchanged")
+	_, err := client.Exec(`INSERT INTO datastore_changelog_members (client_name, member, name, lease_until)
+		VALUES ('a', nextval('datastore_changelog_member_seq'), 'own', now())`)
+	require.NoError(t, err, "its own client's members")
+	_, err = client.Exec(`INSERT INTO datastore_changelog_ranges (client_name, range_no, resume_token) VALUES ('a', 0, '{}')`)
+	require.NoError(t, err, "its own client's ranges")
+	_, err = client.Exec(`INSERT INTO datastore_changelog_acks (client_name, changelog_id) VALUES ('a', $1)`, ids[1])
 	require.NoError(t, err, "its own client's acknowledgement rows")
 	_, err = Prune(t.Context(), client, PruneOptions{})
 	require.ErrorContains(t, err, "hides other clients' tokens")
@@ -257,7 +277,7 @@ func TestLiveConsumerReadsOnlyItsTables(t *testing.T) {
 		{"read", w.q.read, []any{liveTable, at, id},
 			`^Limit\n  ->  Index Scan using datastore_changelog_stream_idx on datastore_changelog\n.*Index Cond: .*ROW\(changed_at, id\) > ROW\(`},
 		{"deltaRead", w.q.deltaRead, []any{liveTable, lo, loID, hi, hiID, end.String(), int64(minID)},
-			`(Bitmap Index Scan on|Index Scan using) datastore_changelog_txid_idx.*\n.*Index Cond: .*ROW\(txid, id\) > ROW\(r\.lo, r\.lo_id\)`},
+			`(Bitmap Index Scan on|Index Scan using) datastore_changelog_txid_unit_idx.*\n.*Index Cond: .*ROW\(txid, id\) > ROW\(r\.lo, r\.lo_id\)`},
 	} {
 		explainAs := func(db *sql.DB) string {
 			return explain(t, db, `EXPLAIN (COSTS OFF) `+q.sql, q.args...)

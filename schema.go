@@ -41,6 +41,18 @@ type SchemaOptions struct {
 	// at its catch-up reads. On a legacy changelog (no txid column) a row that commits behind
 	// the read position is then never seen. [InstallSchema] ignores it.
 	WithoutNotify bool
+	// Key is the dotted path, in the row as the trigger sees it (the new row, the old one for
+	// deletes, as JSON), of the value whose unit (see [UnitOf]) [CaptureChanges] has the trigger
+	// write into each changelog row, fixed when the row is written: the rows of one key stay in
+	// one unit, so a member of a [Config.Shared] client reads them in order. Each part holds
+	// letters, digits and _, at most 8 parts, e.g. "document.healthevent.nodename". A row
+	// without a value at the path takes the unit of its record id. Empty: the record id, except
+	// for the table named health_events, which takes [DefaultHealthEventsKey]. An existing
+	// trigger with another key is an error when Key is set (the trigger must be dropped first:
+	// changing a key moves its new rows to another unit), and kept as it is when Key is empty.
+	// The key needs the changelog's unit column (PostgreSQL 13 and later). [InstallSchema]
+	// ignores it.
+	Key string
 }
 
 const (
@@ -190,7 +202,7 @@ func changelogIndexes(changelog string) ([]changelogIndex, error) {
 	}
 	indexes := []changelogIndex{
 		{"stream_index", base + "_stream_idx", false},
-		{"txid_index", base + "_txid_idx", true},
+		{"txid_unit_index", base + "_txid_unit_idx", true},
 		{"unprocessed_index", unprocessed, false},
 		{"table_record_index", tableRecord, false},
 	}
@@ -207,6 +219,7 @@ func changelogIndexes(changelog string) ([]changelogIndex, error) {
 type installPlan struct {
 	changelog  string           // quoted changelog table
 	indexes    []changelogIndex // built concurrently by statements[1:], in order
+	retired    string           // the earlier txid index: kept, but dropped if left invalid
 	statements []string         // the table and function script, then one build per index
 }
 
@@ -230,10 +243,11 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 	if err != nil {
 		return installPlan{}, err
 	}
-	p := installPlan{changelog: quoteIdentifier(opts.ChangelogTable), indexes: indexes}
+	p := installPlan{changelog: quoteIdentifier(opts.ChangelogTable), indexes: indexes,
+		retired: unqualified(opts.ChangelogTable) + "_txid_idx"}
 	createIndex := func(idx changelogIndex, create string) (string, error) {
-		return renderSchema(idx.template, struct{ Create, Name, Changelog string }{
-			create, quoteIdentifier(idx.name), p.changelog,
+		return renderSchema(idx.template, struct{ Create, Name, Changelog, Unit string }{
+			create, quoteIdentifier(idx.name), p.changelog, unitExpression(opts.ChangelogTable),
 		})
 	}
 	var inTx, txidInTx, concurrent []string
@@ -260,6 +274,8 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 		TxidColumn, LockTimeout, Incarnation                       string
 		TokenTableLiteral, EpochColumn, FunctionLiteral            string
 		Parked, ParkedIndex, Acks                                  string
+		UnitFunction, UnitColumn, KeyPrefix                        string
+		MemberSequence, Members, Ranges                            string
 	}{
 		ddlLockKey, p.changelog, quoteLiteral(p.changelog), quoteIdentifier(opts.TokenTable),
 		quoteIdentifier(opts.FunctionName), quoteLiteral(opts.NotifyChannel), inTx, txidInTx,
@@ -268,6 +284,9 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 		quoteLiteral(quoteIdentifier(opts.FunctionName) + "()"),
 		quoteIdentifier(parkedTable(opts.ChangelogTable)), quoteIdentifier(unqualified(parkedTable(opts.ChangelogTable)) + "_key_idx"),
 		quoteIdentifier(ackTable(opts.ChangelogTable)),
+		quoteIdentifier(unitFunction(opts.ChangelogTable)), unitColumn, keyArgPrefix,
+		quoteIdentifier(memberSequence(opts.ChangelogTable)), quoteIdentifier(memberTable(opts.ChangelogTable)),
+		quoteIdentifier(rangeTable(opts.ChangelogTable)),
 	})
 	if err != nil {
 		return installPlan{}, err
@@ -395,7 +414,8 @@ func hasPgCode(err error, code string) bool {
 }
 
 // dropInvalidIndexes drops those of the plan's indexes that a failed concurrent build left
-// invalid, so the builds that follow create them again.
+// invalid, so the builds that follow create them again, and the earlier txid index if an
+// earlier release's build left it invalid (it is built no more: the unit index replaces it).
 func (p installPlan) dropInvalidIndexes(ctx context.Context, conn *sql.Conn) error {
 	rows, err := conn.QueryContext(ctx, invalidIndexesSQL, p.changelog)
 	if err != nil {
@@ -407,6 +427,9 @@ func (p installPlan) dropInvalidIndexes(ctx context.Context, conn *sql.Conn) err
 		var schema, name string
 		if err := rows.Scan(&schema, &name); err != nil {
 			return fmt.Errorf("find invalid indexes: %w", err)
+		}
+		if name == p.retired {
+			invalid = append(invalid, pgx.Identifier{schema, name})
 		}
 		for _, idx := range p.indexes {
 			if idx.name == name {
@@ -461,59 +484,4 @@ func unlockInstall(ctx context.Context, conn *sql.Conn) {
 	if err != nil || !released {
 		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 	}
-}
-
-// noNotifyArg is the trigger argument that makes the trigger function skip its NOTIFY
-// (schema/install.sql).
-const noNotifyArg = "no_notify"
-
-// CaptureChangesSQL returns the statements [CaptureChanges] runs: one DO block that checks the
-// table and attaches the trigger if it is missing.
-func CaptureChangesSQL(table string, opts SchemaOptions) ([]string, error) {
-	opts, err := opts.resolve()
-	if err != nil {
-		return nil, err
-	}
-	if err := checkSchemaName("CaptureChanges table", table, checkIdentifier); err != nil {
-		return nil, err
-	}
-	trigger := triggerName(table)
-	args := ""
-	if opts.WithoutNotify {
-		args = quoteLiteral(noNotifyArg)
-	}
-	stmt, err := renderSchema("capture.sql", struct {
-		LockKey                                                  int64
-		Table, TableLiteral, ChangelogLiteral, Trigger, Function string
-		TriggerLiteral, Args                                     string
-		WithoutNotify                                            bool
-	}{
-		ddlLockKey, quoteIdentifier(table), quoteLiteral(quoteIdentifier(table)),
-		quoteLiteral(quoteIdentifier(opts.ChangelogTable)), quoteIdentifier(trigger),
-		quoteIdentifier(opts.FunctionName), quoteLiteral(trigger), args, opts.WithoutNotify,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("pgchangestream: capture changes of %s: %w", table, err)
-	}
-	return []string{stmt}, nil
-}
-
-// CaptureChanges attaches the trigger function to table ("name" or "schema.name") if it is not
-// attached yet, as a trigger named "<name>_changes" that fires after every inserted, updated
-// or deleted row. The table must have a column named id, whose value becomes the changelog's
-// record_id; CaptureChanges fails if the table does not exist, has no id column, or has one
-// the changelog's record_id cannot store (an existing changelog's UUID record_id takes only
-// uuid ids), or if the trigger exists and notifies while [SchemaOptions.WithoutNotify] is set
-// (or the other way round): drop it first to change. Run [InstallSchema] first.
-func CaptureChanges(ctx context.Context, db *sql.DB, table string, opts SchemaOptions) error {
-	stmts, err := CaptureChangesSQL(table, opts)
-	if err != nil {
-		return err
-	}
-	for _, stmt := range stmts {
-		if _, err := db.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("pgchangestream: capture changes of %s: %w", table, err)
-		}
-	}
-	return nil
 }

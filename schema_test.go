@@ -62,12 +62,17 @@ func TestInstallSchemaSQLDefaults(t *testing.T) {
 		`CREATE INDEX IF NOT EXISTS "idx_changelog_table_record" ON "datastore_changelog" (table_name, record_id);`,
 		`ALTER TABLE "datastore_changelog" ADD COLUMN txid xid8;`,
 		`ALTER TABLE "datastore_changelog" ALTER COLUMN txid SET DEFAULT pg_current_xact_id();`,
-		`CREATE INDEX IF NOT EXISTS "datastore_changelog_txid_idx" ON "datastore_changelog" (table_name, txid, id);`,
+		`CREATE INDEX IF NOT EXISTS "datastore_changelog_txid_unit_idx" ON "datastore_changelog" (table_name, txid, id, (COALESCE(unit, "datastore_changelog_unit"(record_id::text))));`,
+		"ALTER TABLE \"datastore_changelog\" ADD COLUMN unit smallint;",
+		`CREATE OR REPLACE FUNCTION "datastore_changelog_unit"(key text) RETURNS smallint`,
+		`CREATE SEQUENCE IF NOT EXISTS "datastore_changelog_member_seq";`,
+		`CREATE TABLE IF NOT EXISTS "datastore_changelog_members" (`,
+		`CREATE TABLE IF NOT EXISTS "datastore_changelog_ranges" (`,
 		`CREATE TABLE IF NOT EXISTS "resume_tokens" (`,
 		`CREATE OR REPLACE FUNCTION "log_table_changes"() RETURNS trigger`,
 		`INSERT INTO "datastore_changelog" (table_name, record_id, operation, new_values)`,
 		"VALUES (TG_TABLE_NAME, OLD.id, TG_OP, to_jsonb(OLD))",
-		"IF TG_NARGS = 0 OR TG_ARGV[0] <> 'no_notify' THEN\n        PERFORM pg_notify('nvsentinel_changes', json_build_object(\n" +
+		"IF notify THEN\n        PERFORM pg_notify('nvsentinel_changes', json_build_object(\n" +
 			"            'id', changelog_id, 'table', TG_TABLE_NAME, 'operation', TG_OP)::text);",
 	} {
 		assert.Contains(t, stmts[0], want)
@@ -75,7 +80,7 @@ func TestInstallSchemaSQLDefaults(t *testing.T) {
 	assert.NotContains(t, stmts[0], "CONCURRENTLY")
 	assert.Equal(t, []string{
 		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "datastore_changelog_stream_idx" ON "datastore_changelog" (table_name, changed_at, id)`,
-		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "datastore_changelog_txid_idx" ON "datastore_changelog" (table_name, txid, id)`,
+		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "datastore_changelog_txid_unit_idx" ON "datastore_changelog" (table_name, txid, id, (COALESCE(unit, "datastore_changelog_unit"(record_id::text))))`,
 		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "idx_changelog_unprocessed" ON "datastore_changelog" (changed_at) WHERE processed = FALSE`,
 		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "idx_changelog_table_record" ON "datastore_changelog" (table_name, record_id)`,
 	}, stmts[1:])
@@ -97,7 +102,7 @@ func TestInstallSchemaSQLNames(t *testing.T) {
 	}
 	assert.Equal(t, []string{
 		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "changes_stream_idx" ON "audit"."changes" (table_name, changed_at, id)`,
-		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "changes_txid_idx" ON "audit"."changes" (table_name, txid, id)`,
+		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "changes_txid_unit_idx" ON "audit"."changes" (table_name, txid, id, (COALESCE(unit, "audit"."changes_unit"(record_id::text))))`,
 		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "changes_unprocessed_idx" ON "audit"."changes" (changed_at) WHERE processed = FALSE`,
 		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "changes_table_record_idx" ON "audit"."changes" (table_name, record_id)`,
 	}, stmts[1:])
@@ -267,7 +272,7 @@ func TestCaptureChangesSQL(t *testing.T) {
 				"tgname = '" + tc.trigger + "'",
 				fmt.Sprintf(`CREATE TRIGGER "%s" AFTER INSERT OR UPDATE OR DELETE ON %s`, tc.trigger, tc.on),
 				"FOR EACH ROW EXECUTE FUNCTION " + quoteIdentifier(opts.FunctionName) + "();",
-				"ELSIF quiet <> false THEN",
+				"IF quiet <> false THEN",
 			} {
 				assert.Contains(t, stmts[0], want)
 			}
@@ -279,7 +284,7 @@ func TestCaptureChangesWithoutNotifySQL(t *testing.T) {
 	stmts, err := CaptureChangesSQL("orders", SchemaOptions{WithoutNotify: true})
 	require.NoError(t, err)
 	assert.Contains(t, stmts[0], `FOR EACH ROW EXECUTE FUNCTION "log_table_changes"('no_notify');`)
-	assert.Contains(t, stmts[0], "ELSIF quiet <> true THEN")
+	assert.Contains(t, stmts[0], "IF quiet <> true THEN")
 }
 
 func TestCaptureChanges(t *testing.T) {
@@ -439,7 +444,7 @@ func TestLiveSchemaFreshInstall(t *testing.T) {
 	}
 	assert.Equal(t, "text", recordIDType(t, db))
 	assert.Equal(t, map[string]bool{"datastore_changelog_pkey": true, "datastore_changelog_stream_idx": true,
-		"datastore_changelog_txid_idx": true, "idx_changelog_unprocessed": true, "idx_changelog_table_record": true},
+		"datastore_changelog_txid_unit_idx": true, "idx_changelog_unprocessed": true, "idx_changelog_table_record": true},
 		changelogIndexState(t, db))
 	assert.Equal(t, "xid8 pg_current_xact_id()", txidColumnState(t, db))
 
@@ -483,7 +488,7 @@ func TestLiveSchemaExistingSchema(t *testing.T) {
 
 	assert.Equal(t, "uuid", recordIDType(t, db))
 	assert.Equal(t, map[string]bool{"datastore_changelog_pkey": true, "datastore_changelog_stream_idx": true,
-		"datastore_changelog_txid_idx": true, "idx_changelog_unprocessed": true, "idx_changelog_table_record": true,
+		"datastore_changelog_txid_unit_idx": true, "idx_changelog_unprocessed": true, "idx_changelog_table_record": true,
 		"idx_changelog_resume": true}, changelogIndexState(t, db))
 	assert.Equal(t, "xid8 pg_current_xact_id()", txidColumnState(t, db))
 	assert.Equal(t, 20000, liveScalar[int](t, db, "SELECT count(*) FROM datastore_changelog WHERE txid IS NULL"),

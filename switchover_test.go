@@ -120,8 +120,9 @@ func (e *liveEnv) schemaState() []string {
 
 // TestLiveUpgradePopulatedLegacySchema proves the upgrade's promises on a populated legacy
 // changelog while writers run: InstallSchema returns nil, no writer fails or waits a second, the
-// table is not rewritten, the transaction-id column is added and filled for new rows, and a
-// second run changes nothing.
+// table is not rewritten, the transaction-id and unit columns are added, the first filled for
+// new rows, the unit index and the coordination tables are built, and a second run changes
+// nothing.
 func TestLiveUpgradePopulatedLegacySchema(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -147,6 +148,8 @@ func TestLiveUpgradePopulatedLegacySchema(t *testing.T) {
 	e.insert(1)
 	require.Positive(t, liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog WHERE txid IS NOT NULL`),
 		"new rows get a transaction id")
+	require.Equal(t, wantSharedState("(record_id)::text"), sharedState(t, e.db),
+		"the unit column, the unit index (valid) and the coordination tables")
 
 	upgraded := e.schemaState()
 	require.NoError(t, InstallSchema(ctx, e.db, SchemaOptions{}))

@@ -3,8 +3,11 @@ Attaches the trigger function to a table, checking first that the table exists a
 column whose type the changelog's record_id can take (an existing changelog has a UUID
 record_id). The advisory lock makes the check-then-create safe against a concurrent run. The
 trigger is created only when missing: no DROP TRIGGER, which would lock out readers. Args is the
-trigger's argument list: empty (notify) or 'no_notify' (WithoutNotify); an existing trigger of
-the other kind is reported, not replaced.
+trigger's argument list: 'no_notify' (WithoutNotify) and 'key=<path>' (the key, given or the
+table's default), each when set; PlainArgs the same without the key, used when the key is only a
+default and the changelog has no unit column. An existing trigger's arguments (tgargs: each one
+followed by a zero byte) are read back: one that notifies the other way is reported, and so is
+one with another key than ExplicitKey (a key given); without one it is kept as it is.
 */ -}}
 DO $capture$
 DECLARE
@@ -12,7 +15,11 @@ DECLARE
     changelog   regclass := to_regclass({{.ChangelogLiteral}});
     id_type     oid;
     record_type oid;
+    found_args  text[];
     quiet       boolean;
+    row_key      text := {{.Key}};
+    explicit_key text := {{.ExplicitKey}};
+    current_key  text;
 BEGIN
     PERFORM pg_advisory_xact_lock({{.LockKey}});
     IF target IS NULL THEN
@@ -43,15 +50,36 @@ BEGIN
             target, id_type::regtype, changelog, record_type::regtype
             USING ERRCODE = 'datatype_mismatch';
     END IF;
-    SELECT tgnargs > 0 INTO quiet FROM pg_trigger WHERE tgrelid = target AND tgname = {{.TriggerLiteral}};
-    IF quiet IS NULL THEN
-        CREATE TRIGGER {{.Trigger}} AFTER INSERT OR UPDATE OR DELETE ON {{.Table}}
-            FOR EACH ROW EXECUTE FUNCTION {{.Function}}({{.Args}});
-    ELSIF quiet <> {{.WithoutNotify}} THEN
+    SELECT array_remove(string_to_array(encode(tgargs, 'escape'), E'\\000'), '') INTO found_args
+    FROM pg_trigger WHERE tgrelid = target AND tgname = {{.TriggerLiteral}};
+    IF found_args IS NULL THEN
+        IF row_key IS NULL OR EXISTS (SELECT FROM pg_attribute WHERE attrelid = changelog
+                                  AND attname = {{.UnitColumn}} AND NOT attisdropped) THEN
+            CREATE TRIGGER {{.Trigger}} AFTER INSERT OR UPDATE OR DELETE ON {{.Table}}
+                FOR EACH ROW EXECUTE FUNCTION {{.Function}}({{.Args}});
+        ELSIF explicit_key IS NULL THEN
+            CREATE TRIGGER {{.Trigger}} AFTER INSERT OR UPDATE OR DELETE ON {{.Table}}
+                FOR EACH ROW EXECUTE FUNCTION {{.Function}}({{.PlainArgs}});
+        ELSE
+            RAISE EXCEPTION 'changelog table % has no column "unit" for the key % (run InstallSchema on PostgreSQL 13 or later)',
+                changelog, explicit_key USING ERRCODE = 'undefined_column';
+        END IF;
+        RETURN;
+    END IF;
+    quiet := {{.NoNotify}} = ANY (found_args);
+    SELECT substr(a, length({{.KeyPrefix}}) + 1) INTO current_key
+    FROM unnest(found_args) WITH ORDINALITY AS u(a, n)
+    WHERE left(a, length({{.KeyPrefix}})) = {{.KeyPrefix}} ORDER BY n DESC LIMIT 1;
+    IF quiet <> {{.WithoutNotify}} THEN
         RAISE EXCEPTION 'trigger % on % exists and %: drop it to capture changes %',
             {{.TriggerLiteral}}, target,
             CASE WHEN quiet THEN 'does not notify' ELSE 'notifies' END,
             CASE WHEN quiet THEN 'with NOTIFY' ELSE 'without NOTIFY' END
+            USING ERRCODE = 'duplicate_object';
+    END IF;
+    IF current_key IS DISTINCT FROM explicit_key AND explicit_key IS NOT NULL THEN
+        RAISE EXCEPTION 'trigger % on % exists with key %, not %: drop it to change the key (a new key moves a key''s new rows to another unit than its earlier ones)',
+            {{.TriggerLiteral}}, target, COALESCE(current_key, '(the record id)'), explicit_key
             USING ERRCODE = 'duplicate_object';
     END IF;
 END

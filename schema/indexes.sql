@@ -3,8 +3,11 @@ The changelog's indexes. .Create is "CREATE INDEX" (inside the install transacti
 table) or "CREATE INDEX CONCURRENTLY" (its own Exec call, on an existing table).
 
 stream_index serves the legacy reads: table_name = $1 AND (changed_at, id) > ($2, $3) ORDER BY
-changed_at, id. It must not be partial. txid_index serves the reads in snapshot deltas: one
-(txid, id) range of a table per scan. The other two are the existing schema's, used by the
+changed_at, id. It must not be partial. txid_unit_index serves the reads in snapshot deltas:
+one (txid, id) range of a table per scan; its last column, the row's unit (.Unit, the expression
+readers use), lets a shared member's read of some units skip the other units' index tuples
+before it visits the heap. It replaces the earlier (table_name, txid, id) index, which a
+changelog upgraded before keeps. The other two are the existing schema's, used by the
 unprocessed-event count and the legacy processed update.
 */ -}}
 {{define "stream_index" -}}
@@ -13,8 +16,8 @@ unprocessed-event count and the legacy processed update.
 {{define "unprocessed_index" -}}
 {{.Create}} IF NOT EXISTS {{.Name}} ON {{.Changelog}} (changed_at) WHERE processed = FALSE
 {{- end}}
-{{define "txid_index" -}}
-{{.Create}} IF NOT EXISTS {{.Name}} ON {{.Changelog}} (table_name, txid, id)
+{{define "txid_unit_index" -}}
+{{.Create}} IF NOT EXISTS {{.Name}} ON {{.Changelog}} (table_name, txid, id, ({{.Unit}}))
 {{- end}}
 {{define "table_record_index" -}}
 {{.Create}} IF NOT EXISTS {{.Name}} ON {{.Changelog}} (table_name, record_id)

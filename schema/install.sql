@@ -11,6 +11,15 @@ blocks writers before it finds that the index exists.)
 */ -}}
 SELECT pg_advisory_xact_lock({{.LockKey}});
 
+{{/*
+The unit of a row's key (Go: UnitOf): the first four bytes of its MD5 digest, big-endian,
+modulo 1024. The trigger function writes it for tables captured with a key, and the unit index
+is built on it, so it must never change.
+*/ -}}
+CREATE OR REPLACE FUNCTION {{.UnitFunction}}(key text) RETURNS smallint
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $unit$SELECT (('x' || left(md5($1), 8))::bit(32)::bigint % 1024)::smallint$unit$;
+
 DO $install$
 DECLARE
     changelog regclass := to_regclass({{.ChangelogLiteral}});
@@ -48,6 +57,12 @@ BEGIN
                        WHERE a.attrelid = changelog AND a.attname = '{{.TxidColumn}}' AND NOT a.attisdropped
                        AND pg_get_expr(d.adbin, d.adrelid) = 'pg_current_xact_id()') THEN
             ALTER TABLE {{.Changelog}} ALTER COLUMN {{.TxidColumn}} SET DEFAULT pg_current_xact_id();
+        END IF;
+        -- The unit of the row's key, for shared clients; NULL stands for the unit of the record
+        -- id. Nullable without a default: a catalog change only.
+        IF NOT EXISTS (SELECT FROM pg_attribute
+                       WHERE attrelid = changelog AND attname = '{{.UnitColumn}}' AND NOT attisdropped) THEN
+            ALTER TABLE {{.Changelog}} ADD COLUMN {{.UnitColumn}} smallint;
         END IF;
         PERFORM set_config('lock_timeout', timeout, true);
         -- One row, which crash recovery empties (the table is unlogged) and a promoted standby or
@@ -107,6 +122,30 @@ CREATE TABLE IF NOT EXISTS {{.Acks}} (
 );
 
 {{/*
+The members of shared clients (Config.Shared) and their ranges: a member's row lives while its
+lease (on the server's clock) is renewed; its id comes from the sequence and is never reused.
+Each client has a row per range (units range_no*16 to range_no*16+15), with the member owning
+it (NULL while free) and the range's saved position.
+*/ -}}
+CREATE SEQUENCE IF NOT EXISTS {{.MemberSequence}};
+CREATE TABLE IF NOT EXISTS {{.Members}} (
+    client_name VARCHAR(255) NOT NULL,
+    member      BIGINT NOT NULL,
+    name        TEXT NOT NULL,
+    lease_until TIMESTAMPTZ NOT NULL,
+    joined_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (client_name, member)
+);
+CREATE TABLE IF NOT EXISTS {{.Ranges}} (
+    client_name  VARCHAR(255) NOT NULL,
+    range_no     SMALLINT NOT NULL CHECK (range_no >= 0 AND range_no < 64),
+    owner        BIGINT,
+    resume_token JSONB NOT NULL,
+    last_updated TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (client_name, range_no)
+);
+
+{{/*
 The owner epoch fences the saves of exclusive watchers. A nullable column without a default is
 a catalog change only (no rewrite); its ACCESS EXCLUSIVE lock waits at most lock_timeout for the
 saves in flight (InstallSchema then tries again). Old watchers leave it alone.
@@ -125,14 +164,45 @@ $tokens$;
 record_id takes NEW.id / OLD.id without a cast: the assignment cast to TEXT covers uuid, integer
 and text ids, and an existing UUID record_id still takes uuid ids. A trigger created with the
 argument 'no_notify' (SchemaOptions.WithoutNotify) writes the row without the NOTIFY, which a
-transaction that is to be prepared (PREPARE TRANSACTION) must not send.
+transaction that is to be prepared (PREPARE TRANSACTION) must not send. A trigger created with
+the argument 'key=<path>' (SchemaOptions.Key; the arguments come in any order) writes the unit of
+the value at that path of the row (the new one, the old one for deletes) into the unit column, or
+NULL where the path holds nothing; without it the INSERTs name no unit column, so they work on a
+changelog without one.
 */ -}}
 CREATE OR REPLACE FUNCTION {{.Function}}() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $body$
 DECLARE
     changelog_id BIGINT;
+    notify       boolean := true;
+    key_path     text[];
+    doc          jsonb;
 BEGIN
-    IF TG_OP = 'INSERT' THEN
+    FOR i IN 0 .. TG_NARGS - 1 LOOP
+        IF TG_ARGV[i] = 'no_notify' THEN
+            notify := false;
+        ELSIF left(TG_ARGV[i], {{len .KeyPrefix}}) = '{{.KeyPrefix}}' THEN
+            key_path := string_to_array(substr(TG_ARGV[i], {{len .KeyPrefix}} + 1), '.');
+        END IF;
+    END LOOP;
+    IF key_path IS NOT NULL THEN
+        IF TG_OP = 'INSERT' THEN
+            doc := to_jsonb(NEW);
+            INSERT INTO {{.Changelog}} (table_name, record_id, operation, new_values, {{.UnitColumn}})
+            VALUES (TG_TABLE_NAME, NEW.id, TG_OP, doc, {{.UnitFunction}}(doc #>> key_path))
+            RETURNING id INTO changelog_id;
+        ELSIF TG_OP = 'UPDATE' THEN
+            doc := to_jsonb(NEW);
+            INSERT INTO {{.Changelog}} (table_name, record_id, operation, old_values, new_values, {{.UnitColumn}})
+            VALUES (TG_TABLE_NAME, NEW.id, TG_OP, to_jsonb(OLD), doc, {{.UnitFunction}}(doc #>> key_path))
+            RETURNING id INTO changelog_id;
+        ELSE
+            doc := to_jsonb(OLD);
+            INSERT INTO {{.Changelog}} (table_name, record_id, operation, old_values, {{.UnitColumn}})
+            VALUES (TG_TABLE_NAME, OLD.id, TG_OP, doc, {{.UnitFunction}}(doc #>> key_path))
+            RETURNING id INTO changelog_id;
+        END IF;
+    ELSIF TG_OP = 'INSERT' THEN
         INSERT INTO {{.Changelog}} (table_name, record_id, operation, new_values)
         VALUES (TG_TABLE_NAME, NEW.id, TG_OP, to_jsonb(NEW))
         RETURNING id INTO changelog_id;
@@ -145,7 +215,7 @@ BEGIN
         VALUES (TG_TABLE_NAME, OLD.id, TG_OP, to_jsonb(OLD))
         RETURNING id INTO changelog_id;
     END IF;
-    IF TG_NARGS = 0 OR TG_ARGV[0] <> 'no_notify' THEN
+    IF notify THEN
         PERFORM pg_notify({{.Channel}}, json_build_object(
             'id', changelog_id, 'table', TG_TABLE_NAME, 'operation', TG_OP)::text);
     END IF;

@@ -1,0 +1,325 @@
+package pgchangestream
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+)
+
+func TestCaptureChangesRejectsBadKeyPaths(t *testing.T) {
+	for _, ok := range []string{"a", "document.healthevent.nodename", "A_1.b2", "1.2.3.4.5.6.7.8", "_"} {
+		_, err := CaptureChangesSQL("orders", SchemaOptions{Key: ok})
+		require.NoError(t, err, ok)
+	}
+	for _, tc := range []struct{ path, want string }{
+		{"a..b", "part 2 is empty"},
+		{".a", "part 1 is empty"},
+		{"a.", "part 2 is empty"},
+		{".", "part 1 is empty"},
+		{"a.b-c", `"b-c" holds a character other than`},
+		{"a'b", `"a'b" holds a character other than`},
+		{"a b", "holds a character other than"},
+		{"nodé", "holds a character other than"},
+		{"a\x00b", "holds a character other than"},
+		{"1.2.3.4.5.6.7.8.9", "has 9 parts, more than 8"},
+	} {
+		_, err := CaptureChangesSQL("orders", SchemaOptions{Key: tc.path})
+		require.ErrorIs(t, err, ErrInvalidConfig, tc.path)
+		require.ErrorContains(t, err, "pgchangestream: invalid config: SchemaOptions.Key: ", tc.path)
+		require.ErrorContains(t, err, tc.want, tc.path)
+	}
+	_, err := InstallSchemaSQL(SchemaOptions{Key: "a..b"})
+	require.NoError(t, err, "InstallSchema ignores the key")
+}
+
+func TestTriggerArgs(t *testing.T) {
+	for _, tc := range []struct {
+		quiet bool
+		key   string
+		want  string
+	}{
+		{false, "", ""},
+		{true, "", "'no_notify'"},
+		{false, "a.b", "'key=a.b'"},
+		{true, "document.healthevent.nodename", "'no_notify', 'key=document.healthevent.nodename'"},
+	} {
+		assert.Equal(t, tc.want, triggerArgs(tc.quiet, tc.key))
+	}
+}
+
+func TestCaptureChangesKeySQL(t *testing.T) {
+	for _, tc := range []struct {
+		table    string
+		opts     SchemaOptions
+		args     string
+		explicit string
+	}{
+		{"orders", SchemaOptions{}, `()`, "NULL"},
+		{"health_events", SchemaOptions{}, `('key=document.healthevent.nodename')`, "NULL"},
+		{"s.health_events", SchemaOptions{WithoutNotify: true}, `('no_notify', 'key=document.healthevent.nodename')`, "NULL"},
+		{"health_events", SchemaOptions{Key: "document.id"}, `('key=document.id')`, "'document.id'"},
+		{"orders", SchemaOptions{Key: "customer"}, `('key=customer')`, "'customer'"},
+	} {
+		stmts, err := CaptureChangesSQL(tc.table, tc.opts)
+		require.NoError(t, err)
+		assert.Contains(t, stmts[0], `FOR EACH ROW EXECUTE FUNCTION "log_table_changes"`+tc.args+`;`, tc.table)
+		assert.Contains(t, stmts[0], "explicit_key text := "+tc.explicit+";", tc.table)
+	}
+}
+
+func TestSharedNames(t *testing.T) {
+	assert.Equal(t, "audit.changes_unit", unitFunction("audit.changes"))
+	assert.Equal(t, `COALESCE(unit, "audit"."changes_unit"(record_id::text))`, unitExpression("audit.changes"))
+	assert.Equal(t, "audit.changes_members", memberTable("audit.changes"))
+	assert.Equal(t, "audit.changes_member_seq", memberSequence("audit.changes"))
+	assert.Equal(t, "audit.changes_ranges", rangeTable("audit.changes"))
+	indexes, err := changelogIndexes("audit.changes")
+	require.NoError(t, err)
+	assert.Equal(t, "changes_txid_unit_idx", indexes[1].name)
+	_, err = changelogIndexes(strings.Repeat("c", 50))
+	require.ErrorContains(t, err, `its index name "`+strings.Repeat("c", 50)+`_txid_unit_idx" would exceed 63 bytes`)
+}
+
+// unitKeys returns keys of every kind a row may hold: empty, short, numeric, unicode, uuids and
+// long strings.
+func unitKeys(t *testing.T) []string {
+	keys := []string{"", "a", "A", " ", "node-1", "héllo", "日本語のノード", "🚀🌍", "\t\n", "'; DROP TABLE x; --", `\x00`}
+	for i := range 1500 {
+		keys = append(keys, fmt.Sprint(i), fmt.Sprintf("gpu-node-%04d.cluster.local", i))
+	}
+	for range 1000 {
+		b := make([]byte, 16)
+		_, err := rand.Read(b)
+		require.NoError(t, err)
+		keys = append(keys, fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:]))
+	}
+	for i := range 20 {
+		keys = append(keys, strings.Repeat("long key ü ", 100*(i+1)))
+	}
+	return keys
+}
+
+func TestLiveSchemaUnitFunctionMatchesUnitOf(t *testing.T) {
+	db, _ := pgtest.NewDatabase(t, "")
+	require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	keys := unitKeys(t)
+	rows, err := db.QueryContext(t.Context(), `SELECT k, datastore_changelog_unit(k) FROM unnest($1::text[]) k`, keys)
+	require.NoError(t, err)
+	defer rows.Close()
+	units := map[int]bool{}
+	n := 0
+	for rows.Next() {
+		var key string
+		var unit int
+		require.NoError(t, rows.Scan(&key, &unit))
+		require.Equal(t, UnitOf(key), unit, "key %q", key)
+		units[unit] = true
+		n++
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, len(keys), n)
+	require.Greater(t, len(units), 900, "the units spread over the 1024")
+	assert.Equal(t, "i true s", liveScalar[string](t, db, `SELECT provolatile::text || ' ' || proisstrict || ' ' || proparallel::text
+		FROM pg_proc WHERE oid = 'datastore_changelog_unit(text)'::regprocedure`))
+	var null sql.NullInt64
+	require.NoError(t, db.QueryRow(`SELECT datastore_changelog_unit(NULL)`).Scan(&null))
+	require.False(t, null.Valid)
+}
+
+// sharedState describes the unit column, the unit index and the coordination tables.
+func sharedState(t *testing.T, db *sql.DB) []string {
+	t.Helper()
+	return []string{
+		liveScalar[string](t, db, `SELECT format_type(atttypid, atttypmod) || ' not null ' || attnotnull || ' default ' || atthasdef
+			FROM pg_attribute WHERE attrelid = 'datastore_changelog'::regclass AND attname = 'unit'`),
+		liveScalar[string](t, db, `SELECT pg_get_indexdef(indexrelid) || ' valid ' || indisvalid FROM pg_index
+			WHERE indexrelid = 'datastore_changelog_txid_unit_idx'::regclass`),
+		liveScalar[string](t, db, `SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod) || ' ' || attnotnull, ', ' ORDER BY attnum)
+			FROM pg_attribute WHERE attrelid = 'datastore_changelog_members'::regclass AND attnum > 0`),
+		liveScalar[string](t, db, `SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod) || ' ' || attnotnull, ', ' ORDER BY attnum)
+			FROM pg_attribute WHERE attrelid = 'datastore_changelog_ranges'::regclass AND attnum > 0`),
+		liveScalar[string](t, db, `SELECT pg_get_constraintdef(oid) FROM pg_constraint
+			WHERE conrelid = 'datastore_changelog_ranges'::regclass ORDER BY contype LIMIT 1`),
+		liveScalar[string](t, db, `SELECT 'sequence ' || to_regclass('datastore_changelog_member_seq')::text`),
+	}
+}
+
+// wantSharedState is sharedState after InstallSchema, with recordKey the record id as the index
+// definition shows its text.
+func wantSharedState(recordKey string) []string {
+	return []string{
+		"smallint not null false default false",
+		`CREATE INDEX datastore_changelog_txid_unit_idx ON public.datastore_changelog USING btree (table_name, txid, id, ` +
+			`COALESCE(unit, datastore_changelog_unit(` + recordKey + `))) valid true`,
+		"client_name character varying(255) true, member bigint true, name text true, lease_until timestamp with time zone true, " +
+			"joined_at timestamp with time zone true",
+		"client_name character varying(255) true, range_no smallint true, owner bigint false, resume_token jsonb true, " +
+			"last_updated timestamp with time zone true",
+		"CHECK (((range_no >= 0) AND (range_no < 64)))",
+		"sequence datastore_changelog_member_seq",
+	}
+}
+
+func TestLiveSchemaSharedObjects(t *testing.T) {
+	db, _ := pgtest.NewDatabase(t, "")
+	for range 2 {
+		require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	}
+	require.Equal(t, wantSharedState("record_id"), sharedState(t, db))
+	indexes := changelogIndexState(t, db)
+	require.NotContains(t, indexes, "datastore_changelog_txid_idx", "a new changelog gets the unit index instead")
+
+	member := liveScalar[int64](t, db, `INSERT INTO datastore_changelog_members (client_name, member, name, lease_until)
+		VALUES ('c', nextval('datastore_changelog_member_seq'), 'm', now()) RETURNING member`)
+	liveExec(t, db, `INSERT INTO datastore_changelog_ranges (client_name, range_no, owner, resume_token) VALUES ('c', 63, $1, '{}')`, member)
+	_, err := db.Exec(`INSERT INTO datastore_changelog_ranges (client_name, range_no, resume_token) VALUES ('c', 64, '{}')`)
+	require.ErrorContains(t, err, "violates check constraint")
+}
+
+// TestLiveSchemaUpgradedChangelogKeepsTxidIndex: a changelog upgraded by an earlier release has
+// the txid column and the plain txid index; InstallSchema adds the unit column and builds the
+// unit index beside it, dropping nothing.
+func TestLiveSchemaUpgradedChangelogKeepsTxidIndex(t *testing.T) {
+	db, _ := pgtest.NewDatabase(t, "")
+	liveExec(t, db, existingSchema)
+	liveExec(t, db, `ALTER TABLE datastore_changelog ADD COLUMN txid xid8 DEFAULT pg_current_xact_id();
+		CREATE INDEX datastore_changelog_txid_idx ON datastore_changelog (table_name, txid, id)`)
+	fillChangelog(t, db, 5000)
+	for range 2 {
+		require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	}
+	indexes := changelogIndexState(t, db)
+	assert.True(t, indexes["datastore_changelog_txid_idx"], "kept")
+	assert.True(t, indexes["datastore_changelog_txid_unit_idx"], "built")
+	assert.Equal(t, wantSharedState("(record_id)::text"), sharedState(t, db))
+	assert.Equal(t, 5000, liveScalar[int](t, db, `SELECT count(*) FROM datastore_changelog WHERE unit IS NULL`))
+}
+
+// unitRow is a changelog row's unit column and its unit expression.
+type unitRow struct {
+	unit sql.NullInt64
+	expr int
+}
+
+// lastUnit returns the unit of table's newest changelog row.
+func lastUnit(t *testing.T, db *sql.DB, table string) unitRow {
+	t.Helper()
+	var r unitRow
+	require.NoError(t, db.QueryRow(`SELECT unit, `+unitExpression(DefaultChangelogTable)+` FROM datastore_changelog
+		WHERE table_name = $1 ORDER BY id DESC LIMIT 1`, table).Scan(&r.unit, &r.expr))
+	return r
+}
+
+func keyed(unit int) unitRow { return unitRow{sql.NullInt64{Int64: int64(unit), Valid: true}, unit} }
+
+func TestLiveSchemaCaptureKey(t *testing.T) {
+	db, dsn := pgtest.NewDatabase(t, "")
+	require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	liveExec(t, db, `CREATE TABLE health_events (id UUID PRIMARY KEY DEFAULT gen_random_uuid(), document JSONB,
+			created_at TIMESTAMPTZ DEFAULT now());
+		CREATE TABLE docs (id BIGSERIAL PRIMARY KEY, document JSONB);
+		CREATE TABLE plain (id BIGSERIAL PRIMARY KEY, item TEXT);
+		CREATE TABLE quiet (id BIGSERIAL PRIMARY KEY, item TEXT);
+		CREATE TABLE both_args (id BIGSERIAL PRIMARY KEY, document JSONB);
+		CREATE TRIGGER quiet_changes AFTER INSERT OR UPDATE OR DELETE ON quiet
+			FOR EACH ROW EXECUTE FUNCTION log_table_changes('no_notify');
+		CREATE TRIGGER both_args_changes AFTER INSERT OR UPDATE OR DELETE ON both_args
+			FOR EACH ROW EXECUTE FUNCTION log_table_changes('key=document.k', 'no_notify');`)
+	require.NoError(t, CaptureChanges(t.Context(), db, "health_events", SchemaOptions{}))
+	for range 2 {
+		require.NoError(t, CaptureChanges(t.Context(), db, "docs", SchemaOptions{Key: "document.k"}))
+	}
+	require.NoError(t, CaptureChanges(t.Context(), db, "plain", SchemaOptions{}))
+
+	// The default key of health_events, on insert, update (the new row's key) and delete (the
+	// old row's).
+	for i := range 50 {
+		node := fmt.Sprintf("node-%d", i)
+		liveExec(t, db, `INSERT INTO health_events (document) VALUES (jsonb_build_object('healthevent', jsonb_build_object('nodename', $1::text)))`, node)
+		require.Equal(t, keyed(UnitOf(node)), lastUnit(t, db, "health_events"), node)
+	}
+	id := liveScalar[string](t, db, `INSERT INTO health_events (document) VALUES ('{"healthevent": {"nodename": "a"}}') RETURNING id::text`)
+	liveExec(t, db, `UPDATE health_events SET document = '{"healthevent": {"nodename": "b"}}' WHERE id = $1`, id)
+	require.Equal(t, keyed(UnitOf("b")), lastUnit(t, db, "health_events"))
+	liveExec(t, db, `DELETE FROM health_events WHERE id = $1`, id)
+	require.Equal(t, keyed(UnitOf("b")), lastUnit(t, db, "health_events"))
+	// A row without the key path falls back to its record id.
+	id = liveScalar[string](t, db, `INSERT INTO health_events (document) VALUES ('{"other": 1}') RETURNING id::text`)
+	require.Equal(t, unitRow{expr: UnitOf(id)}, lastUnit(t, db, "health_events"))
+	liveExec(t, db, `INSERT INTO health_events (document) VALUES (NULL)`)
+	require.False(t, lastUnit(t, db, "health_events").unit.Valid)
+
+	// An explicit key; a number at the path counts as its text.
+	liveExec(t, db, `INSERT INTO docs (document) VALUES ('{"k": 42}')`)
+	require.Equal(t, keyed(UnitOf("42")), lastUnit(t, db, "docs"))
+	liveExec(t, db, `INSERT INTO docs (document) VALUES ('{"k": "x"}')`)
+	require.Equal(t, keyed(UnitOf("x")), lastUnit(t, db, "docs"))
+
+	// No key: the unit stays NULL, the expression is the record id's unit.
+	id = liveScalar[string](t, db, `INSERT INTO plain (item) VALUES ('a') RETURNING id::text`)
+	require.Equal(t, unitRow{expr: UnitOf(id)}, lastUnit(t, db, "plain"))
+
+	// Triggers created with 'no_notify' alone and with both arguments in the other order keep
+	// working: their rows are written and not notified; the notification of the next row of a
+	// notifying table is the first one received after LISTEN.
+	listener := liveListen(t, dsn)
+	id = liveScalar[string](t, db, `INSERT INTO quiet (item) VALUES ('a') RETURNING id::text`)
+	require.Equal(t, unitRow{expr: UnitOf(id)}, lastUnit(t, db, "quiet"))
+	liveExec(t, db, `INSERT INTO both_args (document) VALUES ('{"k": "y"}')`)
+	require.Equal(t, keyed(UnitOf("y")), lastUnit(t, db, "both_args"))
+	plainID := liveScalar[int64](t, db, `INSERT INTO plain (item) VALUES ('b') RETURNING id`)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	n, err := listener.WaitForNotification(ctx)
+	require.NoError(t, err)
+	require.Contains(t, n.Payload, `"table" : "plain"`, "no notification of the quiet tables, record %d", plainID)
+
+	// The existing triggers' arguments are read back: kept when they agree or no key is given,
+	// reported when they do not.
+	require.NoError(t, CaptureChanges(t.Context(), db, "quiet", SchemaOptions{WithoutNotify: true}))
+	require.NoError(t, CaptureChanges(t.Context(), db, "both_args", SchemaOptions{WithoutNotify: true, Key: "document.k"}))
+	require.NoError(t, CaptureChanges(t.Context(), db, "docs", SchemaOptions{}), "no key given: kept")
+	require.NoError(t, CaptureChanges(t.Context(), db, "plain", SchemaOptions{}))
+	err = CaptureChanges(t.Context(), db, "quiet", SchemaOptions{})
+	require.ErrorContains(t, err, `trigger quiet_changes on quiet exists and does not notify: drop it to capture changes with NOTIFY`)
+	err = CaptureChanges(t.Context(), db, "docs", SchemaOptions{Key: "document.other"})
+	require.ErrorContains(t, err, `trigger docs_changes on docs exists with key document.k, not document.other: drop it to change the key`)
+	err = CaptureChanges(t.Context(), db, "plain", SchemaOptions{Key: "item"})
+	require.ErrorContains(t, err, `trigger plain_changes on plain exists with key (the record id), not item`)
+	err = CaptureChanges(t.Context(), db, "quiet", SchemaOptions{WithoutNotify: true, Key: "item"})
+	require.ErrorContains(t, err, `trigger quiet_changes on quiet exists with key (the record id), not item`)
+	for _, table := range []string{"health_events", "docs", "plain", "quiet", "both_args"} {
+		assert.Equal(t, 1, triggerCount(t, db, table))
+	}
+}
+
+// TestLiveSchemaUnitIndexCond: a read of one (txid, id) range of a table restricted to a span of
+// units is a scan of the unit index with the unit condition among its index conditions, so
+// index tuples of other units are skipped before the heap is visited.
+func TestLiveSchemaUnitIndexCond(t *testing.T) {
+	db, _ := pgtest.NewDatabase(t, "")
+	require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	fillChangelog(t, db, 20000)
+	var lo, hi string
+	var loID, hiID int64
+	require.NoError(t, db.QueryRow(`SELECT txid::text, id FROM datastore_changelog WHERE table_name = 'table_1'
+		ORDER BY txid, id OFFSET 100 LIMIT 1`).Scan(&lo, &loID))
+	require.NoError(t, db.QueryRow(`SELECT txid::text, id FROM datastore_changelog WHERE table_name = 'table_1'
+		ORDER BY txid, id OFFSET 1100 LIMIT 1`).Scan(&hi, &hiID))
+	plan := explain(t, db, `EXPLAIN (COSTS OFF) SELECT id FROM datastore_changelog
+		WHERE table_name = $1 AND (txid, id) > ($2::xid8, $3) AND (txid, id) <= ($4::xid8, $5)
+		AND `+unitExpression(DefaultChangelogTable)+` BETWEEN 256 AND 511 ORDER BY txid, id`,
+		"table_1", lo, loID, hi, hiID)
+	assert.Regexp(t, `(Index (Only )?Scan using|Bitmap Index Scan on) datastore_changelog_txid_unit_idx`, plan)
+	assert.Regexp(t, `Index Cond: .*ROW\(txid, id\) > .*COALESCE\(unit, .*>= 256\).*<= 511\)`, plan)
+	assert.NotContains(t, plan, "Filter:")
+}
