@@ -316,7 +316,7 @@ func buildReadQueries(cl, limit, pageLimit string, u *unitSQL) readQueries {
 	var cond string
 	if u != nil {
 		sel += `, ` + u.expr
-		delta += `, ` + u.exprC
+		delta += `, ` + u.expr // the inner scan's columns: unambiguous
 		cond = u.cond
 	}
 	return readQueries{

@@ -69,14 +69,6 @@ const (
 	sharedMarginParts = 5
 )
 
-// memberTable, memberSequence and rangeTable are the shared members' tables beside changelog.
-func memberTable(changelog string) string    { return changelog + "_members" }
-func memberSequence(changelog string) string { return changelog + "_member_seq" }
-func rangeTable(changelog string) string     { return changelog + "_ranges" }
-
-// unitFunction is the changelog's SQL twin of UnitOf.
-func unitFunction(changelog string) string { return changelog + "_unit" }
-
 // sharedQueries are the statements of membership. $1 is always the client name, $2 the member.
 type sharedQueries struct {
 	detect     string // $1 changelog, $2 ranges table (quoted): the unit column and the tables exist

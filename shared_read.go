@@ -42,8 +42,8 @@ func newSharedView(owned []int, floors map[int]Position) *sharedView {
 }
 
 // unitSQL is the unit part of a Shared member's reads: the condition on the units its reads
-// ask for, and the unit expression, bare and of alias c.
-type unitSQL struct{ cond, expr, exprC string }
+// ask for, and the unit expression.
+type unitSQL struct{ cond, expr string }
 
 // sharedReadQueries returns the row reads of a member that owns ranges (ascending, at least
 // one): they ask for the units from the first range's to the last range's, one condition the
@@ -52,18 +52,11 @@ func sharedReadQueries(cfg Config, ranges []int) *readQueries {
 	iv, _, _ := lease.Cover(ranges, unitsPerRange)
 	cl := cfg.ChangelogTable
 	u := &unitSQL{
-		cond:  ` AND ` + unitExpr(cl, "") + ` BETWEEN ` + strconv.Itoa(iv.Lo) + ` AND ` + strconv.Itoa(iv.Hi),
-		expr:  unitExpr(cl, ""),
-		exprC: unitExpr(cl, "c."),
+		cond: ` AND ` + unitExpression(cl) + ` BETWEEN ` + strconv.Itoa(iv.Lo) + ` AND ` + strconv.Itoa(iv.Hi),
+		expr: unitExpression(cl),
 	}
 	rq := buildReadQueries(quoteIdentifier(cl), strconv.Itoa(cfg.BatchSize), strconv.Itoa(cfg.BatchSize+1), u)
 	return &rq
-}
-
-// unitExpr is a row's unit in SQL, columns prefixed with alias: the unit column, else the unit
-// of the record id. The changelog's shared index is built on this expression.
-func unitExpr(changelog, alias string) string {
-	return `COALESCE(` + alias + `unit, ` + quoteIdentifier(unitFunction(changelog)) + `(` + alias + `record_id::text))`
 }
 
 // skipShared reports whether a member skips the row read at pos: its range is not the
