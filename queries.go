@@ -311,11 +311,12 @@ func incarnationSQL(cfg Config) string {
 // not nil) add u.cond, a condition on the unit expression inside each scan, where the index
 // checks it, and return the rows' units as their last column.
 func buildReadQueries(cl, limit, pageLimit string, u *unitSQL) readQueries {
-	sel := changelogColumns
+	sel, withXid := changelogColumns, changelogColumns+`, txid`
 	delta := `c.id, c.record_id::text, c.operation, c.old_values::text, c.new_values::text, c.changed_at, c.txid`
 	var cond string
-	if u != nil {
+	if u != nil { // the unit last, after the txid column (scanRows)
 		sel += `, ` + u.expr
+		withXid += `, ` + u.expr
 		delta += `, ` + u.expr // the inner scan's columns: unambiguous
 		cond = u.cond
 	}
@@ -332,11 +333,11 @@ func buildReadQueries(cl, limit, pageLimit string, u *unitSQL) readQueries {
 		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id)` + cond + ` AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
 		ORDER BY txid, id LIMIT ` + pageLimit + `) c
 	ORDER BY c.txid, c.id LIMIT ` + pageLimit,
-		deltaRange: `SELECT ` + sel + `, txid FROM ` + cl + `
+		deltaRange: `SELECT ` + withXid + ` FROM ` + cl + `
 	WHERE table_name = $1 AND (txid, id) > ($2::xid8, $3) AND (txid, id) <= ($4::xid8, $5)` + cond + ` AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
 	ORDER BY txid, id LIMIT ` + pageLimit,
-		deltaRows:     `SELECT ` + sel + `, txid FROM ` + cl + ` WHERE id = ANY($1::int8[]) ORDER BY id`,
-		deltaKeyRange: `SELECT ` + sel + `, txid FROM ` + cl + ` WHERE id BETWEEN $1 AND $2 ORDER BY id`,
+		deltaRows:     `SELECT ` + withXid + ` FROM ` + cl + ` WHERE id = ANY($1::int8[]) ORDER BY id`,
+		deltaKeyRange: `SELECT ` + withXid + ` FROM ` + cl + ` WHERE id BETWEEN $1 AND $2 ORDER BY id`,
 		deltaIDs: `SELECT c.id FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
 	CROSS JOIN LATERAL (SELECT id FROM ` + cl + ` WHERE table_name = $1
 		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id)` + cond + ` AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7

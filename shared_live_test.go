@@ -6,10 +6,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	ossignal "os/signal"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,8 +33,9 @@ const (
 // sharedMemberProc is a member running in a child process.
 type sharedMemberProc struct {
 	name string
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process ended and its output was read
+	cmd   *exec.Cmd
+	stdin io.Closer     // closing it stops the member gracefully
+	done  chan struct{} // closed when the process ended and its output was read
 	// fenced is set when the member reported that it stopped, fenced off.
 	fenced atomic.Bool
 }
@@ -46,9 +47,11 @@ func startSharedMember(t *testing.T, e *liveEnv, name string) *sharedMemberProc 
 	cmd.Env = append(os.Environ(), sharedChildDSN+"="+e.dsn, sharedChildName+"="+name)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
 	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Start())
-	m := &sharedMemberProc{name: name, cmd: cmd, done: make(chan struct{})}
+	m := &sharedMemberProc{name: name, cmd: cmd, stdin: stdin, done: make(chan struct{})}
 	go func() {
 		defer close(m.done)
 		for lines := bufio.NewScanner(out); lines.Scan(); {
@@ -69,26 +72,30 @@ func startSharedMember(t *testing.T, e *liveEnv, name string) *sharedMemberProc 
 	return m
 }
 
-// stop ends the member with SIGTERM (it closes its watcher) and waits for it.
+// stop ends the member gracefully (it closes its watcher) and waits for it.
 func (m *sharedMemberProc) stop(t *testing.T) {
 	t.Helper()
-	require.NoError(t, m.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, m.stdin.Close())
 	select {
 	case <-m.done:
 	case <-time.After(30 * time.Second):
-		t.Fatalf("member %s did not stop within 30s of SIGTERM", m.name)
+		t.Fatalf("member %s did not stop within 30s of its stop", m.name)
 	}
 }
 
 // runSharedChild is the member's side: Process with 8 workers and a 2 ms handler that records,
 // per event, the member, the key, the changelog id and when the handler started and ended. It
-// runs until SIGTERM (then closes the watcher) or until the watcher stops.
+// runs until its standard input ends (then closes the watcher) or until the watcher stops.
 func runSharedChild(t *testing.T, dsn, name string) {
 	db, err := sql.Open("pgx", dsn+"&application_name="+name)
 	require.NoError(t, err)
 	defer db.Close()
-	ctx, cancel := ossignal.NotifyContext(context.Background(), syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		cancel()
+	}()
 	w, err := New(Config{
 		DB: db, ConnString: dsn, ClientName: sharedClient, TableName: liveTable, Mode: ModeHybrid,
 		Shared: true, SharedLease: sharedLease, MemberName: name, StartFromBeginning: true,
@@ -115,6 +122,7 @@ func runSharedChild(t *testing.T, dsn, name string) {
 	closeCtx, stop := context.WithTimeout(context.Background(), 20*time.Second)
 	defer stop()
 	fmt.Println("shared-member: closed:", w.Close(closeCtx))
+	os.Exit(0) // a child: the parent checks what it did
 }
 
 // TestLiveSharedMembers runs members of one client in separate processes while writers update
@@ -253,7 +261,15 @@ func TestLiveSharedMembers(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d committed changelog rows were never handled", missing)
+			var diag string
+			require.NoError(t, e.db.QueryRow(`SELECT string_agg(r || ': ' || n || ' rows ' || lo || '..' || hi, ', ') FROM (
+				SELECT datastore_changelog_unit(record_id::text) / 16 AS r, count(*) AS n, min(id) AS lo, max(id) AS hi
+				FROM datastore_changelog c WHERE c.table_name = 'items'
+				AND NOT EXISTS (SELECT FROM shared_handled h WHERE h.changelog_id = c.id) GROUP BY 1 ORDER BY 1) m`).Scan(&diag))
+			var ranges string
+			require.NoError(t, e.db.QueryRow(`SELECT string_agg(range_no || '=' || COALESCE(owner::text, '-') || ' ' || resume_token::text, E'\n' ORDER BY range_no)
+				FROM datastore_changelog_ranges`).Scan(&ranges))
+			t.Fatalf("%d committed changelog rows were never handled, by range: %s\nranges:\n%s", missing, diag, ranges)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
