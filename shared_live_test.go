@@ -32,7 +32,7 @@ const (
 
 // sharedMemberProc is a member running in a child process.
 type sharedMemberProc struct {
-	name string
+	name  string
 	cmd   *exec.Cmd
 	stdin io.Closer     // closing it stops the member gracefully
 	done  chan struct{} // closed when the process ended and its output was read
