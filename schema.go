@@ -310,16 +310,22 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 //
 //  1. one script of several commands, run as one implicit transaction (the simple query
 //     protocol, which database/sql drivers use for Exec without arguments): a transaction-level
-//     advisory lock; the changelog table with its indexes if the table is missing; the token
-//     table if missing, and its owner_epoch column (Config.Exclusive) if missing; the
-//     dead-letter table of [Watcher.Process] ("<changelog>_parked") and the acknowledgement
-//     rows of [Watcher.ProcessTx] ("<changelog>_acks") if missing; CREATE OR REPLACE of the
-//     trigger function as SECURITY DEFINER, then its search_path pinned to pg_catalog, the
-//     changelog's schema and pg_temp, and its owner set to the changelog's; CREATE OR REPLACE of
-//     the retention function "<changelog>_prune" (schema/prune.sql, the SQL form of [Prune]);
+//     advisory lock; CREATE OR REPLACE of the unit function "<changelog>_unit" (the SQL form of
+//     [UnitOf]); the changelog table with its indexes if the table is missing; on PostgreSQL 13
+//     and later its txid and unit columns if missing; the token table if missing, and its
+//     owner_epoch column (Config.Exclusive) if missing; the dead-letter table of
+//     [Watcher.Process] ("<changelog>_parked"), the acknowledgement rows of [Watcher.ProcessTx]
+//     ("<changelog>_acks"), and the members ("<changelog>_members", ids from
+//     "<changelog>_member_seq") and ranges ("<changelog>_ranges") of [Config.Shared] clients if
+//     missing; CREATE OR REPLACE of the trigger function as SECURITY DEFINER, then its
+//     search_path pinned to pg_catalog, the changelog's schema and pg_temp, and its owner set to
+//     the changelog's; CREATE OR REPLACE of the retention function "<changelog>_prune"
+//     (schema/prune.sql, the SQL form of [Prune]);
 //  2. CREATE INDEX CONCURRENTLY IF NOT EXISTS for the read index (table_name, changed_at, id),
 //     named "<changelog>_stream_idx";
-//  3. the same for the existing schema's partial (changed_at) WHERE processed = FALSE index
+//  3. the same for the index of snapshot-delta reads, (table_name, txid, id, unit expression),
+//     named "<changelog>_txid_unit_idx" (skipped before PostgreSQL 13);
+//  4. the same for the existing schema's partial (changed_at) WHERE processed = FALSE index
 //     and its (table_name, record_id) index.
 //
 // The concurrent builds cannot run inside a transaction block. Around these statements

@@ -323,3 +323,19 @@ func TestLiveSchemaUnitIndexCond(t *testing.T) {
 	assert.Regexp(t, `Index Cond: .*ROW\(txid, id\) > .*COALESCE\(unit, .*>= 256\).*<= 511\)`, plan)
 	assert.NotContains(t, plan, "Filter:")
 }
+
+// TestLiveSchemaCaptureKeyWithoutUnitColumn: on a changelog without the unit column (not yet
+// upgraded, or before PostgreSQL 13) the default key of health_events is left out, and a key
+// given is refused before any trigger is created.
+func TestLiveSchemaCaptureKeyWithoutUnitColumn(t *testing.T) {
+	db, _ := pgtest.NewDatabase(t, "")
+	liveExec(t, db, existingSchema)
+	liveExec(t, db, `CREATE SCHEMA s; CREATE TABLE s.health_events (id UUID PRIMARY KEY DEFAULT gen_random_uuid(), document JSONB);
+		CREATE TABLE docs (id UUID PRIMARY KEY DEFAULT gen_random_uuid(), document JSONB)`)
+	require.NoError(t, CaptureChanges(t.Context(), db, "s.health_events", SchemaOptions{}))
+	assert.Equal(t, 0, liveScalar[int](t, db, `SELECT tgnargs FROM pg_trigger WHERE tgname = 'health_events_changes'
+		AND tgrelid = 's.health_events'::regclass`))
+	err := CaptureChanges(t.Context(), db, "docs", SchemaOptions{Key: "document.k"})
+	require.ErrorContains(t, err, `changelog table datastore_changelog has no column "unit" for the key document.k`)
+	assert.Equal(t, 0, triggerCount(t, db, "docs"))
+}

@@ -148,10 +148,17 @@ the SQL to stdout instead.
 
 --no-notify attaches it so that it writes the changelog row without a NOTIFY: PostgreSQL refuses
 PREPARE TRANSACTION after a NOTIFY, so a table written by prepared (two-phase) transactions
-needs it. Its changes are then read by polling (watchers in polling or hybrid mode).`, stdout, stderr)
+needs it. Its changes are then read by polling (watchers in polling or hybrid mode).
+
+--key PATH has the trigger write each row's unit from the value at PATH (dot-separated, in the
+row as JSON, e.g. document.healthevent.nodename) instead of the record id, so that the rows of
+one value stay with one member of a shared client. health_events takes
+document.healthevent.nodename by default. An existing trigger with another key is an error:
+drop it first.`, stdout, stderr)
 	f := addSchemaFlags(c, false)
 	c.fs.BoolVar(&f.opts.WithoutNotify, "no-notify", false, "write changelog rows without NOTIFY "+
 		"(for tables written by PREPARE TRANSACTION)")
+	c.fs.StringVar(&f.opts.Key, "key", "", "the dotted path of the rows' key, whose unit shared clients divide rows by")
 	return c.exit(func() error {
 		args, err := c.parse(args)
 		if err != nil {
