@@ -139,6 +139,8 @@ type sharedMember struct {
 	// and the saves.
 	view atomic.Pointer[sharedView]
 
+	handOvers atomic.Uint64 // added by the reader after each hand-over that changed its ranges
+
 	mu     sync.Mutex // guards target
 	target []int      // the ranges the split gives this member, from the coordinator's last look
 }

@@ -444,6 +444,7 @@ func (w *Watcher) handOver(ctx context.Context) error {
 	w.mu.Lock()
 	w.cursor, w.savedMirror = x, x
 	w.mu.Unlock()
+	w.sh.handOvers.Add(1)
 	return nil
 }
 

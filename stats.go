@@ -1,6 +1,9 @@
 package pgchangestream
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Stats are counters of a [Watcher], for metrics and tests.
 type Stats struct {
@@ -31,6 +34,24 @@ type Stats struct {
 	Rewinds uint64
 	// Process are the counters of [Watcher.Process] on this watcher.
 	Process ProcessStats
+	// Shared describes the membership of a [Config.Shared] watcher; zero otherwise.
+	Shared SharedStats
+}
+
+// SharedStats describe a [Config.Shared] member.
+type SharedStats struct {
+	Member int64  // the member's id (from the _member_seq sequence), 0 before it joined
+	Name   string // Config.MemberName, or host:pid
+	// Ranges are the ranges (0 to SharedRanges-1) the member owns and reads, ascending.
+	Ranges []int
+	// Floors counts the owned ranges saved ahead of the member's reads (taken over from
+	// another member): their rows up to their own position are skipped, and their saved
+	// position stays until the member's checkpoint passes it.
+	Floors int
+	// LeaseValid is false while the member may not deliver: its lease was not renewed in time.
+	LeaseValid bool
+	// HandOvers counts the hand-overs the member made (ranges released or claimed).
+	HandOvers uint64
 }
 
 // ProcessStats are the counters of [Watcher.Process]: gauges of the run in progress (0 when
@@ -75,6 +96,11 @@ func (w *Watcher) Stats() Stats {
 		Process:          proc,
 	}
 	w.health.fill(&s)
+	if w.sh != nil {
+		v := w.sh.view.Load()
+		s.Shared = SharedStats{Member: w.sh.id.Load(), Name: w.sh.name, Ranges: slices.Clone(v.owned), Floors: len(v.floors),
+			LeaseValid: w.sh.leaseValid(), HandOvers: w.sh.handOvers.Load()}
+	}
 	return s
 }
 
