@@ -1,0 +1,179 @@
+package pgchangestream
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/stretchr/testify/require"
+)
+
+// UnitOf is the first four bytes of the key's MD5, big-endian, modulo 1024 (values computed
+// with another MD5 implementation).
+func TestUnitOf(t *testing.T) {
+	for key, want := range map[string]int{"": 217, "a": 441, "items/1": 139, "node-7": 792} {
+		require.Equal(t, want, UnitOf(key), "UnitOf(%q)", key)
+	}
+}
+
+func snap(t *testing.T, s string) pgSnapshot {
+	t.Helper()
+	p, err := parseSnapshot(s)
+	require.NoError(t, err)
+	return p
+}
+
+// The intersection sees as finished exactly what both see as finished.
+func TestIntersectSnapshots(t *testing.T) {
+	a, b := snap(t, "100:110:100,104"), snap(t, "98:108:98,105")
+	got := intersect(a, b)
+	require.Equal(t, "98:108:98,100,104,105", got.String())
+	for x := uint64(90); x < 115; x++ {
+		require.Equal(t, !a.running(x) && !b.running(x), !got.running(x), "xid %d", x)
+	}
+	require.True(t, got.within(a) && got.within(b))
+}
+
+func TestSnapshotWithin(t *testing.T) {
+	for _, c := range []struct {
+		s, t string
+		want bool
+	}{
+		{"100:110:100,104", "100:110:100,104", true},
+		{"100:110:100,104", "104:120:104", true},  // 100 finished since: still within
+		{"100:110:100,104", "100:120:100,105", false}, // t still runs 105, which s saw finish
+		{"100:110:100,104", "100:108:", false},        // t does not see 108 and 109
+		{"100:110:100,108,109", "100:108:", true},     // s does not see them either
+		{"100:100:", "100:100:", true},
+	} {
+		require.Equal(t, c.want, snap(t, c.s).within(snap(t, c.t)), "%s within %s", c.s, c.t)
+	}
+}
+
+// A range's floor certifies what its saved position certifies: the rows its base sees, and
+// in its delta the rows up to its id.
+func TestRowCertified(t *testing.T) {
+	base, end := snap(t, "100:110:100,104"), snap(t, "104:120:104")
+	inDelta := Position{ID: 50, span: &span{seq: 1, base: base, end: end, hasEnd: true}, inRows: true}
+	atStart := Position{ID: 50, span: &span{seq: 1, base: base}}
+	row := func(id int64) Position { return Position{ID: id, span: &span{seq: 3}, inRows: true} }
+	for _, c := range []struct {
+		p    Position
+		id   int64
+		xid  uint64
+		want bool
+	}{
+		{inDelta, 10, 101, true},  // its base sees 101
+		{inDelta, 60, 101, true},  // whatever the id
+		{inDelta, 40, 100, true},  // finished in the delta, id up to 50
+		{inDelta, 60, 100, false}, // finished in the delta, id after 50
+		{inDelta, 40, 104, false}, // still running at the delta's end
+		{inDelta, 40, 115, true},  // below the end's xmax and finished
+		{inDelta, 40, 120, false}, // after the delta
+		{atStart, 40, 100, false}, // at the start: only the base
+		{atStart, 40, 109, true},
+	} {
+		require.Equal(t, c.want, rowCertified(c.p, row(c.id), c.xid), "%v: row %d of %d", c.p, c.id, c.xid)
+	}
+	// The legacy part of a switch-over: every delta position passed it; a switch-over position
+	// passed its rows up to it.
+	legacy := Position{ID: 7, span: &span{base: base}}
+	require.True(t, rowCertified(inDelta, Position{ID: 9, span: legacy.span}, 0))
+	require.True(t, rowCertified(legacy, Position{ID: 7, span: legacy.span}, 0))
+	require.False(t, rowCertified(legacy, Position{ID: 8, span: legacy.span}, 0))
+	require.False(t, rowCertified(legacy, row(1), 101))
+}
+
+// Ranges saved at different positions start at the intersection of their bases, each ahead
+// of it with a floor; equal ones start there with none.
+func TestSharedStart(t *testing.T) {
+	now := snap(t, "200:200:")
+	p1 := Position{ID: 5, span: &span{seq: 1, base: snap(t, "100:110:100,104")}}
+	p2 := Position{ID: 9, span: &span{seq: 1, base: snap(t, "98:108:98,105"), end: snap(t, "120:130:"), hasEnd: true}, inRows: true}
+	x, floors := sharedStart([]int{3, 4}, []Position{p1, p1}, now)
+	require.True(t, samePosition(x, p1))
+	require.Nil(t, floors)
+
+	x, floors = sharedStart([]int{3, 4, 7}, []Position{p1, p2, p1}, now)
+	require.Equal(t, "98:108:98,100,104,105", x.span.base.String())
+	require.False(t, x.inRows)
+	require.Len(t, floors, 3)
+	for r, f := range floors {
+		require.True(t, x.span.base.within(f.span.base), "range %d: the start sees more than its floor", r)
+	}
+
+	x, floors = sharedStart(nil, nil, now)
+	require.Equal(t, now.String(), x.span.base.String())
+	require.Nil(t, floors)
+}
+
+func TestCovers(t *testing.T) {
+	p := Position{ID: 9, span: &span{seq: 1, base: snap(t, "98:108:98,105"), end: snap(t, "120:130:"), hasEnd: true}, inRows: true}
+	require.True(t, covers(p, p))
+	require.False(t, covers(Position{ID: 10, span: &span{seq: 2, base: snap(t, "110:125:")}}, p)) // not past the delta's end
+	require.True(t, covers(Position{ID: 10, span: &span{seq: 2, base: snap(t, "130:131:130")}}, p))
+	legacy := Position{ID: 7, span: &span{base: snap(t, "98:108:98")}}
+	require.True(t, covers(p, legacy))
+	require.False(t, covers(legacy, p))
+}
+
+func TestHandOverNeeded(t *testing.T) {
+	owners := []int64{1, 1, 2, 0}
+	live := []int64{1, 2}
+	require.False(t, handOverNeeded(1, []int{0, 1}, owners, live))    // owns its target; 3 is not its
+	require.True(t, handOverNeeded(1, []int{0}, owners, live))        // must release 1
+	require.True(t, handOverNeeded(1, []int{0, 1, 3}, owners, live))  // 3 is free
+	require.False(t, handOverNeeded(1, []int{0, 1, 2}, owners, live)) // 2's owner is live: it hands over
+	require.True(t, handOverNeeded(1, []int{0, 1, 2}, owners, []int64{1}))
+}
+
+func TestParseIntArray(t *testing.T) {
+	got, err := parseIntArray("{3,1,20}")
+	require.NoError(t, err)
+	require.Equal(t, []int64{3, 1, 20}, got)
+	got, err = parseIntArray("{}")
+	require.NoError(t, err)
+	require.Empty(t, got)
+	_, err = parseIntArray("{1,x}")
+	require.Error(t, err)
+}
+
+// A member's save writes its checkpoint to the ranges it owns whose floor the checkpoint
+// covers, drops those floors, and stops the watcher, fenced off, when a range is no longer its.
+func TestSharedSaveSkipsFloorsAndIsFenced(t *testing.T) {
+	w, mock := newMockWatcher(t, Config{Shared: true})
+	w.sh.id.Store(7)
+	ahead := Position{ID: 9, span: &span{seq: 1, base: snap(t, "98:108:98,105"), end: snap(t, "120:130:"), hasEnd: true}, inRows: true}
+	w.sh.view.Store(newSharedView([]int{2, 3, 4}, map[int]Position{3: ahead}))
+	p := Position{ID: 10, span: &span{seq: 2, base: snap(t, "110:125:")}}
+	mock.ExpectExec(w.sh.q.save).WithArgs("c", int64(7), "tok", "{2,4}").WillReturnResult(sqlmock.NewResult(0, 2))
+	require.NoError(t, w.writeShared(context.Background(), p, "tok", ""))
+	require.Len(t, w.sh.view.Load().floors, 1, "a floor dropped before the checkpoint covered it")
+
+	passed := Position{ID: 11, span: &span{seq: 3, base: snap(t, "130:131:130")}}
+	mock.ExpectExec(w.sh.q.save).WithArgs("c", int64(7), "tok2", "{2,3,4}").WillReturnResult(sqlmock.NewResult(0, 3))
+	require.NoError(t, w.writeShared(context.Background(), passed, "tok2", ""))
+	require.Empty(t, w.sh.view.Load().floors)
+
+	mock.ExpectExec(w.sh.q.save).WithArgs("c", int64(7), "tok3", "{2,3,4}").WillReturnResult(sqlmock.NewResult(0, 2))
+	err := w.writeShared(context.Background(), passed, "tok3", "")
+	require.True(t, errors.Is(err, ErrFenced), "got %v", err)
+	require.ErrorIs(t, w.excl.lostErr(), ErrFenced)
+	require.NoError(t, mock.ExpectationsWereMet())
+}
+
+func TestSharedConfigIsChecked(t *testing.T) {
+	for _, cfg := range []Config{
+		{Shared: true, Exclusive: true},
+		{Shared: true, Ephemeral: true},
+		{Shared: true, ProcessedFlag: true},
+		{Shared: true, SharedLease: 10},
+		{Shared: true, MemberName: "a\x00b"},
+	} {
+		db, _ := mockDB(t)
+		cfg.DB = db
+		_, err := New(testConfig(cfg))
+		require.ErrorIs(t, err, ErrInvalidConfig, "%+v", cfg)
+	}
+}
