@@ -41,7 +41,7 @@ func TestSnapshotWithin(t *testing.T) {
 		want bool
 	}{
 		{"100:110:100,104", "100:110:100,104", true},
-		{"100:110:100,104", "104:120:104", true},  // 100 finished since: still within
+		{"100:110:100,104", "104:120:104", true},      // 100 finished since: still within
 		{"100:110:100,104", "100:120:100,105", false}, // t still runs 105, which s saw finish
 		{"100:110:100,104", "100:108:", false},        // t does not see 108 and 109
 		{"100:110:100,108,109", "100:108:", true},     // s does not see them either
@@ -67,6 +67,7 @@ func TestRowCertified(t *testing.T) {
 		{inDelta, 10, 101, true},  // its base sees 101
 		{inDelta, 60, 101, true},  // whatever the id
 		{inDelta, 40, 100, true},  // finished in the delta, id up to 50
+		{inDelta, 50, 100, true},  // finished in the delta, its id
 		{inDelta, 60, 100, false}, // finished in the delta, id after 50
 		{inDelta, 40, 104, false}, // still running at the delta's end
 		{inDelta, 40, 115, true},  // below the end's xmax and finished
