@@ -28,7 +28,7 @@ func (w *Watcher) loadWithRetry(ctx context.Context) error {
 			op = opRead
 		}
 		w.health.fail(op, err)
-		if errors.Is(err, ErrRestoredDatabase) { // retrying cannot help: an operator must act
+		if errors.Is(err, ErrRestoredDatabase) || errors.Is(err, ErrSharedSchema) { // retrying cannot help: an operator must act
 			w.log.Error("refusing to start", "error", err)
 			return err
 		}

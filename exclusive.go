@@ -296,7 +296,7 @@ func (w *Watcher) warnOtherWatchers(ctx context.Context, conn *pgconn.PgConn) {
 		w.log.Warn("cannot check for other watchers of this client", "error", res.Err)
 		return
 	}
-	if others := string(res.Rows[0][1]); others != "0" && !w.excl.warned.Swap(true) {
+	if others := string(res.Rows[0][1]); others != "0" && !w.cfg.Shared && !w.excl.warned.Swap(true) { // members share by design
 		w.log.Warn("another watcher with this client name is running; their deliveries and saved tokens interleave "+
 			"(use Config.Exclusive, or a client name each)", "other_sessions", others)
 	}

@@ -335,3 +335,70 @@ func TestLiveSharedMembers(t *testing.T) {
 	t.Logf("%d rows written; %d key moves between members, %d replays after a kill or pause", written.Load(), moves, replays)
 	require.Positive(t, moves, "no key moved between members")
 }
+
+// A Shared watcher on a changelog without the txid and unit columns stops at once with
+// ErrSharedSchema rather than retrying, and says how to upgrade.
+func TestLiveSharedRefusesALegacyChangelog(t *testing.T) {
+	t.Parallel()
+	e := newLegacy(t)
+	cfg := e.config(ModePolling)
+	cfg.Shared = true
+	w, err := New(cfg)
+	require.NoError(t, err)
+	w.Start(context.Background())
+	defer w.Close(context.Background())
+	select {
+	case _, open := <-w.Events():
+		require.False(t, open, "a Shared watcher on a legacy changelog delivered an event")
+	case <-time.After(liveWait):
+		t.Fatal("a Shared watcher on a legacy changelog did not stop")
+	}
+	require.ErrorIs(t, w.Err(), ErrSharedSchema)
+	require.Contains(t, w.Err().Error(), "InstallSchema")
+}
+
+// Two members in one process: a row committed to each range is delivered once, by the member
+// that owns its range, and each member's Stats show its ranges.
+func TestLiveSharedMembersDivideRows(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	cfg := e.config(ModeHybrid)
+	cfg.Shared, cfg.SharedLease, cfg.StartFromBeginning = true, time.Second, true
+	a := e.start(cfg)
+	require.Eventually(t, func() bool { return len(a.Stats().Shared.Ranges) == SharedRanges }, liveWait, 10*time.Millisecond)
+	b := e.start(cfg)
+	require.Eventually(t, func() bool {
+		return len(a.Stats().Shared.Ranges) == SharedRanges/2 && len(b.Stats().Shared.Ranges) == SharedRanges/2
+	}, liveWait, 10*time.Millisecond, "the two members did not split the ranges")
+	ids := e.insert(200)
+	got := map[int64]string{}
+	var mu sync.Mutex
+	receive := func(w *Watcher, name string) {
+		for ev := range w.Events() {
+			id, _, err := parseToken(ev.ResumeToken)
+			require.NoError(t, err)
+			mu.Lock()
+			prev, twice := got[id]
+			got[id] = name
+			mu.Unlock()
+			require.False(t, twice, "row %d delivered to %s and %s", id, prev, name)
+			require.NoError(t, w.MarkProcessed(context.Background(), ev.ResumeToken))
+		}
+	}
+	go receive(a, "a")
+	go receive(b, "b")
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) == len(ids)
+	}, liveWait, 10*time.Millisecond, "not every row was delivered")
+	owns := map[string][]int{"a": a.Stats().Shared.Ranges, "b": b.Stats().Shared.Ranges}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		var unit int
+		require.NoError(t, e.db.QueryRow(`SELECT `+unitExpression("datastore_changelog")+` FROM datastore_changelog WHERE id = $1`, id).Scan(&unit))
+		require.Contains(t, owns[got[id]], unit/16, "row %d (unit %d) delivered to %s, which does not own its range", id, unit, got[id])
+	}
+	require.NotEqual(t, a.Stats().Shared.Member, b.Stats().Shared.Member)
+}
