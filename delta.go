@@ -136,18 +136,45 @@ func (w *Watcher) deltaIDs(ctx context.Context, from Position, after int64) ([]i
 // rowsByID reads rows of a listed delta by primary key (deltaReads).
 func (w *Watcher) rowsByID(ctx context.Context, ids []int64, buf []changelogRow) ([]changelogRow, error) {
 	q, args := w.rowsByIDQuery(ids)
-	return w.queryByKey(ctx, q, buf, w.rq.columnsOf(true), args...)
+	rows, err := w.queryByKey(ctx, q, buf, w.rq.columnsOf(true), args...)
+	if err != nil || q != w.rq.deltaSpan {
+		return rows, err
+	}
+	return keepIDs(rows, ids), nil
 }
+
+// sharedSpanFactor bounds, for a Shared member, how sparse a page of listed ids may be and
+// still be read as one primary-key range (keepIDs then drops the rows of the range that are not
+// on the page): up to this many ids in the range per id on the page. A member's ids interleave
+// with the other members', and one index descent per id costs more than a range read of the
+// pages they share.
+const sharedSpanFactor = 32
 
 // rowsByIDQuery is the query of rowsByID and its arguments. Ids that are consecutive (every id
 // from the first to the last is on the page, as in a backlog of one captured table) are read as
-// one primary-key range, which visits the index and heap pages once, as a legacy page does;
-// others by one index descent per id.
+// one primary-key range, which visits the index and heap pages once, as a legacy page does; so
+// are the ids of a Shared member's page that are dense enough (deltaSpan, which asks for the
+// member's units only); others by one index descent per id.
 func (w *Watcher) rowsByIDQuery(ids []int64) (string, []any) {
-	if n := len(ids); n > 0 && ids[n-1]-ids[0] == int64(n-1) {
+	n := len(ids)
+	switch {
+	case n > 0 && ids[n-1]-ids[0] == int64(n-1):
 		return w.rq.deltaKeyRange, []any{ids[0], ids[n-1]}
+	case n > 0 && w.rq.deltaSpan != "" && ids[n-1]-ids[0] < int64(n)*sharedSpanFactor:
+		return w.rq.deltaSpan, []any{ids[0], ids[n-1]}
 	}
 	return w.rq.deltaRows, []any{pgArray(ids)}
+}
+
+// keepIDs keeps the rows (ascending by id) whose id is in ids (ascending), in place.
+func keepIDs(rows []changelogRow, ids []int64) []changelogRow {
+	kept := rows[:0]
+	for _, r := range rows {
+		if _, found := slices.BinarySearch(ids, r.ID); found {
+			kept = append(kept, r)
+		}
+	}
+	return kept
 }
 
 // rowPosition is the position of a row read after from.

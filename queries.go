@@ -114,7 +114,8 @@ type readQueries struct {
 	deltaIDs string
 	// deltaRows: the rows of a listed delta with the ids $1, by primary key, in id order.
 	// deltaKeyRange: the same for a page of consecutive ids, every id from $1 to $2.
-	deltaRows, deltaKeyRange string
+	// deltaSpan (Shared members only): the rows of the member's units with ids from $1 to $2.
+	deltaRows, deltaKeyRange, deltaSpan string
 	// unit: the rows end with their unit.
 	unit bool
 }
@@ -320,7 +321,7 @@ func buildReadQueries(cl, limit, pageLimit string, u *unitSQL) readQueries {
 		delta += `, ` + u.expr // the inner scan's columns: unambiguous
 		cond = u.cond
 	}
-	return readQueries{
+	q := readQueries{
 		read: `SELECT ` + changelogColumns + ` FROM ` + cl + `
 	WHERE table_name = $1 AND (changed_at, id) > ($2, $3)
 	ORDER BY changed_at, id LIMIT ` + limit,
@@ -345,4 +346,8 @@ func buildReadQueries(cl, limit, pageLimit string, u *unitSQL) readQueries {
 	ORDER BY c.id LIMIT ` + strconv.Itoa(maxDeltaIDs),
 		unit: u != nil,
 	}
+	if u != nil {
+		q.deltaSpan = `SELECT ` + withXid + ` FROM ` + cl + ` WHERE id BETWEEN $1 AND $2` + u.cond + ` ORDER BY id`
+	}
+	return q
 }

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -401,4 +402,43 @@ func TestLiveSharedMembersDivideRows(t *testing.T) {
 		require.Contains(t, owns[got[id]], unit/16, "row %d (unit %d) delivered to %s, which does not own its range", id, unit, got[id])
 	}
 	require.NotEqual(t, a.Stats().Shared.Member, b.Stats().Shared.Member)
+}
+
+// A backlog larger than a batch in one transaction (a listed delta) is divided as any other:
+// each member gets exactly the rows of its ranges, in id order.
+func TestLiveSharedMembersDivideALargeDelta(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	cfg := e.config(ModePolling)
+	cfg.Shared, cfg.SharedLease, cfg.BatchSize = true, time.Second, 50
+	a := e.start(cfg)
+	require.Eventually(t, func() bool { return len(a.Stats().Shared.Ranges) == SharedRanges }, liveWait, 10*time.Millisecond)
+	b := e.start(cfg)
+	require.Eventually(t, func() bool {
+		return len(a.Stats().Shared.Ranges) == SharedRanges/2 && len(b.Stats().Shared.Ranges) == SharedRanges/2
+	}, liveWait, 10*time.Millisecond)
+	_, err := e.db.Exec(`INSERT INTO items (n) SELECT g FROM generate_series(1, 2000) g`)
+	require.NoError(t, err)
+	var want [2][]int64
+	rows, err := e.db.Query(`SELECT id, ` + unitExpression("datastore_changelog") + ` / 16 FROM datastore_changelog
+		WHERE table_name = 'items' ORDER BY id`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id int64
+		var r int
+		require.NoError(t, rows.Scan(&id, &r))
+		if slices.Contains(a.Stats().Shared.Ranges, r) {
+			want[0] = append(want[0], id)
+		} else {
+			want[1] = append(want[1], id)
+		}
+	}
+	require.NoError(t, rows.Err())
+	require.NotEmpty(t, want[0])
+	require.NotEmpty(t, want[1])
+	for i, w := range []*Watcher{a, b} {
+		got := receiveWithin(t, w, len(want[i]), liveWait)
+		require.Equal(t, want[i], got, "member %d", i)
+		requireNothingWithin(t, w, 300*time.Millisecond)
+	}
 }

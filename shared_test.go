@@ -178,3 +178,28 @@ func TestSharedConfigIsChecked(t *testing.T) {
 		require.ErrorIs(t, err, ErrInvalidConfig, "%+v", cfg)
 	}
 }
+
+// A Shared member reads a sparse page of listed ids as one range of its units when they are
+// dense enough, and keeps only the ids of the page.
+func TestSharedRowsByIDQuery(t *testing.T) {
+	w, _ := newMockWatcher(t, Config{Shared: true})
+	w.rq = sharedReadQueries(w.cfg, []int{0, 1})
+	q, args := w.rowsByIDQuery([]int64{5, 6, 7})
+	require.Equal(t, w.rq.deltaKeyRange, q)
+	require.Equal(t, []any{int64(5), int64(7)}, args)
+	q, args = w.rowsByIDQuery([]int64{5, 40, 90})
+	require.Equal(t, w.rq.deltaSpan, q)
+	require.Equal(t, []any{int64(5), int64(90)}, args)
+	require.Contains(t, q, "BETWEEN 0 AND 31")
+	q, _ = w.rowsByIDQuery([]int64{5, 4000})
+	require.Equal(t, w.rq.deltaRows, q)
+
+	rows := []changelogRow{{ID: 5}, {ID: 6}, {ID: 40}, {ID: 41}, {ID: 90}}
+	kept := keepIDs(rows, []int64{5, 40, 90})
+	require.Equal(t, []int64{5, 40, 90}, []int64{kept[0].ID, kept[1].ID, kept[2].ID})
+	require.Len(t, kept, 3)
+
+	unshared, _ := newMockWatcher(t, Config{})
+	q, _ = unshared.rowsByIDQuery([]int64{5, 40, 90})
+	require.Equal(t, unshared.rq.deltaRows, q)
+}
