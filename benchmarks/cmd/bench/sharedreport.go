@@ -99,6 +99,13 @@ func (r *results) sharedMarkdown() string {
 			f("share_min"), f("share_max"))
 	}
 	p("")
+	p("What bounds the reads: an unshared reader's page of a backlog is consecutive ids, read as one")
+	p("key range (a few index blocks per 100 rows). A member's rows are every few ids (the other")
+	p("members' rows lie between them), so its pages are read by `id = ANY(...)`, one primary-key")
+	p("descent per row (about 2 index blocks each), and its rows sit on the same heap pages as the")
+	p("others', so each heap page it visits holds few of its rows. Index entries per row stay the same")
+	p("(the delta's id list and the page read each return the row once).")
+	p("")
 	p("Rebalance: a member joining has its share after %s s (median [min–max], SharedLease %v); after", formatStat(r.Stats["shared_join_s"]),
 		pgchangestream.DefaultSharedLease)
 	p("a member's crash the others own every range after %s s (SharedLease %v).", formatStat(r.Stats["shared_kill_s"]), sharedKillLease)
