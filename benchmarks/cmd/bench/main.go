@@ -66,7 +66,7 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.jsonOut, "json", false, "print the figures as JSON instead of a table")
 	fs.StringVar(&o.out, "out", "", "also write the report as Markdown to this file (e.g. ../docs/benchmarks.md)")
 	fs.BoolVar(&o.micro, "micro", true, "run the pending-ring micro-benchmark of the library (go test) for the tracking cost")
-	fs.StringVar(&o.only, "only", "", "comma-separated groups to run: throughput, latency, saturation, retained, micro, "+
+	fs.StringVar(&o.only, "only", "", "comma-separated groups to run: throughput, latency, saturation, retained, shared, micro, "+
 		"or single throughput figures such as drain_batched_eps (default all)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	if err := fs.Parse(args); err != nil {
@@ -316,6 +316,11 @@ func measureAll(ctx context.Context, e *env, o options, res *results, logf func(
 	if o.runs("retained") {
 		if err := measureRetained(ctx, e, o, res, logf); err != nil {
 			return fmt.Errorf("retained: %w", err)
+		}
+	}
+	if o.runs("shared") {
+		if err := measureShared(ctx, e, o, res, logf); err != nil {
+			return err
 		}
 	}
 	if o.runs("micro") && o.micro {

@@ -150,6 +150,7 @@ func markdown(r *results, m machine) string {
 	if compared {
 		writeVariants(&b, r)
 	}
+	b.WriteString(r.sharedMarkdown())
 	p("## Targets")
 	p("")
 	p("Each goal is computed from the medians of the figures named; the mark says by how much the")

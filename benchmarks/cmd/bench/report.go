@@ -113,6 +113,7 @@ func (r *results) figures() []figure {
 			figure{"retained_drain_ratio_noflag", formatStat(r.Stats["retained_drain_ratio_noflag"]),
 				"the same with batched saves and DisableProcessedFlag: reads alone"})
 	}
+	fs = append(fs, r.sharedFigures()...)
 	if m := r.Micro; m != nil {
 		fs = append(fs,
 			figure{"pending push+ack", fmt.Sprintf("%.1f ns, %.0f allocs", m.PushAckNs, m.PushAckAllocs),

@@ -132,6 +132,7 @@ func (r *results) targets() []target {
 		ts = append(ts, r.drainTargets(v)...)
 	}
 	ts = append(ts, r.processTargets()...)
+	ts = append(ts, r.sharedTargets()...)
 	for _, c := range r.throughputComparisons() {
 		if c.target != nil {
 			ts = append(ts, *c.target)
