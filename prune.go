@@ -84,7 +84,10 @@ type pruneToken struct {
 // position is certified by that token too, but its watcher may not have fetched it yet:
 // OlderThan keeps a margin against that. The tokens are read once, before the first batch: do
 // not move a token back ([ResetToken]) while Prune runs. The result names the clients whose
-// tokens kept rows back, with the age of their tokens.
+// tokens kept rows back, with the age of their tokens. A shared client's ([Config.Shared]) tokens
+// are the saved positions of its ranges, each counted for every row as a client's token is;
+// its token-table row, which only gave its ranges their first position, no longer counts once
+// they exist.
 func Prune(ctx context.Context, db *sql.DB, opts PruneOptions) (PruneResult, error) {
 	tables, err := opts.resolve()
 	if err != nil {
