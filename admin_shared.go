@@ -3,6 +3,7 @@ package pgchangestream
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -12,36 +13,39 @@ import (
 
 // SharedClient is a [Config.Shared] client as its tables hold it (see [ListShared]).
 type SharedClient struct {
-	Client string `json:"client"`
+	Client string
 	// Members are the client's members, by id; a member whose lease ran out stays listed (with
 	// LeaseLeft 0 or less) until another member removes it.
-	Members []SharedMemberInfo `json:"members"`
+	Members []SharedMemberInfo
 	// Ranges are the client's SharedRanges ranges, by range number.
-	Ranges []SharedRangeInfo `json:"ranges"`
+	Ranges []SharedRangeInfo
 }
 
 // SharedMemberInfo is one member of a shared client.
 type SharedMemberInfo struct {
-	Member     int64     `json:"member"`
-	Name       string    `json:"name"`
-	JoinedAt   time.Time `json:"joined_at"`
-	LeaseUntil time.Time `json:"lease_until"`
+	Member     int64
+	Name       string
+	JoinedAt   time.Time
+	LeaseUntil time.Time
 	// LeaseLeft is LeaseUntil less the database's now(); 0 or less once the lease ran out.
-	LeaseLeft time.Duration `json:"lease_left"`
+	LeaseLeft time.Duration
 	// Ranges is the number of ranges the member owns.
-	Ranges int `json:"ranges"`
+	Ranges int
 }
 
 // SharedRangeInfo is one range of a shared client.
 type SharedRangeInfo struct {
-	Range int `json:"range"`
+	Range int
 	// Owner is the member that owns the range, 0 while it is free; OwnerName its name ("" for
 	// none, or an owner whose member row is gone).
-	Owner     int64  `json:"owner"`
-	OwnerName string `json:"owner_name"`
-	// Token is the range's saved position, JSON as in the token table.
-	Token     string    `json:"token"`
-	UpdatedAt time.Time `json:"updated_at"`
+	Owner     int64
+	OwnerName string
+	// Token is the range's saved position, JSON as in the token table, saved at UpdatedAt.
+	Token     string
+	UpdatedAt time.Time
+	// Position is where the range's next owner resumes: after it (zero for a token that does
+	// not load, or for one that holds only an id, with that ID).
+	Position Position
 }
 
 // ListShared returns every shared client of the changelog (those with rows in its _ranges
@@ -80,6 +84,9 @@ func listShared(ctx context.Context, db *sql.DB, t adminTables) ([]SharedClient,
 		)
 		if err := rows.Scan(&client, &r.Range, &r.Owner, &r.OwnerName, &r.Token, &r.UpdatedAt); err != nil {
 			return err
+		}
+		if p, err := decodeToken([]byte(r.Token)); err == nil || errors.Is(err, errTokenNeedsLookup) {
+			r.Position = p
 		}
 		if len(out) == 0 || out[len(out)-1].Client != client {
 			out = append(out, SharedClient{Client: client})
