@@ -21,6 +21,7 @@ type AdminOptions struct {
 type adminTables struct {
 	changelog, tokens string  // names, defaults filled, for messages
 	cl, tok           string  // quoted
+	ranges            string  // the changelog's _ranges table (shared clients), quoted
 	q                 queries // the watcher's queries on these tables
 }
 
@@ -34,7 +35,8 @@ func (o AdminOptions) resolve() (adminTables, error) {
 		return adminTables{}, fmt.Errorf("%w: AdminOptions.TokenTable: %v", ErrInvalidConfig, err)
 	}
 	return adminTables{changelog: cfg.ChangelogTable, tokens: cfg.TokenTable,
-		cl: quoteIdentifier(cfg.ChangelogTable), tok: quoteIdentifier(cfg.TokenTable), q: buildQueries(cfg)}, nil
+		cl: quoteIdentifier(cfg.ChangelogTable), tok: quoteIdentifier(cfg.TokenTable),
+		ranges: quoteIdentifier(rangeTable(cfg.ChangelogTable)), q: buildQueries(cfg)}, nil
 }
 
 // SavedToken is one client's row of the token table.
@@ -143,7 +145,11 @@ var ErrClientActive = errors.New("pgchangestream: a watcher of the client is run
 // (ErrClientActive) while a watcher of the client runs. A client without a token gets one that
 // records no table, which [Prune] counts for every table: use [ResetTableToken] for it.
 // It also moves the client's owner epoch on, so that a former exclusive watcher that lost its
-// lock but did not notice yet (a paused process) cannot save over the reset (ErrFenced).
+// lock but did not notice yet (a paused process) cannot save over the reset (ErrFenced). For a
+// shared client ([Config.Shared]) it saves pos to every range too, and frees them in the same
+// statement: a member still running (a polling one holds no lock) saves nothing over the reset
+// (its saves match only the ranges it owns: it stops with ErrFenced), and the members that
+// claim the ranges again read from pos.
 func ResetToken(ctx context.Context, db *sql.DB, client string, pos Position, opts AdminOptions) error {
 	return resetToken(ctx, db, client, "", pos, opts)
 }
@@ -167,16 +173,25 @@ func resetToken(ctx context.Context, db *sql.DB, client, table string, pos Posit
 		return err
 	}
 	return withClientLock(ctx, db, client, t, func(conn *sql.Conn) error {
+		ranged, err := hasRangeTable(ctx, conn, t)
+		if err != nil {
+			return err
+		}
 		if table == "" {
 			var raw string
 			err := conn.QueryRowContext(ctx, t.q.loadToken, client).Scan(&raw)
+			if errors.Is(err, sql.ErrNoRows) && ranged { // a shared client that never ran unshared
+				err = conn.QueryRowContext(ctx, `SELECT resume_token::text FROM `+t.ranges+
+					` WHERE client_name = $1 ORDER BY range_no LIMIT 1`, client).Scan(&raw)
+			}
 			if err != nil && !errors.Is(err, sql.ErrNoRows) {
-				return fmt.Errorf("read token table %s: %w", t.tokens, err)
+				return fmt.Errorf("read the saved token of client %s: %w", client, err)
 			}
 			if err == nil {
 				_, table, _ = decodeTableToken([]byte(raw)) // a token that does not load keeps its table all the same
 			}
 		}
+		token := string(encodeToken(pos, table))
 		var fenced bool
 		if err := conn.QueryRowContext(ctx, t.q.epochColumn, t.tok).Scan(&fenced); err != nil {
 			return fmt.Errorf("inspect token table %s: %w", t.tokens, err)
@@ -186,8 +201,14 @@ func resetToken(ctx context.Context, db *sql.DB, client, table string, pos Posit
 			return fmt.Errorf("write token table %s: %w", t.tokens, err)
 		}
 		defer func() { _ = tx.Rollback() }()
-		if _, err := tx.ExecContext(ctx, t.q.saveToken, client, string(encodeToken(pos, table))); err != nil {
+		if _, err := tx.ExecContext(ctx, t.q.saveToken, client, token); err != nil {
 			return fmt.Errorf("write token table %s: %w", t.tokens, err)
+		}
+		if ranged { // freed in the same statement: a member's saves only match the ranges it owns (ErrFenced)
+			if _, err := tx.ExecContext(ctx, `UPDATE `+t.ranges+` SET owner = NULL, resume_token = $2::jsonb, last_updated = now()
+	WHERE client_name = $1`, client, token); err != nil {
+				return fmt.Errorf("reset the ranges of client %s: %w", client, err)
+			}
 		}
 		if fenced {
 			if _, err := tx.ExecContext(ctx, t.q.bumpEpoch, client); err != nil {
@@ -203,7 +224,8 @@ func resetToken(ctx context.Context, db *sql.DB, client, table string, pos Posit
 
 // DeleteToken deletes the client's saved token; its next watcher starts as a new client. It
 // reports whether there was one, and refuses (ErrClientActive) while a watcher of the client
-// runs.
+// runs. For a shared client it deletes its ranges too; a member still running then stops at its
+// next save (ErrFenced).
 func DeleteToken(ctx context.Context, db *sql.DB, client string, opts AdminOptions) (bool, error) {
 	t, err := opts.resolve()
 	if err != nil {
@@ -211,12 +233,37 @@ func DeleteToken(ctx context.Context, db *sql.DB, client string, opts AdminOptio
 	}
 	var n int64
 	err = withClientLock(ctx, db, client, t, func(conn *sql.Conn) error {
-		res, err := conn.ExecContext(ctx, `DELETE FROM `+t.tok+` WHERE client_name = $1`, client)
+		ranged, err := hasRangeTable(ctx, conn, t)
+		if err != nil {
+			return err
+		}
+		tx, err := conn.BeginTx(ctx, nil)
 		if err != nil {
 			return fmt.Errorf("delete from token table %s: %w", t.tokens, err)
 		}
-		n, err = res.RowsAffected()
-		return err
+		defer func() { _ = tx.Rollback() }()
+		res, err := tx.ExecContext(ctx, `DELETE FROM `+t.tok+` WHERE client_name = $1`, client)
+		if err != nil {
+			return fmt.Errorf("delete from token table %s: %w", t.tokens, err)
+		}
+		if n, err = res.RowsAffected(); err != nil {
+			return err
+		}
+		if ranged { // a member's saves then match no range: it stops (ErrFenced)
+			res, err := tx.ExecContext(ctx, `DELETE FROM `+t.ranges+` WHERE client_name = $1`, client)
+			if err != nil {
+				return fmt.Errorf("delete the ranges of client %s: %w", client, err)
+			}
+			m, err := res.RowsAffected()
+			if err != nil {
+				return err
+			}
+			n += m
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("delete from token table %s: %w", t.tokens, err)
+		}
+		return nil
 	})
 	return n > 0, err
 }
@@ -238,4 +285,14 @@ func withClientLock(ctx context.Context, db *sql.DB, client string, t adminTable
 		return fmt.Errorf("%w: %s", ErrClientActive, client)
 	}
 	return f(conn)
+}
+
+// hasRangeTable reports whether the changelog has a _ranges table (InstallSchema adds it), where
+// shared clients keep their positions.
+func hasRangeTable(ctx context.Context, conn *sql.Conn, t adminTables) (bool, error) {
+	var exists bool
+	if err := conn.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, t.ranges).Scan(&exists); err != nil {
+		return false, fmt.Errorf("look for range table %s: %w", t.ranges, err)
+	}
+	return exists, nil
 }

@@ -50,9 +50,11 @@ func TestResetTokenHoldsTheClientLock(t *testing.T) {
 	db, mock := mockDB(t)
 	key := lockKey("resume_tokens", "c")
 	q := buildQueries(Config{TokenTable: DefaultTokenTable})
-	lock := func() {
+	lock := func() { // and no shared client's ranges: a changelog without the _ranges table
 		mock.ExpectQuery(`SELECT pg_try_advisory_lock($1)`).WithArgs(key).
 			WillReturnRows(sqlmock.NewRows([]string{"ok"}).AddRow(true))
+		mock.ExpectQuery(`SELECT to_regclass($1) IS NOT NULL`).WithArgs(`"datastore_changelog_ranges"`).
+			WillReturnRows(sqlmock.NewRows([]string{"exists"}).AddRow(false))
 	}
 	expectReset := func(fenced bool, token string) { // the owner epoch moves on, when the table has one
 		mock.ExpectQuery(q.epochColumn).WithArgs(`"resume_tokens"`).

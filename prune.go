@@ -54,7 +54,8 @@ type PruneHolder struct {
 	// for every table.
 	Table string
 	// Rows is the number of rows, old enough and of Table (and of PruneOptions.Table), that
-	// its token has not passed.
+	// its token has not passed; for a shared client, that the token of its range the furthest
+	// behind has not passed (SavedAt and Age are that token's).
 	Rows int64
 	// SavedAt is when its token was last saved, and Age how long ago, by the database's clock.
 	// A running watcher saves at least once per [Config.CheckpointRefreshInterval] while it has
@@ -66,8 +67,9 @@ type PruneHolder struct {
 // pruneToken is a token that counts for the rows [Prune] may delete.
 type pruneToken struct {
 	SavedToken
-	pos   Position
-	table string // the table it records; "" for every table
+	pos    Position
+	table  string // the table it records; "" for every table
+	ranged bool   // a range's token of a shared client
 }
 
 // Prune deletes the changelog rows that every client of their table has passed: a row is
@@ -82,7 +84,10 @@ type pruneToken struct {
 // position is certified by that token too, but its watcher may not have fetched it yet:
 // OlderThan keeps a margin against that. The tokens are read once, before the first batch: do
 // not move a token back ([ResetToken]) while Prune runs. The result names the clients whose
-// tokens kept rows back, with the age of their tokens.
+// tokens kept rows back, with the age of their tokens. A shared client's ([Config.Shared]) tokens
+// are the saved positions of its ranges, each counted for every row as a client's token is;
+// its token-table row, which only gave its ranges their first position, no longer counts once
+// they exist.
 func Prune(ctx context.Context, db *sql.DB, opts PruneOptions) (PruneResult, error) {
 	tables, err := opts.resolve()
 	if err != nil {
@@ -159,7 +164,9 @@ const restrictedTokensSQL = `SELECT COALESCE(row_security_active(to_regclass($1)
 	AND EXISTS (SELECT FROM unnest(p.polroles) r WHERE r = 0 OR pg_has_role(current_user, r, 'USAGE')))`
 
 // pruneTokens returns the tokens that count for the rows Prune may delete: all but the ignored
-// ones and, with Table set, those of other tables. It adds their clients to res.Clients, or to
+// ones and, with Table set, those of other tables. A shared client's tokens are those of its
+// ranges, each counted as a client's token is; its token-table row, which only gave the ranges
+// their first position, does not count once they exist. It adds their clients to res.Clients, or to
 // res.Unresolved for those whose row is gone.
 func pruneTokens(ctx context.Context, db *sql.DB, tables adminTables, opts PruneOptions, res *PruneResult) ([]pruneToken, error) {
 	var restricted bool
@@ -174,8 +181,28 @@ func pruneTokens(ctx context.Context, db *sql.DB, tables adminTables, opts Prune
 	if err != nil {
 		return nil, err
 	}
-	var out []pruneToken
+	shared, err := listShared(ctx, db, tables)
+	if err != nil {
+		return nil, err
+	}
+	type labeled struct {
+		SavedToken
+		label  string // the client, and the range of a shared client's, for messages
+		ranged bool
+	}
+	var all []labeled
 	for _, t := range saved {
+		if !slices.ContainsFunc(shared, func(c SharedClient) bool { return c.Client == t.Client && len(c.Ranges) > 0 }) {
+			all = append(all, labeled{t, t.Client, false})
+		}
+	}
+	for _, c := range shared {
+		for _, r := range c.Ranges {
+			all = append(all, labeled{SavedToken{Client: c.Client, Token: r.Token, UpdatedAt: r.UpdatedAt}, rangeLabel(c.Client, r.Range), true})
+		}
+	}
+	var out []pruneToken
+	for _, t := range all {
 		if slices.Contains(opts.IgnoreClients, t.Client) {
 			continue
 		}
@@ -184,16 +211,25 @@ func pruneTokens(ctx context.Context, db *sql.DB, tables adminTables, opts Prune
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("client %s: %w", t.Client, err)
+			return nil, fmt.Errorf("client %s: %w", t.label, err)
 		}
 		if rowGone {
-			res.Unresolved = append(res.Unresolved, t.Client)
+			res.Unresolved = appendNew(res.Unresolved, t.Client)
 			continue
 		}
-		res.Clients = append(res.Clients, t.Client)
-		out = append(out, pruneToken{SavedToken: t, pos: pos, table: table})
+		res.Clients = appendNew(res.Clients, t.Client)
+		out = append(out, pruneToken{SavedToken: t.SavedToken, pos: pos, table: table, ranged: t.ranged})
 	}
 	return out, nil
+}
+
+// appendNew appends s unless it is already the last element (a shared client's ranges come
+// one after the other).
+func appendNew(list []string, s string) []string {
+	if len(list) > 0 && list[len(list)-1] == s {
+		return list
+	}
+	return append(list, s)
 }
 
 // deletePassed deletes the rows matching where, in batches.
@@ -244,6 +280,12 @@ func findHolders(ctx context.Context, db *sql.DB, tables adminTables, opts Prune
 		}
 		if !h.SavedAt.IsZero() {
 			h.Age = now.Sub(h.SavedAt)
+		}
+		if i := slices.IndexFunc(res.Holders, func(o PruneHolder) bool { return o.Client == h.Client }); t.ranged && i >= 0 {
+			if h.Rows > res.Holders[i].Rows { // a shared client: its range the furthest behind
+				res.Holders[i] = h
+			}
+			continue
 		}
 		res.Holders = append(res.Holders, h)
 	}

@@ -54,6 +54,13 @@ func TestPrunePredicateOfEveryTokenForm(t *testing.T) {
 	}
 }
 
+// expectNoSharedTables expects the look for the shared tables of a changelog without them.
+func expectNoSharedTables(mock sqlmock.Sqlmock) {
+	mock.ExpectQuery(`SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL`).
+		WithArgs(`"datastore_changelog_ranges"`, `"datastore_changelog_members"`).
+		WillReturnRows(sqlmock.NewRows([]string{"exists"}).AddRow(false))
+}
+
 const wantListTokens = `SELECT client_name, resume_token::text, last_updated FROM "resume_tokens" ORDER BY client_name`
 
 func tokenRows(kv ...string) *sqlmock.Rows {
@@ -76,6 +83,7 @@ func TestPruneDeletesInBatchesBelowEveryToken(t *testing.T) {
 		"a", `{"timestamp":"2026-01-02T03:04:05Z","eventID":9}`,
 		"b", `{"timestamp":"2026-01-02T03:04:05Z","eventID":9,"snapshot":"10:20:"}`,
 		"old", `{"eventID":1}`))
+	expectNoSharedTables(mock)
 	del := `WITH doomed AS (SELECT c.id FROM "datastore_changelog" c WHERE c.changed_at < now() - make_interval(secs => $1::float8)
 	AND c.table_name = $2
 	AND (c.changed_at, c.id) <= ($3::timestamptz, $4::bigint)
@@ -107,6 +115,7 @@ func TestPruneDeletesNothingBelowAnUnresolvedToken(t *testing.T) {
 	expectTokensVisible(mock, false)
 	mock.ExpectQuery(wantListTokens).WillReturnRows(tokenRows(
 		"a", `{"timestamp":"2026-01-02T03:04:05Z","eventID":9}`, "gone", `{"eventID":4}`))
+	expectNoSharedTables(mock)
 	mock.ExpectQuery(`SELECT changed_at FROM "datastore_changelog" WHERE id = $1`).WithArgs(int64(4)).
 		WillReturnRows(sqlmock.NewRows([]string{"changed_at"}))
 	res, err := Prune(context.Background(), db, PruneOptions{})
@@ -117,6 +126,7 @@ func TestPruneDeletesNothingBelowAnUnresolvedToken(t *testing.T) {
 	db, mock = mockDB(t)
 	expectTokensVisible(mock, false)
 	mock.ExpectQuery(wantListTokens).WillReturnRows(tokenRows())
+	expectNoSharedTables(mock)
 	res, err = Prune(context.Background(), db, PruneOptions{})
 	require.NoError(t, err)
 	require.Zero(t, res, "no client: nothing is known to be passed")
@@ -125,6 +135,7 @@ func TestPruneDeletesNothingBelowAnUnresolvedToken(t *testing.T) {
 	db, mock = mockDB(t)
 	expectTokensVisible(mock, false)
 	mock.ExpectQuery(wantListTokens).WillReturnRows(tokenRows("bad", `{"eventID":"x"}`))
+	expectNoSharedTables(mock)
 	_, err = Prune(context.Background(), db, PruneOptions{})
 	require.ErrorContains(t, err, "client bad: ")
 }
@@ -133,6 +144,7 @@ func TestPruneDryRunCounts(t *testing.T) {
 	db, mock := mockDB(t)
 	expectTokensVisible(mock, false)
 	mock.ExpectQuery(wantListTokens).WillReturnRows(tokenRows("a", `{"timestamp":"2026-01-02T03:04:05Z","eventID":9}`))
+	expectNoSharedTables(mock)
 	mock.ExpectQuery(`SELECT count(*) FROM "datastore_changelog" c WHERE c.changed_at < now() - make_interval(secs => $1::float8)
 	AND (c.changed_at, c.id) <= ($2::timestamptz, $3::bigint)`).WithArgs(float64(0), t0, int64(9)).
 		WillReturnRows(sqlmock.NewRows([]string{"count"}).AddRow(int64(12)))
@@ -164,6 +176,7 @@ func TestPruneCountsATokenForItsTableOnly(t *testing.T) {
 	db, mock := mockDB(t)
 	expectTokensVisible(mock, false)
 	mock.ExpectQuery(wantListTokens).WillReturnRows(listed())
+	expectNoSharedTables(mock)
 	mock.ExpectQuery(count+`c.table_name = $2
 	AND (c.changed_at, c.id) <= ($3::timestamptz, $4::bigint)
 	AND (c.changed_at, c.id) <= ($5::timestamptz, $6::bigint)`).WithArgs(float64(0), "items", t0, int64(9), t0, int64(9)).
@@ -179,6 +192,7 @@ func TestPruneCountsATokenForItsTableOnly(t *testing.T) {
 	db, mock = mockDB(t)
 	expectTokensVisible(mock, false)
 	mock.ExpectQuery(wantListTokens).WillReturnRows(listed())
+	expectNoSharedTables(mock)
 	tableToken := func(n int) string {
 		return `(c.table_name <> $` + strconv.Itoa(n) + ` OR (c.changed_at, c.id) <= ($` + strconv.Itoa(n+1) +
 			`::timestamptz, $` + strconv.Itoa(n+2) + `::bigint))`

@@ -292,12 +292,12 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 		return installPlan{}, err
 	}
 	prune, err := renderSchema("prune_function", struct {
-		Function, Changelog, TokenTable, Certified string
-		Legacy, Switchover, Snapshot, InRows       string
-		DefaultBatch                               int
+		Function, Changelog, TokenTable, Ranges, Certified string
+		Legacy, Switchover, Snapshot, InRows               string
+		DefaultBatch                                       int
 	}{
 		quoteIdentifier(pruneFunction(opts.ChangelogTable)), p.changelog, quoteIdentifier(opts.TokenTable),
-		certifiedByTokenSQL(), formLegacy, formSwitchover, formSnapshot, formInRows, DefaultPruneBatch,
+		quoteIdentifier(rangeTable(opts.ChangelogTable)), certifiedByTokenSQL(), formLegacy, formSwitchover, formSnapshot, formInRows, DefaultPruneBatch,
 	})
 	if err != nil {
 		return installPlan{}, err

@@ -23,10 +23,15 @@ type Watcher interface {
 }
 
 // Collector is a [prom.Collector] of the metrics of the watchers added to it, each labelled
-// with its client name. It reads Stats and Health once per watcher at every scrape. It is safe
+// with its client name. A [pgchangestream.Config.Shared] member also has the metrics of
+// metrics.Shared (pgchangestream_shared_ranges, pgchangestream_shared_handovers_total),
+// labelled with its member name (Config.MemberName) as well; its other metrics keep the client
+// label only, so that they keep one label set: add one member per client name to a collector
+// (the scrape's instance tells the processes apart). It reads Stats and Health once per watcher at every scrape. It is safe
 // for concurrent use.
 type Collector struct {
-	descs []*prom.Desc // of metrics.All, in its order
+	descs  []*prom.Desc // of metrics.All, in its order
+	shared []*prom.Desc // of metrics.Shared, in its order
 
 	mu       sync.Mutex
 	watchers map[string]Watcher // by client name
@@ -37,6 +42,9 @@ func NewCollector() *Collector {
 	c := &Collector{watchers: map[string]Watcher{}}
 	for _, m := range metrics.All {
 		c.descs = append(c.descs, prom.NewDesc(m.Prometheus, m.Description, []string{"client"}, nil))
+	}
+	for _, m := range metrics.Shared {
+		c.shared = append(c.shared, prom.NewDesc(m.Prometheus, m.Description, []string{"client", "member"}, nil))
 	}
 	return c
 }
@@ -58,7 +66,7 @@ func (c *Collector) Remove(client string) {
 
 // Describe sends the description of every metric.
 func (c *Collector) Describe(ch chan<- *prom.Desc) {
-	for _, d := range c.descs {
+	for _, d := range append(slices.Clone(c.descs), c.shared...) {
 		ch <- d
 	}
 }
@@ -80,6 +88,12 @@ func (c *Collector) Collect(ch chan<- prom.Metric) {
 		r := metrics.Read(w)
 		for j, m := range metrics.All {
 			ch <- prom.MustNewConstMetric(c.descs[j], valueType[m.Kind], m.Value(r), clients[i])
+		}
+		if !metrics.IsShared(r) {
+			continue
+		}
+		for j, m := range metrics.Shared {
+			ch <- prom.MustNewConstMetric(c.shared[j], valueType[m.Kind], m.Value(r), clients[i], r.Stats.Shared.Name)
 		}
 	}
 }

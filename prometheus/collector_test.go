@@ -167,6 +167,7 @@ func TestReadmeListsEveryMetric(t *testing.T) {
 	reg := prom.NewPedanticRegistry()
 	c := NewCollector()
 	c.Add("billing", &fakeWatcher{})
+	c.Add("orders", &fakeWatcher{stats: pgchangestream.Stats{Shared: pgchangestream.SharedStats{Name: "m1"}}})
 	require.NoError(t, reg.Register(c))
 	families, err := reg.Gather()
 	require.NoError(t, err)
@@ -190,4 +191,24 @@ func TestCollectorReadsEachWatcherOncePerScrape(t *testing.T) {
 	c.Add("c", w)
 	require.Equal(t, 23, testutil.CollectAndCount(c))
 	require.Equal(t, countingWatcher{stats: 1, health: 1}, *w)
+}
+
+// TestCollectorLabelsSharedMembers proves that a Shared member has the shared metrics, labelled
+// with its client and member name, that an unshared watcher has none, and that the registry
+// accepts both together.
+func TestCollectorLabelsSharedMembers(t *testing.T) {
+	c := NewCollector()
+	c.Add("orders", &fakeWatcher{stats: pgchangestream.Stats{Shared: pgchangestream.SharedStats{
+		Member: 4, Name: "host-a:12", Ranges: []int{0, 1, 2, 5}, HandOvers: 3}}})
+	c.Add("billing", &fakeWatcher{})
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP pgchangestream_shared_ranges The ranges the shared member owns and reads.
+# TYPE pgchangestream_shared_ranges gauge
+pgchangestream_shared_ranges{client="orders",member="host-a:12"} 4
+# HELP pgchangestream_shared_handovers_total Hand-overs of the shared member that changed its ranges (released or claimed).
+# TYPE pgchangestream_shared_handovers_total counter
+pgchangestream_shared_handovers_total{client="orders",member="host-a:12"} 3
+`), "pgchangestream_shared_ranges", "pgchangestream_shared_handovers_total"))
+	require.Equal(t, 2*23+2, testutil.CollectAndCount(c), "the shared metrics of the member only")
+	require.NoError(t, prom.NewPedanticRegistry().Register(c))
 }

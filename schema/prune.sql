@@ -3,7 +3,8 @@ The retention function, for deployments that schedule retention in the database 
 InstallSchema appends it to the install script. It deletes what Prune deletes: the changelog rows
 older than older_than that some saved token counts for (a token counts for the table it records,
 one that records none for every table) and that every such token, but those of ignore_clients,
-certifies, by the predicate Prune uses: .Certified is rendered from certifiedSQL (prune.go) over
+certifies, by the predicate Prune uses (a shared client's tokens are those of its ranges, and its
+token-table row no longer counts once they exist): .Certified is rendered from certifiedSQL (prune.go) over
 the columns of the decoded tokens. It decodes the tokens as the watcher does (token.go) and
 refuses (raises) on one it cannot read, as Prune does; a token whose row is gone (id only) holds
 every row back, so it deletes nothing. The tokens are read once, before the first batch; each
@@ -45,8 +46,13 @@ BEGIN
     IF batch_size IS NULL OR batch_size < 1 THEN
         RAISE EXCEPTION 'batch_size must be at least 1, got %', batch_size;
     END IF;
-    FOR v_tok IN SELECT client_name, resume_token FROM {{.TokenTable}}
-                 WHERE NOT client_name = ANY (coalesce(ignore_clients, '{}')) ORDER BY client_name LOOP
+    FOR v_tok IN SELECT k.client_name, k.resume_token FROM {{.TokenTable}} k
+                 WHERE NOT k.client_name = ANY (coalesce(ignore_clients, '{}'))
+                     AND NOT EXISTS (SELECT FROM {{.Ranges}} r WHERE r.client_name = k.client_name)
+                 UNION ALL
+                 SELECT r.client_name || ' range ' || r.range_no, r.resume_token FROM {{.Ranges}} r
+                 WHERE NOT r.client_name = ANY (coalesce(ignore_clients, '{}'))
+                 ORDER BY 1 LOOP
         v_t := v_tok.resume_token;
         IF jsonb_typeof(v_t) IS DISTINCT FROM 'object' THEN
             RAISE EXCEPTION 'client %: saved token % is not a JSON object', v_tok.client_name, v_t;

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -44,6 +45,8 @@ type clientStatus struct {
 	Backlog      *int64     `json:"backlog"`
 	BacklogTable *string    `json:"backlog_table"`
 	Error        string     `json:"error,omitempty"`
+	// Shared is set for a shared client: the token above is its range's the furthest behind.
+	Shared *sharedStatus `json:"shared,omitempty"`
 }
 
 // runStatus runs "status".
@@ -60,6 +63,12 @@ library's Stats.Lag, seen from the saved token. The backlog counts the rows of t
 client's token records (saved by its watcher); --client-table CLIENT=TABLE names another
 (repeatable), --table names it for clients whose token records none, and a client with neither
 counts the rows of every table (the backlog_table field is then null).
+
+A shared client (Config.Shared; its positions are those of its ranges) is listed with the token
+of its range the furthest behind, whose backlog and lag are what it holds back for 'prune', and
+then with its members (id, name, lease left, ranges owned) and its ranges (owner, position, and
+age: the database's now() less the position's changed_at, read from the token, not from the
+changelog's rows). A shared client without a token-table row is listed too.
 
 Token formats: id+time ({"timestamp", "eventID"}), id-only ({"eventID"}), row-gone (id-only,
 its row deleted), snapshot, switchover and delta (upgraded changelog), invalid.
@@ -122,7 +131,19 @@ backlog counts every row.`, stdout, stderr)
 		if *format == "json" {
 			return writeJSON(stdout, rows)
 		}
-		return writeStatusTable(stdout, rows)
+		if err := writeStatusTable(stdout, rows); err != nil {
+			return err
+		}
+		var (
+			clients []string
+			sh      []*sharedStatus
+		)
+		for _, r := range rows {
+			if r.Shared != nil {
+				clients, sh = append(clients, r.Client), append(sh, r.Shared)
+			}
+		}
+		return writeSharedTables(stdout, clients, sh)
 	}())
 }
 
@@ -149,6 +170,11 @@ func loadStatus(ctx context.Context, db *sql.DB, opts pgchangestream.AdminOption
 	if err != nil {
 		return nil, err
 	}
+	shared, err := pgchangestream.ListShared(ctx, db, opts)
+	if err != nil {
+		return nil, err
+	}
+	tokens = withShared(tokens, shared)
 	var now time.Time
 	if err := db.QueryRowContext(ctx, `SELECT now()`).Scan(&now); err != nil {
 		return nil, fmt.Errorf("read the database's clock: %w", err)
@@ -156,6 +182,9 @@ func loadStatus(ctx context.Context, db *sql.DB, opts pgchangestream.AdminOption
 	out := make([]clientStatus, 0, len(tokens))
 	for _, t := range tokens {
 		s := clientStatus{Client: t.Client, Token: t.Token}
+		if i := slices.IndexFunc(shared, func(c pgchangestream.SharedClient) bool { return c.Client == t.Client }); i >= 0 {
+			s.Shared = newSharedStatus(shared[i], now)
+		}
 		if !t.UpdatedAt.IsZero() {
 			s.SavedAt = &t.UpdatedAt
 			s.Stale = now.Sub(t.UpdatedAt) >= staleAfter

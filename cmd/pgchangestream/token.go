@@ -62,8 +62,9 @@ func (f *adminFlags) connect(ctx context.Context) (*sql.DB, error) {
 // saved_at named as in status and prune.
 type listedToken struct {
 	Client  string          `json:"client"`
-	Token   json.RawMessage `json:"token"`
-	SavedAt time.Time       `json:"saved_at"`
+	Token   json.RawMessage `json:"token"` // null for a shared client without a token-table row
+	SavedAt *time.Time      `json:"saved_at"`
+	Shared  *sharedStatus   `json:"shared,omitempty"`
 }
 
 // runTokenList runs "token list".
@@ -85,23 +86,32 @@ Lists every client of the token table: its saved token as stored, and when it wa
 			return err
 		}
 		defer db.Close()
-		tokens, err := pgchangestream.ListTokens(ctx, db, f.opts)
+		out, err := listTokens(ctx, db, f.opts)
 		if err != nil {
 			return err
 		}
 		if *format == "json" {
-			out := make([]listedToken, len(tokens))
-			for i, t := range tokens {
-				out[i] = listedToken{Client: t.Client, Token: json.RawMessage(t.Token), SavedAt: t.UpdatedAt}
-			}
 			return writeJSON(stdout, out)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
 		fmt.Fprintln(tw, "CLIENT\tSAVED\tTOKEN")
-		for _, t := range tokens {
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", t.Client, t.UpdatedAt.UTC().Format(time.RFC3339), t.Token)
+		var (
+			clients []string
+			shared  []*sharedStatus
+		)
+		for _, t := range out {
+			if t.Shared != nil {
+				clients, shared = append(clients, t.Client), append(shared, t.Shared)
+			}
+			if t.SavedAt == nil {
+				continue // a shared client without a token-table row: its ranges follow
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", t.Client, t.SavedAt.UTC().Format(time.RFC3339), t.Token)
 		}
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		return writeSharedTokens(stdout, clients, shared)
 	}())
 }
 

@@ -117,6 +117,21 @@ var All = []Metric{
 		func(r Reading) float64 { return float64(r.Stats.Process.LongestKeyQueue) }),
 }
 
+// Shared lists the metrics of a [pgchangestream.Config.Shared] member only (see [IsShared]),
+// which the adapters label with the member's name beside the client's.
+var Shared = []Metric{
+	gauge("shared_ranges", "pgchangestream.shared.ranges", "{range}",
+		"The ranges the shared member owns and reads.",
+		func(r Reading) float64 { return float64(len(r.Stats.Shared.Ranges)) }),
+	counter("shared_handovers_total", "pgchangestream.shared.handovers", "{handover}",
+		"Hand-overs of the shared member that changed its ranges (released or claimed).",
+		func(s pgchangestream.Stats) uint64 { return s.Shared.HandOvers }),
+}
+
+// IsShared reports whether the reading is of a Shared member: it has a member name from its
+// creation on.
+func IsShared(r Reading) bool { return r.Stats.Shared.Name != "" }
+
 // counter is a Counter read from Stats; name is its Prometheus name without the prefix.
 func counter(name, otel, unit, description string, value func(pgchangestream.Stats) uint64) Metric {
 	return Metric{Prometheus: "pgchangestream_" + name, OTel: otel, Unit: unit, Description: description, Kind: Counter,
