@@ -275,6 +275,9 @@ func (w *Watcher) stopOwning(err error, msg string) {
 	}
 	w.excl.mu.Unlock()
 	w.excl.release()
+	if w.sh != nil {
+		w.sh.markLost()
+	}
 	w.health.fail(opLock, err)
 	w.log.Error(msg, "error", err)
 	w.stopWith(err)

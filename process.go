@@ -11,7 +11,10 @@ import (
 
 // Handler handles one event for [Watcher.Process]. A nil error finishes the event; an error (or
 // a panic, recovered as an error wrapping [ErrPanic]) is retried. ctx is cancelled when Process
-// stops and the grace period is over: a handler must return then.
+// stops and the grace period is over: a handler must return then. A [Config.Shared] member's
+// handlers also find ctx done once its lease may have run out (checked at each Done or Err,
+// so a process frozen past its lease finds it done when it wakes): use ctx in the handler's
+// calls so they fail rather than act after another member took the key over.
 type Handler func(ctx context.Context, ev EventWithToken) error
 
 // FailurePolicy says what Process does with an event whose handler failed
@@ -300,12 +303,16 @@ func (w *Watcher) restoreEvent(ctx context.Context, c EventWithToken) (EventWith
 }
 
 // runHandler runs handle, recovering a panic into an error wrapping ErrPanic. A Shared member
-// first waits for its lease: one paused past it handles nothing when it wakes.
+// first waits for its lease (one paused past it handles nothing when it wakes), and runs handle
+// with a context that ends when the lease may have run out (see leaseContext).
 func (w *Watcher) runHandler(ctx context.Context, handle Handler, ev EventWithToken) (err error) {
 	if w.sh != nil {
 		if err := w.waitLease(ctx); err != nil {
 			return err
 		}
+		lc, release := w.sh.handlerContext(ctx)
+		defer release()
+		ctx = lc
 	}
 	defer func() {
 		if r := recover(); r != nil {

@@ -140,6 +140,10 @@ type sharedMember struct {
 	view atomic.Pointer[sharedView]
 
 	handOvers atomic.Uint64 // added by the reader after each hand-over that changed its ranges
+	// lost is cancelled (once) when the member stops owning its ranges: fenced off, or its
+	// membership gone; its handlers' contexts end with it.
+	lost     context.Context
+	markLost context.CancelFunc
 
 	mu     sync.Mutex // guards target
 	target []int      // the ranges the split gives this member, from the coordinator's last look
@@ -152,6 +156,7 @@ func newSharedMember(cfg Config) *sharedMember {
 		name = host + ":" + strconv.Itoa(os.Getpid())
 	}
 	s := &sharedMember{q: buildSharedQueries(cfg), lease: cfg.SharedLease, name: name, base: time.Now()}
+	s.lost, s.markLost = context.WithCancel(context.Background())
 	s.view.Store(&sharedView{})
 	return s
 }

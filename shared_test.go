@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/stretchr/testify/require"
@@ -202,4 +204,39 @@ func TestSharedRowsByIDQuery(t *testing.T) {
 	unshared, _ := newMockWatcher(t, Config{})
 	q, _ = unshared.rowsByIDQuery([]int64{5, 40, 90})
 	require.Equal(t, unshared.rq.deltaRows, q)
+}
+
+// A handler's context is done as soon as it is asked after the lease may have run out, without
+// any goroutine cancelling it; it also ends with its parent and when the member stops owning.
+func TestLeaseContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newSharedMember(testConfig(Config{Shared: true, SharedLease: time.Second}).withDefaults())
+		s.renewed(time.Now())
+		c, release := s.handlerContext(context.Background())
+		defer release()
+		require.NoError(t, c.Err())
+		time.Sleep(700 * time.Millisecond)
+		require.NoError(t, c.Err(), "done before four fifths of the lease")
+		time.Sleep(200 * time.Millisecond)
+		select {
+		case <-c.Done():
+		default:
+			t.Fatal("not done after four fifths of the lease")
+		}
+		require.ErrorIs(t, c.Err(), context.DeadlineExceeded)
+
+		s.renewed(time.Now())
+		parent, cancel := context.WithCancel(context.Background())
+		c2, release2 := s.handlerContext(parent)
+		defer release2()
+		cancel()
+		synctest.Wait()
+		require.ErrorIs(t, c2.Err(), context.Canceled)
+
+		c3, release3 := s.handlerContext(context.Background())
+		defer release3()
+		s.markLost()
+		synctest.Wait()
+		require.ErrorIs(t, c3.Err(), context.DeadlineExceeded)
+	})
 }
