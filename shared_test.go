@@ -19,16 +19,9 @@ func TestUnitOf(t *testing.T) {
 	}
 }
 
-func snap(t *testing.T, s string) pgSnapshot {
-	t.Helper()
-	p, err := parseSnapshot(s)
-	require.NoError(t, err)
-	return p
-}
-
 // The intersection sees as finished exactly what both see as finished.
 func TestIntersectSnapshots(t *testing.T) {
-	a, b := snap(t, "100:110:100,104"), snap(t, "98:108:98,105")
+	a, b := mustSnapshot(t, "100:110:100,104"), mustSnapshot(t, "98:108:98,105")
 	got := intersect(a, b)
 	require.Equal(t, "98:108:98,100,104,105", got.String())
 	for x := uint64(90); x < 115; x++ {
@@ -49,14 +42,14 @@ func TestSnapshotWithin(t *testing.T) {
 		{"100:110:100,108,109", "100:108:", true},     // s does not see them either
 		{"100:100:", "100:100:", true},
 	} {
-		require.Equal(t, c.want, snap(t, c.s).within(snap(t, c.t)), "%s within %s", c.s, c.t)
+		require.Equal(t, c.want, mustSnapshot(t, c.s).within(mustSnapshot(t, c.t)), "%s within %s", c.s, c.t)
 	}
 }
 
 // A range's floor certifies what its saved position certifies: the rows its base sees, and
 // in its delta the rows up to its id.
 func TestRowCertified(t *testing.T) {
-	base, end := snap(t, "100:110:100,104"), snap(t, "104:120:104")
+	base, end := mustSnapshot(t, "100:110:100,104"), mustSnapshot(t, "104:120:104")
 	inDelta := Position{ID: 50, span: &span{seq: 1, base: base, end: end, hasEnd: true}, inRows: true}
 	atStart := Position{ID: 50, span: &span{seq: 1, base: base}}
 	row := func(id int64) Position { return Position{ID: id, span: &span{seq: 3}, inRows: true} }
@@ -91,9 +84,9 @@ func TestRowCertified(t *testing.T) {
 // Ranges saved at different positions start at the intersection of their bases, each ahead
 // of it with a floor; equal ones start there with none.
 func TestSharedStart(t *testing.T) {
-	now := snap(t, "200:200:")
-	p1 := Position{ID: 5, span: &span{seq: 1, base: snap(t, "100:110:100,104")}}
-	p2 := Position{ID: 9, span: &span{seq: 1, base: snap(t, "98:108:98,105"), end: snap(t, "120:130:"), hasEnd: true}, inRows: true}
+	now := mustSnapshot(t, "200:200:")
+	p1 := Position{ID: 5, span: &span{seq: 1, base: mustSnapshot(t, "100:110:100,104")}}
+	p2 := Position{ID: 9, span: &span{seq: 1, base: mustSnapshot(t, "98:108:98,105"), end: mustSnapshot(t, "120:130:"), hasEnd: true}, inRows: true}
 	x, floors := sharedStart([]int{3, 4}, []Position{p1, p1}, now)
 	require.True(t, samePosition(x, p1))
 	require.Nil(t, floors)
@@ -112,11 +105,11 @@ func TestSharedStart(t *testing.T) {
 }
 
 func TestCovers(t *testing.T) {
-	p := Position{ID: 9, span: &span{seq: 1, base: snap(t, "98:108:98,105"), end: snap(t, "120:130:"), hasEnd: true}, inRows: true}
+	p := Position{ID: 9, span: &span{seq: 1, base: mustSnapshot(t, "98:108:98,105"), end: mustSnapshot(t, "120:130:"), hasEnd: true}, inRows: true}
 	require.True(t, covers(p, p))
-	require.False(t, covers(Position{ID: 10, span: &span{seq: 2, base: snap(t, "110:125:")}}, p)) // not past the delta's end
-	require.True(t, covers(Position{ID: 10, span: &span{seq: 2, base: snap(t, "130:131:130")}}, p))
-	legacy := Position{ID: 7, span: &span{base: snap(t, "98:108:98")}}
+	require.False(t, covers(Position{ID: 10, span: &span{seq: 2, base: mustSnapshot(t, "110:125:")}}, p)) // not past the delta's end
+	require.True(t, covers(Position{ID: 10, span: &span{seq: 2, base: mustSnapshot(t, "130:131:130")}}, p))
+	legacy := Position{ID: 7, span: &span{base: mustSnapshot(t, "98:108:98")}}
 	require.True(t, covers(p, legacy))
 	require.False(t, covers(legacy, p))
 }
@@ -147,14 +140,14 @@ func TestParseIntArray(t *testing.T) {
 func TestSharedSaveSkipsFloorsAndIsFenced(t *testing.T) {
 	w, mock := newMockWatcher(t, Config{Shared: true})
 	w.sh.id.Store(7)
-	ahead := Position{ID: 9, span: &span{seq: 1, base: snap(t, "98:108:98,105"), end: snap(t, "120:130:"), hasEnd: true}, inRows: true}
+	ahead := Position{ID: 9, span: &span{seq: 1, base: mustSnapshot(t, "98:108:98,105"), end: mustSnapshot(t, "120:130:"), hasEnd: true}, inRows: true}
 	w.sh.view.Store(newSharedView([]int{2, 3, 4}, map[int]Position{3: ahead}))
-	p := Position{ID: 10, span: &span{seq: 2, base: snap(t, "110:125:")}}
+	p := Position{ID: 10, span: &span{seq: 2, base: mustSnapshot(t, "110:125:")}}
 	mock.ExpectExec(w.sh.q.save).WithArgs("c", int64(7), "tok", "{2,4}").WillReturnResult(sqlmock.NewResult(0, 2))
 	require.NoError(t, w.writeShared(context.Background(), p, "tok", ""))
 	require.Len(t, w.sh.view.Load().floors, 1, "a floor dropped before the checkpoint covered it")
 
-	passed := Position{ID: 11, span: &span{seq: 3, base: snap(t, "130:131:130")}}
+	passed := Position{ID: 11, span: &span{seq: 3, base: mustSnapshot(t, "130:131:130")}}
 	mock.ExpectExec(w.sh.q.save).WithArgs("c", int64(7), "tok2", "{2,3,4}").WillReturnResult(sqlmock.NewResult(0, 3))
 	require.NoError(t, w.writeShared(context.Background(), passed, "tok2", ""))
 	require.Empty(t, w.sh.view.Load().floors)
