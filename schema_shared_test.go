@@ -161,7 +161,7 @@ func wantSharedState(recordKey string) []string {
 		`CREATE INDEX datastore_changelog_txid_unit_idx ON public.datastore_changelog USING btree (table_name, txid, id, ` +
 			`COALESCE(unit, datastore_changelog_unit(` + recordKey + `))) valid true`,
 		"client_name character varying(255) true, member bigint true, name text true, lease_until timestamp with time zone true, " +
-			"joined_at timestamp with time zone true",
+			"joined_at timestamp with time zone true, valid_since timestamp with time zone true",
 		"client_name character varying(255) true, range_no smallint true, owner bigint false, resume_token jsonb true, " +
 			"last_updated timestamp with time zone true",
 		"CHECK (((range_no >= 0) AND (range_no < 64)))",

@@ -74,10 +74,10 @@ type sharedQueries struct {
 	detect     string // $1 changelog, $2 ranges table (quoted): the unit column and the tables exist
 	join       string // $2 the member's name, $3 the lease in ms: the new member's id
 	renew      string // $3 the lease in ms
-	expire     string // deletes the members whose lease ran out
-	state      string // the live members, and the owner (0: none) of each range
+	expire     string // $3 the lease in ms: deletes the members whose lease ran out, while $2 is settled
+	state      string // $3 the lease in ms: the live members, the owner (0: none) of each range, whether $2 is settled
 	initRanges string // $2 the start token: one row per range, unless they exist
-	claim      string // $3 ranges: those free or of a member whose lease ran out, while $2's lease holds
+	claim      string // $3 ranges, $4 the lease in ms: those free, or, while $2 is settled, of members whose lease ran out
 	release    string // $3 ranges owned by $2: free them
 	leave      string // frees every range of $2 and deletes its row
 	load       string // the ranges $2 owns and their tokens
@@ -89,6 +89,14 @@ func buildSharedQueries(cfg Config) sharedQueries {
 	cl := cfg.ChangelogTable
 	mt, rt := quoteIdentifier(memberTable(cl)), quoteIdentifier(rangeTable(cl))
 	lease := `now() + $3 * interval '1 millisecond'`
+	// settled: member $2's lease holds and has held, without a lapse, for a lease ($3 ms, or the
+	// placeholder given): only a settled member removes members whose lease ran out or claims
+	// their ranges. It is checked when the statement runs, so one sent before an outage of the
+	// server (or of the member) and run after it, when every lease has run out, does neither.
+	settled := func(leaseMS string) string {
+		return `EXISTS (SELECT FROM ` + mt + ` me WHERE me.client_name = $1 AND me.member = $2 AND me.lease_until > now()
+		AND me.valid_since <= now() - ` + leaseMS + ` * interval '1 millisecond')`
+	}
 	incarnation := incarnationSQL(cfg)
 	save := `UPDATE ` + rt + ` SET resume_token = $3::jsonb, last_updated = now()
 	WHERE client_name = $1 AND owner = $2 AND range_no = ANY($4::int2[])`
@@ -97,17 +105,18 @@ func buildSharedQueries(cfg Config) sharedQueries {
 		AND to_regclass($2) IS NOT NULL`,
 		join: `INSERT INTO ` + mt + ` (client_name, member, name, lease_until)
 	VALUES ($1, nextval(` + quoteLiteral(quoteIdentifier(memberSequence(cl))) + `), $2, ` + lease + `) RETURNING member`,
-		renew:  `UPDATE ` + mt + ` SET lease_until = ` + lease + ` WHERE client_name = $1 AND member = $2`,
-		expire: `DELETE FROM ` + mt + ` WHERE client_name = $1 AND lease_until < now()`,
+		renew: `UPDATE ` + mt + ` SET lease_until = ` + lease + `,
+		valid_since = CASE WHEN lease_until < now() THEN now() ELSE valid_since END WHERE client_name = $1 AND member = $2`,
+		expire: `DELETE FROM ` + mt + ` WHERE client_name = $1 AND lease_until < now() AND ` + settled("$3"),
 		state: `SELECT ARRAY(SELECT member FROM ` + mt + ` WHERE client_name = $1 AND lease_until > now() ORDER BY member)::text,
-	ARRAY(SELECT COALESCE(owner, 0) FROM ` + rt + ` WHERE client_name = $1 ORDER BY range_no)::text`,
+	ARRAY(SELECT COALESCE(owner, 0) FROM ` + rt + ` WHERE client_name = $1 ORDER BY range_no)::text, ` + settled("$3"),
 		initRanges: `INSERT INTO ` + rt + ` (client_name, range_no, resume_token)
 	SELECT $1, g, $2::jsonb FROM generate_series(0, ` + strconv.Itoa(SharedRanges-1) + `) AS g ON CONFLICT DO NOTHING`,
 		claim: `UPDATE ` + rt + ` AS r SET owner = $2, last_updated = now()
 	WHERE r.client_name = $1 AND r.range_no = ANY($3::int2[])
 		AND EXISTS (SELECT FROM ` + mt + ` m WHERE m.client_name = $1 AND m.member = $2 AND m.lease_until > now())
-		AND (r.owner IS NULL OR r.owner = $2 OR NOT EXISTS (
-			SELECT FROM ` + mt + ` m WHERE m.client_name = $1 AND m.member = r.owner AND m.lease_until > now()))
+		AND (r.owner IS NULL OR r.owner = $2 OR (` + settled("$4") + ` AND NOT EXISTS (
+			SELECT FROM ` + mt + ` m WHERE m.client_name = $1 AND m.member = r.owner AND m.lease_until > now())))
 	RETURNING r.range_no`,
 		release: `UPDATE ` + rt + ` SET owner = NULL, last_updated = now() WHERE client_name = $1 AND owner = $2 AND range_no = ANY($3::int2[])`,
 		leave: `WITH freed AS (UPDATE ` + rt + ` SET owner = NULL, last_updated = now() WHERE client_name = $1 AND owner = $2)
@@ -145,8 +154,10 @@ type sharedMember struct {
 	lost     context.Context
 	markLost context.CancelFunc
 
-	mu     sync.Mutex // guards target
-	target []int      // the ranges the split gives this member, from the coordinator's last look
+	mu sync.Mutex // guards target and claimable
+	// target: the ranges the split gives this member; claimable: those of them it may claim,
+	// from the coordinator's last look.
+	target, claimable []int
 }
 
 func newSharedMember(cfg Config) *sharedMember {
@@ -264,11 +275,14 @@ func (w *Watcher) coordinateOnce(ctx context.Context) (busy bool, err error) {
 	}
 	w.sh.renewed(start)
 	w.health.ok(opMember)
-	if _, err := w.cfg.DB.ExecContext(ctx, w.sh.q.expire, w.cfg.ClientName); err != nil {
+	if _, err := w.cfg.DB.ExecContext(ctx, w.sh.q.expire, w.cfg.ClientName, id, w.sh.lease.Milliseconds()); err != nil {
 		return false, fmt.Errorf("remove expired members: %w", err)
 	}
-	var membersText, ownersText string
-	if err := w.cfg.DB.QueryRowContext(ctx, w.sh.q.state, w.cfg.ClientName).Scan(&membersText, &ownersText); err != nil {
+	var (
+		membersText, ownersText string
+		settled                 bool
+	)
+	if err := w.cfg.DB.QueryRowContext(ctx, w.sh.q.state, w.cfg.ClientName, id, w.sh.lease.Milliseconds()).Scan(&membersText, &ownersText, &settled); err != nil {
 		return false, fmt.Errorf("read the members and ranges: %w", err)
 	}
 	members, err1 := parseIntArray(membersText)
@@ -277,10 +291,11 @@ func (w *Watcher) coordinateOnce(ctx context.Context) (busy bool, err error) {
 		return false, fmt.Errorf("read the members and ranges: %w", err)
 	}
 	target := lease.Target(members, id, SharedRanges)
+	claimable := claimableRanges(id, target, owners, members, settled)
 	w.sh.mu.Lock()
-	w.sh.target = target
+	w.sh.target, w.sh.claimable = target, claimable
 	w.sh.mu.Unlock()
-	if handOverNeeded(id, target, owners, members) {
+	if len(claimable) > 0 || mustRelease(id, target, owners) {
 		w.sh.changeAsked.Store(true)
 		select {
 		case w.wake <- struct{}{}:
@@ -291,27 +306,32 @@ func (w *Watcher) coordinateOnce(ctx context.Context) (busy bool, err error) {
 	return false, nil
 }
 
-// handOverNeeded reports whether member id has ranges to release (owned, not in its target) or
-// to claim (in its target, and free or owned by a member not live). owners holds each range's
-// owner, 0 when free; live the live members, ascending.
-func handOverNeeded(id int64, target []int, owners, live []int64) bool {
-	inTarget := make([]bool, len(owners))
-	for _, r := range target {
-		if r < len(owners) {
-			inTarget[r] = true
-		}
-	}
+// mustRelease reports whether member id owns a range outside its target. owners holds each
+// range's owner, 0 when free.
+func mustRelease(id int64, target []int, owners []int64) bool {
 	for r, o := range owners {
-		switch {
-		case o == id && !inTarget[r]:
+		if o == id && !slices.Contains(target, r) {
 			return true
-		case inTarget[r] && o != id:
-			if _, found := slices.BinarySearch(live, o); o == 0 || !found {
-				return true
-			}
 		}
 	}
 	return false
+}
+
+// claimableRanges returns the ranges of member id's target it may claim: those free, and,
+// while it is settled (see buildSharedQueries), those of members no longer live (live is
+// ascending).
+func claimableRanges(id int64, target []int, owners, live []int64, settled bool) []int {
+	var out []int
+	for _, r := range target {
+		if r >= len(owners) || owners[r] == id {
+			continue
+		}
+		o := owners[r]
+		if _, found := slices.BinarySearch(live, o); o == 0 || (settled && !found) {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // parseIntArray parses the text form of a PostgreSQL integer array ("{1,2,3}").

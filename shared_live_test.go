@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -438,4 +440,127 @@ func TestLiveSharedMembersDivideALargeDelta(t *testing.T) {
 		require.Equal(t, want[i], got, "member %d", i)
 		requireNothingWithin(t, w, 300*time.Millisecond)
 	}
+}
+
+// A server crash (with the restart and crash recovery it takes, longer than a short lease)
+// under two members: neither takes the other's ranges over or removes it, both go back to their
+// ranges' saved positions (the server's incarnation changed), and every row committed after
+// the crash is delivered to the member that owns its range.
+func TestLiveSharedMembersSurviveAServerCrash(t *testing.T) {
+	srv := pgtest.NewServer(t, pgtest.Options{})
+	e := newLiveOn(t, srv)
+	cfg := e.config(ModeHybrid)
+	cfg.Shared, cfg.SharedLease = true, time.Second
+	a := e.start(cfg)
+	require.Eventually(t, func() bool { return len(a.Stats().Shared.Ranges) == SharedRanges }, liveWait, 10*time.Millisecond)
+	b := e.start(cfg)
+	require.Eventually(t, func() bool {
+		return len(a.Stats().Shared.Ranges) == SharedRanges/2 && len(b.Stats().Shared.Ranges) == SharedRanges/2
+	}, liveWait, 10*time.Millisecond)
+	before := e.insert(20)
+	got := map[int64]int{}
+	var mu sync.Mutex
+	for _, w := range []*Watcher{a, b} {
+		go func() {
+			for ev := range w.Events() {
+				id, _, err := parseToken(ev.ResumeToken)
+				if err == nil {
+					mu.Lock()
+					got[id]++
+					mu.Unlock()
+				}
+				_ = w.MarkProcessed(context.Background(), ev.ResumeToken) // fails while the server is down
+			}
+		}()
+	}
+	delivered := func(ids []int64) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, id := range ids {
+			if got[id] == 0 {
+				return false
+			}
+		}
+		return true
+	}
+	require.Eventually(t, func() bool { return delivered(before) }, liveWait, 10*time.Millisecond)
+	require.NoError(t, srv.Kill(context.Background()))
+	var after []int64
+	require.Eventually(t, func() bool {
+		var record string
+		if err := e.db.QueryRow(`INSERT INTO items (n) VALUES (2) RETURNING id::text`).Scan(&record); err != nil {
+			return false // the server is not back yet
+		}
+		var id int64
+		require.NoError(t, e.db.QueryRow(`SELECT id FROM datastore_changelog WHERE record_id::text = $1`, record).Scan(&id))
+		after = append(after, id)
+		return len(after) == 20
+	}, liveWait, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return delivered(after) }, liveWait, 20*time.Millisecond,
+		"rows committed after the crash: a %+v %v %v, b %+v %v %v", a.Stats().Shared, a.Err(), a.Health(), b.Stats().Shared, b.Err(), b.Health())
+	require.NoError(t, a.Err())
+	require.NoError(t, b.Err())
+	require.Len(t, a.Stats().Shared.Ranges, SharedRanges/2, "a member lost its ranges over the crash")
+	require.Len(t, b.Stats().Shared.Ranges, SharedRanges/2, "a member lost its ranges over the crash")
+	require.Positive(t, a.Stats().Rewinds+b.Stats().Rewinds, "no member went back to its saved positions")
+}
+
+// A server that stops answering for longer than the members' lease (its processes paused): the
+// members' deadlines pass and they deliver nothing meanwhile; when it answers again, the first
+// member back does not remove the other or take its ranges (it waits a lease first), and both
+// go on with their own ranges.
+func TestLiveSharedMembersSurviveAServerPause(t *testing.T) {
+	srv := pgtest.NewServer(t, pgtest.Options{})
+	e := newLiveOn(t, srv)
+	cfg := e.config(ModePolling)
+	cfg.Shared, cfg.SharedLease = true, time.Second
+	a := e.start(cfg)
+	require.Eventually(t, func() bool { return len(a.Stats().Shared.Ranges) == SharedRanges }, liveWait, 10*time.Millisecond)
+	b := e.start(cfg)
+	require.Eventually(t, func() bool {
+		return len(a.Stats().Shared.Ranges) == SharedRanges/2 && len(b.Stats().Shared.Ranges) == SharedRanges/2
+	}, liveWait, 10*time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // both settled
+
+	pidFile, err := os.ReadFile(srv.Dir() + "/data/postmaster.pid")
+	require.NoError(t, err)
+	line, _, _ := strings.Cut(string(pidFile), "\n")
+	postmaster, err := strconv.Atoi(strings.TrimSpace(line))
+	require.NoError(t, err)
+	// The postmaster and its children: each backend leads a process group of its own.
+	signalServer := func(sig syscall.Signal) {
+		require.NoError(t, syscall.Kill(postmaster, sig))
+		procs, err := os.ReadDir("/proc")
+		require.NoError(t, err)
+		for _, p := range procs {
+			stat, err := os.ReadFile("/proc/" + p.Name() + "/stat")
+			if err != nil {
+				continue
+			}
+			fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+			if len(fields) > 1 && fields[1] == strconv.Itoa(postmaster) {
+				pid, _ := strconv.Atoi(p.Name())
+				_ = syscall.Kill(pid, sig)
+			}
+		}
+	}
+	signalServer(syscall.SIGSTOP)
+	resumed := false
+	defer func() {
+		if !resumed {
+			signalServer(syscall.SIGCONT)
+		}
+	}()
+	time.Sleep(3 * cfg.SharedLease)
+	require.False(t, a.Stats().Shared.LeaseValid || b.Stats().Shared.LeaseValid, "a member kept its lease while the server was paused")
+	signalServer(syscall.SIGCONT)
+	resumed = true
+	time.Sleep(3 * cfg.SharedLease)
+	require.NoError(t, a.Err())
+	require.NoError(t, b.Err())
+	require.Len(t, a.Stats().Shared.Ranges, SharedRanges/2)
+	require.Len(t, b.Stats().Shared.Ranges, SharedRanges/2)
+	var members int
+	require.NoError(t, e.db.QueryRow(`SELECT count(*) FROM datastore_changelog_members WHERE lease_until > now()`).Scan(&members))
+	require.Equal(t, 2, members)
 }

@@ -204,9 +204,9 @@ func (w *Watcher) loadShared(ctx context.Context, rewinding bool, skipFree bool,
 			return Position{}, err
 		}
 		w.sh.mu.Lock()
-		target := w.sh.target
+		claimable := w.sh.claimable
 		w.sh.mu.Unlock()
-		if err := w.claimRanges(ctx, target); err != nil {
+		if err := w.claimRanges(ctx, claimable); err != nil {
 			return Position{}, err
 		}
 	}
@@ -251,7 +251,7 @@ func (w *Watcher) claimRanges(ctx context.Context, want []int) error {
 	if len(want) == 0 {
 		return nil
 	}
-	rows, err := w.cfg.DB.QueryContext(ctx, w.sh.q.claim, w.cfg.ClientName, w.sh.id.Load(), pgArray(int64s(want)))
+	rows, err := w.cfg.DB.QueryContext(ctx, w.sh.q.claim, w.cfg.ClientName, w.sh.id.Load(), pgArray(int64s(want)), w.sh.lease.Milliseconds())
 	if err != nil {
 		return fmt.Errorf("claim ranges: %w", err)
 	}
@@ -411,7 +411,7 @@ func (w *Watcher) handOver(ctx context.Context) error {
 	}
 	w.sh.changeAsked.Store(false) // before looking at the target: a later change asks again
 	w.sh.mu.Lock()
-	target := w.sh.target
+	target, claimable := w.sh.target, w.sh.claimable
 	w.sh.mu.Unlock()
 	var release []int
 	for _, r := range v.owned {
@@ -426,7 +426,7 @@ func (w *Watcher) handOver(ctx context.Context) error {
 		}
 		w.log.Info("released ranges", "member", w.sh.id.Load(), "ranges", release)
 	}
-	if err := w.claimRanges(ctx, target); err != nil {
+	if err := w.claimRanges(ctx, claimable); err != nil {
 		w.sh.changeAsked.Store(true)
 		return err
 	}

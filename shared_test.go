@@ -114,14 +114,17 @@ func TestCovers(t *testing.T) {
 	require.False(t, covers(legacy, p))
 }
 
-func TestHandOverNeeded(t *testing.T) {
-	owners := []int64{1, 1, 2, 0}
+func TestRangesToReleaseAndClaim(t *testing.T) {
+	owners := []int64{1, 1, 2, 0, 3}
 	live := []int64{1, 2}
-	require.False(t, handOverNeeded(1, []int{0, 1}, owners, live))    // owns its target; 3 is not its
-	require.True(t, handOverNeeded(1, []int{0}, owners, live))        // must release 1
-	require.True(t, handOverNeeded(1, []int{0, 1, 3}, owners, live))  // 3 is free
-	require.False(t, handOverNeeded(1, []int{0, 1, 2}, owners, live)) // 2's owner is live: it hands over
-	require.True(t, handOverNeeded(1, []int{0, 1, 2}, owners, []int64{1}))
+	require.False(t, mustRelease(1, []int{0, 1}, owners))
+	require.True(t, mustRelease(1, []int{0}, owners)) // range 1 is no longer its
+	require.Empty(t, claimableRanges(1, []int{0, 1}, owners, live, true))
+	require.Equal(t, []int{3}, claimableRanges(1, []int{0, 1, 3}, owners, live, true)) // 3 is free
+	require.Empty(t, claimableRanges(1, []int{0, 1, 2}, owners, live, true))           // 2's owner is live: it hands over
+	require.Equal(t, []int{4}, claimableRanges(1, []int{1, 2, 4}, owners, live, true)) // 4's owner is gone
+	require.Empty(t, claimableRanges(1, []int{1, 2, 4}, owners, live, false))          // not before it settled
+	require.Equal(t, []int{3}, claimableRanges(1, []int{3, 4}, owners, live, false))   // free ones at once
 }
 
 func TestParseIntArray(t *testing.T) {

@@ -134,6 +134,7 @@ CREATE TABLE IF NOT EXISTS {{.Members}} (
     name        TEXT NOT NULL,
     lease_until TIMESTAMPTZ NOT NULL,
     joined_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+    valid_since TIMESTAMPTZ NOT NULL DEFAULT now(), -- since when the lease has held without a lapse
     PRIMARY KEY (client_name, member)
 );
 CREATE TABLE IF NOT EXISTS {{.Ranges}} (
