@@ -53,8 +53,6 @@ func (w *Watcher) ProcessTx(ctx context.Context, opts ProcessOptions, handle TxH
 		refuse = fmt.Errorf("%w: ProcessTx: the handler is nil", ErrInvalidConfig)
 	case w.cfg.Ephemeral:
 		refuse = errors.New("pgchangestream: ProcessTx: an ephemeral watcher saves no token, so a replay could not tell what committed; use Process")
-	case w.sh != nil:
-		refuse = errSharedTx
 	}
 	return w.runProcess(ctx, opts, refuse, processStep{
 		run: func(ctx context.Context, j *procrun.Job[EventWithToken]) error {
