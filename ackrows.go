@@ -27,11 +27,14 @@ import (
 // claimAck claims the event id in tx for this watcher's client. It returns false when a
 // committed transaction claimed it before: tx must then be rolled back and the event counted as
 // done. It returns an error wrapping [ErrFenced] when a later owner claimed the client (in a
-// Shared member: the event's range, see shared_tx.go). In the
+// Shared member: the event's range, see shared_tx.go). rerun is set for the rerun of a parked
+// event, which a Shared member does not fence by range: any member may rerun it, no read
+// delivers it again (the checkpoint passed it), and the parked row its transaction deletes
+// lets one rerun commit. In the
 // same statement it sets tx's idle_in_transaction_session_timeout to Config.LockSessionTimeout:
 // the server ends the session of a transaction left idle that long (a paused or stuck process),
 // which bounds how long a successor's epoch claim waits for its FOR KEY SHARE lock.
-func (w *Watcher) claimAck(ctx context.Context, tx *sql.Tx, id int64) (bool, error) {
+func (w *Watcher) claimAck(ctx context.Context, tx *sql.Tx, id int64, rerun bool) (bool, error) {
 	w.ckMu.Lock()
 	fenced, epoch, err := w.txFenceLocked()
 	w.ckMu.Unlock()
@@ -39,7 +42,7 @@ func (w *Watcher) claimAck(ctx context.Context, tx *sql.Tx, id int64) (bool, err
 		return false, err
 	}
 	idle := strconv.FormatInt(w.cfg.LockSessionTimeout.Milliseconds(), 10)
-	if w.sh != nil {
+	if w.sh != nil && !rerun {
 		return w.claimAckShared(ctx, tx, id, idle)
 	}
 	var res sql.Result

@@ -108,6 +108,24 @@ func TestSharedProcessTxClaimOutcomes(t *testing.T) {
 	}
 }
 
+// The rerun of a parked event is not fenced by range: any member reruns the client's parked
+// events, and the parked row the transaction deletes lets one rerun commit.
+func TestSharedProcessTxParkedRerunIsNotFencedByRange(t *testing.T) {
+	w, mock := sharedTxWatcher(t)
+	mock.ExpectBegin()
+	mock.ExpectExec(w.q.claimAck).WithArgs("c", int64(5), "7000").WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(`DELETE FROM "datastore_changelog_parked" WHERE client_name = $1 AND id = $2`).WithArgs("c", int64(9)).
+		WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(wantEffect).WithArgs("5").WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectCommit()
+	j := txJob("5")
+	j.Parked = 9
+	calls := 0
+	require.NoError(t, w.runTx(context.Background(), effectHandler(&calls, nil), j))
+	require.Equal(t, 1, calls)
+	require.NoError(t, mock.ExpectationsWereMet())
+}
+
 // The claim of ranges locks them FOR UPDATE SKIP LOCKED: it never waits for a former owner's
 // transactional claims in flight (ranges still locked are claimed at a later look).
 func TestSharedClaimSkipsLockedRanges(t *testing.T) {
