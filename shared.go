@@ -85,7 +85,10 @@ type sharedQueries struct {
 	load       string // the ranges $2 owns and their tokens
 	save       string // $3 the token, $4 ranges: only those $2 still owns
 	saveInc    string // save, while the incarnation is still $5
-	// claimAck, ackState and compactOwned are the transactional claims' (shared_tx.go).
+	// claimAck, ackState and compactOwned are ProcessTx's (shared_tx.go), with $2 the changelog
+	// id: claimAck claims it while member $3 owns its range ($4 the idle timeout in ms);
+	// ackState: whether its acknowledgement row and its changelog row exist; compactOwned,
+	// followed by the member's placeholder, restricts compactAcks to the member's ranges.
 	claimAck, ackState, compactOwned string
 }
 
