@@ -26,11 +26,15 @@ import (
 
 // claimAck claims the event id in tx for this watcher's client. It returns false when a
 // committed transaction claimed it before: tx must then be rolled back and the event counted as
-// done. It returns an error wrapping [ErrFenced] when a later owner claimed the client. In the
+// done. It returns an error wrapping [ErrFenced] when a later owner claimed the client (in a
+// Shared member: the event's range, see shared_tx.go). rerun is set for the rerun of a parked
+// event, which a Shared member does not fence by range: any member may rerun it, no read
+// delivers it again (the checkpoint passed it), and the parked row its transaction deletes
+// lets one rerun commit. In the
 // same statement it sets tx's idle_in_transaction_session_timeout to Config.LockSessionTimeout:
 // the server ends the session of a transaction left idle that long (a paused or stuck process),
 // which bounds how long a successor's epoch claim waits for its FOR KEY SHARE lock.
-func (w *Watcher) claimAck(ctx context.Context, tx *sql.Tx, id int64) (bool, error) {
+func (w *Watcher) claimAck(ctx context.Context, tx *sql.Tx, id int64, rerun bool) (bool, error) {
 	w.ckMu.Lock()
 	fenced, epoch, err := w.txFenceLocked()
 	w.ckMu.Unlock()
@@ -38,6 +42,9 @@ func (w *Watcher) claimAck(ctx context.Context, tx *sql.Tx, id int64) (bool, err
 		return false, err
 	}
 	idle := strconv.FormatInt(w.cfg.LockSessionTimeout.Milliseconds(), 10)
+	if w.sh != nil && !rerun {
+		return w.claimAckShared(ctx, tx, id, idle)
+	}
 	var res sql.Result
 	if fenced {
 		res, err = tx.ExecContext(ctx, w.q.claimAckFenced, w.cfg.ClientName, id, epoch, idle)
@@ -73,25 +80,30 @@ func (w *Watcher) claimAck(ctx context.Context, tx *sql.Tx, id int64) (bool, err
 //
 // An exclusive watcher's compaction is fenced as its claims are: it deletes only while the
 // token row holds its owner epoch, so a former owner that wakes up after a successor claimed
-// the client (or after a token reset) deletes nothing by its own, older view.
+// the client (or after a token reset) deletes nothing by its own, older view. A Shared
+// member's is fenced by range (shared_tx.go).
 func (w *Watcher) compactAcks(ctx context.Context) (int64, error) {
+	args := params{w.cfg.ClientName}
 	w.ckMu.Lock()
 	fenced, epoch, lost := w.fenced, w.epoch, w.excl.lostErr()
+	w.mu.Lock()
+	saved, loaded := w.savedMirror, w.loaded
+	w.mu.Unlock()
+	certified := ""
+	if loaded {
+		certified = certifiedBy(saved, args.add)
+		if w.sh != nil {
+			certified = "(" + certified + w.sharedCompaction(args.add) + ")"
+		}
+	}
 	w.ckMu.Unlock()
 	switch {
 	case lost != nil:
 		return 0, lost
-	case fenced && epoch == 0: // not claimed yet
+	case fenced && epoch == 0, !loaded: // not claimed, or not loaded, yet
 		return 0, nil
 	}
-	w.mu.Lock()
-	saved, loaded := w.savedMirror, w.loaded
-	w.mu.Unlock()
-	if !loaded {
-		return 0, nil
-	}
-	args := params{w.cfg.ClientName}
-	q := w.q.compactAcks + certifiedBy(saved, args.add) + `)`
+	q := w.q.compactAcks + certified + `)`
 	if fenced {
 		q += w.q.compactFence + args.add(epoch) + ` FOR KEY SHARE)`
 	}

@@ -12,7 +12,7 @@ import (
 func claimIn(t *testing.T, e *liveEnv, w *Watcher, id int64) (*sql.Tx, bool, error) {
 	t.Helper()
 	tx := e.openTx()
-	claimed, err := w.claimAck(context.Background(), tx, id)
+	claimed, err := w.claimAck(context.Background(), tx, id, false)
 	return tx, claimed, err
 }
 

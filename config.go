@@ -149,7 +149,8 @@ type Config struct {
 	// old owner's deliveries in it were acknowledged, or the old owner's lease ran out.
 	// Requires an upgraded changelog (with the txid column). Exclusive is the one-member
 	// case: setting both, or Shared with Ephemeral or ProcessedFlag, is an [ErrInvalidConfig].
-	// docs/operations.md ("Shared consumers") explains sizing and the failure model.
+	// [Watcher.ProcessTx] fences each event's claim by its range; [Watcher.MarkProcessedTx]
+	// is refused. docs/operations.md ("Shared consumers") explains sizing and the failure model.
 	Shared bool
 	// SharedLease is how long a Shared member keeps its ranges without renewing its lease.
 	// It renews every fifth of it and stops delivering before it runs out; other members take

@@ -42,7 +42,11 @@ const ackCompactInterval = time.Second
 // An exclusive watcher's claims are fenced: once a later owner claimed the client, a claim fails
 // with [ErrFenced] (or [ErrExclusiveLost], once the watcher noticed the loss of its lock) and
 // ProcessTx stops with that error at once (the event is neither retried nor parked), so a
-// former owner commits no effect after its successor started. An
+// former owner commits no effect after its successor started. A [Config.Shared] member's claims
+// are fenced by the event's range: a claim inserts only while the member owns the range and
+// holds the range row until the transaction ends; another member takes a range over only once
+// its former owner's claims in flight have ended (committed, rolled back, or ended by the idle
+// timeout above), and every later claim of the former owner fails with [ErrFenced]. An
 // [Config.Ephemeral] watcher saves no token and refuses. Legacy changelogs work as upgraded ones
 // do. The watcher's role needs SELECT, INSERT and DELETE on "<changelog>_acks" and SELECT on
 // "<changelog>_parked".
@@ -53,8 +57,6 @@ func (w *Watcher) ProcessTx(ctx context.Context, opts ProcessOptions, handle TxH
 		refuse = fmt.Errorf("%w: ProcessTx: the handler is nil", ErrInvalidConfig)
 	case w.cfg.Ephemeral:
 		refuse = errors.New("pgchangestream: ProcessTx: an ephemeral watcher saves no token, so a replay could not tell what committed; use Process")
-	case w.sh != nil:
-		refuse = errSharedTx
 	}
 	return w.runProcess(ctx, opts, refuse, processStep{
 		run: func(ctx context.Context, j *procrun.Job[EventWithToken]) error {
@@ -80,7 +82,7 @@ func (w *Watcher) runTx(ctx context.Context, handle TxHandler, j *procrun.Job[Ev
 			_ = tx.Rollback()
 		}
 	}()
-	claimed, err := w.claimAck(ctx, tx, id)
+	claimed, err := w.claimAck(ctx, tx, id, j.Parked > 0)
 	switch {
 	case errors.Is(err, ErrFenced) || errors.Is(err, ErrExclusiveLost): // never retried: a successor may own the client
 		return procrun.Fatal(fmt.Errorf("pgchangestream: ProcessTx: %w", err))

@@ -56,8 +56,10 @@ func UnitOf(key string) int {
 var ErrSharedSchema = errors.New("pgchangestream: Config.Shared needs an upgraded changelog: run InstallSchema " +
 	"(it adds the txid and unit columns and the _members and _ranges tables)")
 
-// errSharedTx refuses the transactional acknowledgements in a Shared watcher.
-var errSharedTx = errors.New("pgchangestream: transactional acknowledgements (MarkProcessedTx, ProcessTx) are not available to Shared watchers")
+// errSharedTx refuses MarkProcessedTx in a Shared watcher: its ranges each have a saved
+// position, which one write in the caller's transaction cannot move together.
+var errSharedTx = errors.New("pgchangestream: MarkProcessedTx is not available to Shared watchers " +
+	"(each of their ranges has a saved position of its own): use ProcessTx")
 
 // sharedTick is the renewal period as a part of the lease: a member renews five times per lease,
 // and looks at the split as often (faster while a hand-over is under way, see sharedBusyTick).
@@ -77,17 +79,23 @@ type sharedQueries struct {
 	expire     string // $3 the lease in ms: deletes the members whose lease ran out, while $2 is settled
 	state      string // $3 the lease in ms: the live members, the owner (0: none) of each range, whether $2 is settled
 	initRanges string // $2 the start token: one row per range, unless they exist
-	claim      string // $3 ranges, $4 the lease in ms: those free, or, while $2 is settled, of members whose lease ran out
+	claim      string // $3 ranges, $4 the lease in ms: those free, or, while $2 is settled, of members whose lease ran out (shared_tx.go)
 	release    string // $3 ranges owned by $2: free them
 	leave      string // frees every range of $2 and deletes its row
 	load       string // the ranges $2 owns and their tokens
 	save       string // $3 the token, $4 ranges: only those $2 still owns
 	saveInc    string // save, while the incarnation is still $5
+	// claimAck, ackState and compactOwned are ProcessTx's (shared_tx.go), with $2 the changelog
+	// id: claimAck claims it while member $3 owns its range ($4 the idle timeout in ms);
+	// ackState: whether its acknowledgement row and its changelog row exist; compactOwned,
+	// followed by the member's placeholder, restricts compactAcks to the member's ranges.
+	claimAck, ackState, compactOwned string
 }
 
 func buildSharedQueries(cfg Config) sharedQueries {
 	cl := cfg.ChangelogTable
 	mt, rt := quoteIdentifier(memberTable(cl)), quoteIdentifier(rangeTable(cl))
+	qcl, acks := quoteIdentifier(cl), quoteIdentifier(ackTable(cl))
 	lease := `now() + $3 * interval '1 millisecond'`
 	// settled: member $2's lease holds and has held, without a lapse, for a lease ($3 ms, or the
 	// placeholder given): only a settled member removes members whose lease ran out or claims
@@ -113,10 +121,12 @@ func buildSharedQueries(cfg Config) sharedQueries {
 		initRanges: `INSERT INTO ` + rt + ` (client_name, range_no, resume_token)
 	SELECT $1, g, $2::jsonb FROM generate_series(0, ` + strconv.Itoa(SharedRanges-1) + `) AS g ON CONFLICT DO NOTHING`,
 		claim: `UPDATE ` + rt + ` AS r SET owner = $2, last_updated = now()
-	WHERE r.client_name = $1 AND r.range_no = ANY($3::int2[])
-		AND EXISTS (SELECT FROM ` + mt + ` m WHERE m.client_name = $1 AND m.member = $2 AND m.lease_until > now())
-		AND (r.owner IS NULL OR r.owner = $2 OR (` + settled("$4") + ` AND NOT EXISTS (
-			SELECT FROM ` + mt + ` m WHERE m.client_name = $1 AND m.member = r.owner AND m.lease_until > now())))
+	WHERE r.client_name = $1 AND r.range_no IN (SELECT f.range_no FROM ` + rt + ` AS f
+		WHERE f.client_name = $1 AND f.range_no = ANY($3::int2[])
+			AND EXISTS (SELECT FROM ` + mt + ` m WHERE m.client_name = $1 AND m.member = $2 AND m.lease_until > now())
+			AND (f.owner IS NULL OR f.owner = $2 OR (` + settled("$4") + ` AND NOT EXISTS (
+				SELECT FROM ` + mt + ` m WHERE m.client_name = $1 AND m.member = f.owner AND m.lease_until > now())))
+		FOR UPDATE SKIP LOCKED)
 	RETURNING r.range_no`,
 		release: `UPDATE ` + rt + ` SET owner = NULL, last_updated = now() WHERE client_name = $1 AND owner = $2 AND range_no = ANY($3::int2[])`,
 		leave: `WITH freed AS (UPDATE ` + rt + ` SET owner = NULL, last_updated = now() WHERE client_name = $1 AND owner = $2)
@@ -124,6 +134,17 @@ func buildSharedQueries(cfg Config) sharedQueries {
 		load:    `SELECT range_no, resume_token::text FROM ` + rt + ` WHERE client_name = $1 AND owner = $2 ORDER BY range_no`,
 		save:    save,
 		saveInc: save + ` AND ` + incarnation + ` = $5`,
+		// The unit expressions name the changelog's columns unqualified: in these statements
+		// only the changelog's rows have them.
+		claimAck: `INSERT INTO ` + acks + ` (client_name, changelog_id) SELECT r.client_name, $2::bigint
+	FROM ` + rt + ` AS r, (SELECT set_config('idle_in_transaction_session_timeout', $4, true)) AS idle
+	WHERE r.client_name = $1 AND r.owner = $3
+		AND r.range_no = (SELECT ` + unitExpression(cl) + ` / ` + strconv.Itoa(unitsPerRange) + ` FROM ` + qcl + ` WHERE id = $2::bigint)
+	FOR KEY SHARE OF r ON CONFLICT DO NOTHING`,
+		ackState: `SELECT EXISTS (SELECT FROM ` + acks + ` WHERE client_name = $1 AND changelog_id = $2),
+	EXISTS (SELECT FROM ` + qcl + ` WHERE id = $2)`,
+		compactOwned: ` AND EXISTS (SELECT FROM ` + rt + ` AS r WHERE r.client_name = $1 AND r.range_no = ` +
+			unitExpression(cl) + ` / ` + strconv.Itoa(unitsPerRange) + ` AND r.owner = `,
 	}
 }
 

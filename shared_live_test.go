@@ -24,10 +24,13 @@ import (
 )
 
 // sharedChildDSN and sharedChildName, set in the environment, make TestLiveSharedMembers run
-// as one member: a child process that the test starts, stops, kills and pauses.
+// as one member: a child process that the test starts, stops, kills and pauses. With
+// sharedChildMode set to sharedModeTx the member runs ProcessTx (see runSharedChild).
 const (
 	sharedChildDSN  = "PGCHANGESTREAM_SHARED_CHILD_DSN"
 	sharedChildName = "PGCHANGESTREAM_SHARED_CHILD_NAME"
+	sharedChildMode = "PGCHANGESTREAM_SHARED_CHILD_MODE"
+	sharedModeTx    = "tx"
 	sharedClient    = "shared"
 	sharedLease     = 2 * time.Second
 	sharedKeys      = 200
@@ -43,11 +46,11 @@ type sharedMemberProc struct {
 	fenced atomic.Bool
 }
 
-// startSharedMember starts a member process named name.
-func startSharedMember(t *testing.T, e *liveEnv, name string) *sharedMemberProc {
+// startSharedMember starts a member process named name, with env added to its environment.
+func startSharedMember(t *testing.T, e *liveEnv, name string, env ...string) *sharedMemberProc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestLiveSharedMembers$")
-	cmd.Env = append(os.Environ(), sharedChildDSN+"="+e.dsn, sharedChildName+"="+name)
+	cmd.Env = append(append(os.Environ(), sharedChildDSN+"="+e.dsn, sharedChildName+"="+name), env...)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	stdin, err := cmd.StdinPipe()
@@ -87,8 +90,11 @@ func (m *sharedMemberProc) stop(t *testing.T) {
 }
 
 // runSharedChild is the member's side: Process with 8 workers and a 2 ms handler that records,
-// per event, the member, the key, the changelog id and when the handler started and ended. It
-// runs until its standard input ends (then closes the watcher) or until the watcher stops.
+// per event, the member, the key, the changelog id and when the handler started and ended; or,
+// in sharedModeTx, ProcessTx with 8 workers and a handler that inserts the event's effect row
+// (its changelog id and the member) in the transaction and keeps it open up to 2 ms more, so
+// that kills and pauses land inside transactions. It runs until its standard input ends (then
+// closes the watcher) or until the watcher stops.
 func runSharedChild(t *testing.T, dsn, name string) {
 	db, err := sql.Open("pgx", dsn+"&application_name="+name)
 	require.NoError(t, err)
@@ -99,24 +105,43 @@ func runSharedChild(t *testing.T, dsn, name string) {
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		cancel()
 	}()
-	w, err := New(Config{
+	cfg := Config{
 		DB: db, ConnString: dsn, ClientName: sharedClient, TableName: liveTable, Mode: ModeHybrid,
 		Shared: true, SharedLease: sharedLease, MemberName: name, StartFromBeginning: true,
 		FallbackPollInterval: 200 * time.Millisecond, Logger: quietLogger,
-	})
+	}
+	tx := os.Getenv(sharedChildMode) == sharedModeTx
+	if tx { // a paused member's transactions end soon after its lease
+		cfg.LockSessionTimeout = MinLockSessionTimeout
+	}
+	w, err := New(cfg)
 	require.NoError(t, err)
 	w.Start(ctx)
-	err = w.Process(ctx, ProcessOptions{Workers: 8}, func(ctx context.Context, ev EventWithToken) error {
-		start := time.Now()
-		time.Sleep(2 * time.Millisecond)
-		id, _, err := parseToken(ev.ResumeToken)
-		if err != nil {
-			return err
-		}
-		_, err = db.ExecContext(ctx, `INSERT INTO shared_handled (member, key, changelog_id, started, finished)
+	if tx {
+		err = w.ProcessTx(ctx, ProcessOptions{Workers: 8}, func(ctx context.Context, tx *sql.Tx, ev EventWithToken) error {
+			id, _, err := parseToken(ev.ResumeToken)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO effects (changelog_id, member) VALUES ($1, $2)`, id, name); err != nil {
+				return err
+			}
+			time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond)
+			return nil
+		})
+	} else {
+		err = w.Process(ctx, ProcessOptions{Workers: 8}, func(ctx context.Context, ev EventWithToken) error {
+			start := time.Now()
+			time.Sleep(2 * time.Millisecond)
+			id, _, err := parseToken(ev.ResumeToken)
+			if err != nil {
+				return err
+			}
+			_, err = db.ExecContext(ctx, `INSERT INTO shared_handled (member, key, changelog_id, started, finished)
 			VALUES ($1, $2, $3, $4, $5)`, name, DocumentKey(ev), id, start, time.Now())
-		return err
-	})
+			return err
+		})
+	}
 	if errors.Is(err, ErrFenced) || errors.Is(w.Err(), ErrFenced) {
 		fmt.Println("shared-member: fenced:", err, w.Err())
 	} else {
@@ -174,68 +199,26 @@ func TestLiveSharedMembers(t *testing.T) {
 	}
 	defer func() { stopWriters(); writers.Wait() }()
 
-	owners := func() map[string]int {
-		rows, err := e.db.Query(`SELECT m.name, count(*) FROM datastore_changelog_ranges r
-			JOIN datastore_changelog_members m ON m.client_name = r.client_name AND m.member = r.owner
-			WHERE r.client_name = $1 GROUP BY m.name`, sharedClient)
-		require.NoError(t, err)
-		defer rows.Close()
-		out := map[string]int{}
-		for rows.Next() {
-			var name string
-			var n int
-			require.NoError(t, rows.Scan(&name, &n))
-			out[name] = n
-		}
-		require.NoError(t, rows.Err())
-		return out
-	}
-	waitOwners := func(what string, want ...string) time.Duration {
-		t.Helper()
-		start := time.Now()
-		deadline := start.Add(30 * time.Second)
-		for {
-			got := owners()
-			total, fair := 0, len(got) == len(want)
-			for _, n := range got {
-				total += n
-				fair = fair && n >= SharedRanges/len(want)-1 && n <= SharedRanges/len(want)+1
-			}
-			for _, name := range want {
-				_, ok := got[name]
-				fair = fair && ok
-			}
-			if fair && total == SharedRanges {
-				t.Logf("%s: ranges %v after %v", what, got, time.Since(start).Round(10*time.Millisecond))
-				return time.Since(start)
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: ranges owned %v, want a fair split between %v", what, got, want)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-
 	m1 := startSharedMember(t, e, "m1")
-	waitOwners("one member", "m1")
+	waitSharedOwners(t, e, "one member", "m1")
 	time.Sleep(2 * time.Second)
 	m2, m3, m4 := startSharedMember(t, e, "m2"), startSharedMember(t, e, "m3"), startSharedMember(t, e, "m4")
-	waitOwners("scaled to 4", "m1", "m2", "m3", "m4")
+	waitSharedOwners(t, e, "scaled to 4", "m1", "m2", "m3", "m4")
 	time.Sleep(2 * time.Second)
 	m3.stop(t)
 	m4.stop(t)
-	waitOwners("scaled to 2", "m1", "m2")
+	waitSharedOwners(t, e, "scaled to 2", "m1", "m2")
 	time.Sleep(time.Second)
 
 	require.NoError(t, m2.cmd.Process.Kill())
 	<-m2.done
 	m5 := startSharedMember(t, e, "m5")
-	waitOwners("m2 killed, m5 joined", "m1", "m5")
+	waitSharedOwners(t, e, "m2 killed, m5 joined", "m1", "m5")
 	time.Sleep(time.Second)
 
 	pausedAt := time.Now()
 	require.NoError(t, m1.cmd.Process.Signal(syscall.SIGSTOP))
-	waitOwners("m1 paused", "m5")
+	waitSharedOwners(t, e, "m1 paused", "m5")
 	time.Sleep(3 * sharedLease)
 	resumedAt := time.Now()
 	require.NoError(t, m1.cmd.Process.Signal(syscall.SIGCONT))
@@ -246,13 +229,13 @@ func TestLiveSharedMembers(t *testing.T) {
 	}
 	require.True(t, m1.fenced.Load(), "the paused member did not report that it was fenced off")
 	m6 := startSharedMember(t, e, "m6")
-	waitOwners("m6 joined", "m5", "m6")
+	waitSharedOwners(t, e, "m6 joined", "m5", "m6")
 
 	n, err := e.srv.TerminateBackends(context.Background(), "m5")
 	require.NoError(t, err)
 	require.Positive(t, n, "no session of m5 to terminate")
 	time.Sleep(2 * sharedLease)
-	waitOwners("m5's sessions terminated", "m5", "m6")
+	waitSharedOwners(t, e, "m5's sessions terminated", "m5", "m6")
 
 	stopWriters()
 	writers.Wait()
@@ -334,6 +317,53 @@ func TestLiveSharedMembers(t *testing.T) {
 	require.NoError(t, rows.Err())
 	t.Logf("%d rows written; %d key moves between members, %d replays after a kill or pause", written.Load(), moves, replays)
 	require.Positive(t, moves, "no key moved between members")
+}
+
+// sharedOwners returns how many ranges of the shared client each member (by name) owns.
+func sharedOwners(t *testing.T, e *liveEnv) map[string]int {
+	t.Helper()
+	rows, err := e.db.Query(`SELECT m.name, count(*) FROM datastore_changelog_ranges r
+		JOIN datastore_changelog_members m ON m.client_name = r.client_name AND m.member = r.owner
+		WHERE r.client_name = $1 GROUP BY m.name`, sharedClient)
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var name string
+		var n int
+		require.NoError(t, rows.Scan(&name, &n))
+		out[name] = n
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// waitSharedOwners waits until the members named want own every range, split fairly between
+// them; it fails the test after 30 s.
+func waitSharedOwners(t *testing.T, e *liveEnv, what string, want ...string) {
+	t.Helper()
+	start := time.Now()
+	deadline := start.Add(30 * time.Second)
+	for {
+		got := sharedOwners(t, e)
+		total, fair := 0, len(got) == len(want)
+		for _, n := range got {
+			total += n
+			fair = fair && n >= SharedRanges/len(want)-1 && n <= SharedRanges/len(want)+1
+		}
+		for _, name := range want {
+			_, ok := got[name]
+			fair = fair && ok
+		}
+		if fair && total == SharedRanges {
+			t.Logf("%s: ranges %v after %v", what, got, time.Since(start).Round(10*time.Millisecond))
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: ranges owned %v, want a fair split between %v", what, got, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // A Shared watcher on a changelog without the txid and unit columns stops at once with

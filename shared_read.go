@@ -324,12 +324,14 @@ func (w *Watcher) loadOwned(ctx context.Context, now pgSnapshot, inc string) (Po
 }
 
 // writeShared saves p (as tok, read in incarnation inc) to the ranges the member owns, except
-// those whose floor p does not cover yet; it drops the floors p covers. A range the member no
+// those whose floor p does not cover yet; once saved, it drops the floors p covers (until
+// then those ranges still hold their own positions, which reads and compaction respect). A range the member no
 // longer owns (another member claimed it after this one's lease ran out) fences the save off:
 // the watcher stops. ckMu must be held.
 func (w *Watcher) writeShared(ctx context.Context, p Position, tok, inc string) error {
 	v := w.sh.view.Load()
 	ranges := v.owned
+	var next *sharedView // the view without the floors p covers, once p is saved
 	if len(v.floors) > 0 {
 		ranges = nil
 		floors := make(map[int]Position)
@@ -344,7 +346,7 @@ func (w *Watcher) writeShared(ctx context.Context, p Position, tok, inc string) 
 			if len(floors) == 0 {
 				floors = nil
 			}
-			w.sh.view.Store(newSharedView(v.owned, floors))
+			next = newSharedView(v.owned, floors)
 		}
 	}
 	if len(ranges) == 0 {
@@ -364,8 +366,14 @@ func (w *Watcher) writeShared(ctx context.Context, p Position, tok, inc string) 
 		return err
 	}
 	n, err := res.RowsAffected()
-	if err != nil || n == int64(len(ranges)) {
+	switch {
+	case err != nil:
 		return err
+	case n == int64(len(ranges)):
+		if next != nil {
+			w.sh.view.Store(next)
+		}
+		return nil
 	}
 	if inc != "" {
 		var same bool

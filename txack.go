@@ -56,7 +56,8 @@ const ackAheadTries = 3
 // committed as a processed event: roll it back. That includes an error wrapping [ErrFenced] (a
 // later owner claimed the client: the write affected no row) or [ErrServerRecovered] (the
 // server recovered since the position was read). An [Config.Ephemeral] watcher saves no token
-// and refuses. Legacy changelogs work as upgraded ones do.
+// and refuses; so does a [Config.Shared] one, whose ranges have saved positions of their own
+// ([Watcher.ProcessTx] works there). Legacy changelogs work as upgraded ones do.
 func (w *Watcher) MarkProcessedTx(ctx context.Context, tx *sql.Tx, token []byte) error {
 	switch {
 	case w.cfgErr != nil:
