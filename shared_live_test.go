@@ -594,3 +594,59 @@ func TestLiveSharedMembersSurviveAServerPause(t *testing.T) {
 	require.NoError(t, e.db.QueryRow(`SELECT count(*) FROM datastore_changelog_members WHERE lease_until > now()`).Scan(&members))
 	require.Equal(t, 2, members)
 }
+
+// Rows written before the upgrade (no txid, no unit) are divided as the others: two members of
+// a new client that starts from the beginning read the switch-over's legacy part and the deltas
+// after it, a slow first member handing half of the ranges over to the second as it joins, and
+// every row is delivered once, the rows from before the upgrade to both members.
+func TestLiveSharedMembersReadRowsFromBeforeTheUpgrade(t *testing.T) {
+	t.Parallel()
+	e := newLegacy(t)
+	old := e.insert(150)
+	require.NoError(t, InstallSchema(context.Background(), e.db, SchemaOptions{}))
+	var nulls int
+	require.NoError(t, e.db.QueryRow(`SELECT count(*) FROM datastore_changelog WHERE unit IS NULL AND txid IS NULL`).Scan(&nulls))
+	require.Equal(t, len(old), nulls)
+	cfg := e.config(ModePolling)
+	cfg.Shared, cfg.SharedLease, cfg.StartFromBeginning, cfg.BatchSize, cfg.BufferSize = true, time.Second, true, 20, 5
+	var mu sync.Mutex
+	got := map[int64][]string{}
+	consume := func(w *Watcher, name string) {
+		for ev := range w.Events() {
+			id, _, err := parseToken(ev.ResumeToken)
+			require.NoError(t, err)
+			mu.Lock()
+			got[id] = append(got[id], name)
+			mu.Unlock()
+			time.Sleep(10 * time.Millisecond)
+			_ = w.MarkProcessed(context.Background(), ev.ResumeToken)
+		}
+	}
+	a := e.start(cfg)
+	go consume(a, "a")
+	require.Eventually(t, func() bool { return len(a.Stats().Shared.Ranges) == SharedRanges }, liveWait, 10*time.Millisecond)
+	b := e.start(cfg)
+	go consume(b, "b")
+	require.Eventually(t, func() bool {
+		return len(a.Stats().Shared.Ranges) == SharedRanges/2 && len(b.Stats().Shared.Ranges) == SharedRanges/2
+	}, liveWait, 10*time.Millisecond)
+	all := append(old, e.insert(50)...)
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) >= len(all)
+	}, liveWait, 20*time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	oldBy := map[string]int{}
+	for _, id := range all {
+		require.Len(t, got[id], 1, "row %d delivered %v", id, got[id])
+	}
+	for _, id := range old {
+		oldBy[got[id][0]]++
+	}
+	require.Len(t, got, len(all))
+	require.Positive(t, oldBy["a"], "no row from before the upgrade went to the first member")
+	require.Positive(t, oldBy["b"], "no row from before the upgrade went to the second member")
+}

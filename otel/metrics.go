@@ -37,6 +37,7 @@ const (
 	attrOperationType = "messaging.operation.type"
 	attrBatchCount    = "messaging.batch.message_count"
 	attrErrorType     = "error.type"
+	attrMember        = "pgchangestream.member" // a Shared member's name (Config.MemberName)
 )
 
 // Watcher is what [Metrics] reads: [pgchangestream.Watcher] implements it.
@@ -52,6 +53,7 @@ type Watcher interface {
 // safe for concurrent use.
 type Metrics struct {
 	instruments []instrument // of metrics.All, in its order
+	shared      []instrument // of metrics.Shared, in its order: for Shared members only
 	reg         metric.Registration
 
 	mu       sync.Mutex
@@ -69,6 +71,7 @@ type instrument struct {
 // watched is a watcher added to Metrics with its attributes.
 type watched struct {
 	w        Watcher
+	base     []attribute.KeyValue     // baseAttributes of its client and table
 	attrs    metric.MeasurementOption // every metric's
 	consumed metric.MeasurementOption // messaging.client.consumed.messages': attrs and the operation
 }
@@ -81,8 +84,28 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 	}
 	meter := mp.Meter(Name)
 	m := &Metrics{watchers: map[string]watched{}}
-	observables := make([]metric.Observable, 0, len(metrics.All))
-	for _, d := range metrics.All {
+	var (
+		observables []metric.Observable
+		err         error
+	)
+	if m.instruments, observables, err = newInstruments(meter, metrics.All, observables); err != nil {
+		return nil, err
+	}
+	if m.shared, observables, err = newInstruments(meter, metrics.Shared, observables); err != nil {
+		return nil, err
+	}
+	reg, err := meter.RegisterCallback(m.observe, observables...)
+	if err != nil {
+		return nil, fmt.Errorf("pgchangestream/otel: register callback: %w", err)
+	}
+	m.reg = reg
+	return m, nil
+}
+
+// newInstruments creates the instruments of ds on meter, and appends them to observables.
+func newInstruments(meter metric.Meter, ds []metrics.Metric, observables []metric.Observable) ([]instrument, []metric.Observable, error) {
+	insts := make([]instrument, 0, len(ds))
+	for _, d := range ds {
 		var (
 			inst instrument
 			err  error
@@ -99,16 +122,11 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 			observables = append(observables, inst.gauge)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("pgchangestream/otel: create %s: %w", d.OTel, err)
+			return nil, nil, fmt.Errorf("pgchangestream/otel: create %s: %w", d.OTel, err)
 		}
-		m.instruments = append(m.instruments, inst)
+		insts = append(insts, inst)
 	}
-	reg, err := meter.RegisterCallback(m.observe, observables...)
-	if err != nil {
-		return nil, fmt.Errorf("pgchangestream/otel: register callback: %w", err)
-	}
-	m.reg = reg
-	return m, nil
+	return insts, observables, nil
 }
 
 // Add observes w, the watcher of client (its Config.ClientName) on table (its
@@ -119,7 +137,7 @@ func (m *Metrics) Add(client, table string, w Watcher) {
 	consumed := attribute.NewSet(append(base, attribute.String(attrOperationName, "receive"))...)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.watchers[client] = watched{w: w, attrs: metric.WithAttributeSet(set), consumed: metric.WithAttributeSet(consumed)}
+	m.watchers[client] = watched{w: w, base: base, attrs: metric.WithAttributeSet(set), consumed: metric.WithAttributeSet(consumed)}
 }
 
 // Remove stops observing the watcher added as client.
@@ -149,17 +167,29 @@ func (m *Metrics) observe(_ context.Context, o metric.Observer) error {
 			if d.OTel == metrics.ConsumedMessages {
 				attrs = w.consumed
 			}
-			switch inst := m.instruments[i]; {
-			case inst.counter != nil:
-				o.ObserveInt64(inst.counter, int64(d.Value(r)), attrs)
-			case inst.floatCounter != nil:
-				o.ObserveFloat64(inst.floatCounter, d.Value(r), attrs)
-			default:
-				o.ObserveFloat64(inst.gauge, d.Value(r), attrs)
-			}
+			observeOne(o, m.instruments[i], d.Value(r), attrs)
+		}
+		if !metrics.IsShared(r) {
+			continue
+		}
+		member := metric.WithAttributeSet(attribute.NewSet(append(w.base, attribute.String(attrMember, r.Stats.Shared.Name))...))
+		for i, d := range metrics.Shared {
+			observeOne(o, m.shared[i], d.Value(r), member)
 		}
 	}
 	return nil
+}
+
+// observeOne records value on inst.
+func observeOne(o metric.Observer, inst instrument, value float64, attrs metric.MeasurementOption) {
+	switch {
+	case inst.counter != nil:
+		o.ObserveInt64(inst.counter, int64(value), attrs)
+	case inst.floatCounter != nil:
+		o.ObserveFloat64(inst.floatCounter, value, attrs)
+	default:
+		o.ObserveFloat64(inst.gauge, value, attrs)
+	}
 }
 
 // baseAttributes are the attributes of every metric and span of a watcher.

@@ -264,3 +264,34 @@ func testMetricsOfProcess(t *testing.T) {
 	_, isFloat := got["pgchangestream.process.handler.time"].(metricdata.Sum[float64])
 	require.True(t, isFloat, "handler time is a float counter")
 }
+
+// statsOnly is a Watcher with fixed Stats.
+type statsOnly struct{ s pgchangestream.Stats }
+
+func (w statsOnly) Stats() pgchangestream.Stats { return w.s }
+func (statsOnly) Health() error                 { return nil }
+
+// A Shared member's ranges and hand-overs carry its name beside the client's; an unshared
+// watcher has neither.
+func TestMetricsOfSharedMembers(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	m, err := NewMetrics(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
+	require.NoError(t, err)
+	defer m.Close()
+	m.Add("quarantine", "health_events", statsOnly{pgchangestream.Stats{Shared: pgchangestream.SharedStats{
+		Member: 4, Name: "node-a", Ranges: []int{0, 1, 2}, HandOvers: 2}}})
+	m.Add("billing", "orders", statsOnly{})
+	got := collected(t, reader)
+	ranges, attrs := point(t, got["pgchangestream.shared.ranges"], "quarantine")
+	require.Equal(t, 3.0, ranges)
+	member, _ := attrs.Value(attrMember)
+	require.Equal(t, "node-a", member.AsString())
+	handovers, _ := point(t, got["pgchangestream.shared.handovers"], "quarantine")
+	require.Equal(t, 2.0, handovers)
+	switch d := got["pgchangestream.shared.ranges"].(type) {
+	case metricdata.Gauge[float64]:
+		require.Len(t, d.DataPoints, 1, "an unshared watcher has no shared metrics")
+	default:
+		t.Fatalf("pgchangestream.shared.ranges is a %T", d)
+	}
+}
