@@ -279,7 +279,7 @@ func TestLiveSharedMembers(t *testing.T) {
 	require.Zero(t, overlaps, "a key handled by two members at once, e.g. %s", example.String)
 	var frozen int
 	require.NoError(t, e.db.QueryRow(`SELECT count(*) FROM shared_handled WHERE member = 'm1' AND started < $1 AND finished > $2`,
-		resumedAt, pausedAt).Scan(&frozen))
+		pausedAt, resumedAt).Scan(&frozen))
 	require.Zero(t, frozen, "a handler frozen by the pause recorded its effect after waking up")
 
 	// Per key, in the order handled: within a member ids only grow; when the key moves to

@@ -24,8 +24,9 @@ func sharedStatementsWatcher(t *testing.T, e *liveEnv, id int64, other int) *Wat
 	w, err := New(cfg)
 	require.NoError(t, err)
 	w.sh.id.Store(id)
-	liveExec(t, e.db, `INSERT INTO datastore_changelog_members (client_name, member, name, lease_until)
-		SELECT 'c', m, 'm' || m, now() + interval '1 hour' FROM unnest('{7,8,9}'::bigint[]) AS m ON CONFLICT DO NOTHING`)
+	liveExec(t, e.db, `INSERT INTO datastore_changelog_members (client_name, member, name, lease_until, valid_since)
+		SELECT 'c', m, 'm' || m, now() + interval '1 hour', now() - interval '1 hour' FROM unnest('{7,8,9}'::bigint[]) AS m
+		ON CONFLICT DO NOTHING`) // settled: they may claim the ranges of members whose lease ran out
 	liveExec(t, e.db, `INSERT INTO datastore_changelog_ranges (client_name, range_no, owner, resume_token)
 		SELECT 'c', g, CASE WHEN g = $1 THEN 8 ELSE 7 END, '{}' FROM generate_series(0, 63) AS g ON CONFLICT DO NOTHING`, other)
 	return w
