@@ -209,6 +209,12 @@ func (w *Watcher) loadShared(ctx context.Context, rewinding bool, skipFree bool,
 		if err := w.claimRanges(ctx, claimable); err != nil {
 			return Position{}, err
 		}
+		// Ranges claimed from other members may have been saved at snapshots taken after now:
+		// check them against a snapshot taken after the claim.
+		var err error
+		if now, inc, err = w.currentSnapshot(ctx); err != nil {
+			return Position{}, fmt.Errorf("take snapshot: %w", err)
+		}
 	}
 	w.skipFree.Store(true)
 	w.takeHints()

@@ -3,6 +3,7 @@ package pgchangestream
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -235,4 +236,35 @@ func TestLeaseContext(t *testing.T) {
 		synctest.Wait()
 		require.ErrorIs(t, c3.Err(), context.DeadlineExceeded)
 	})
+}
+
+// A member that joins reads the ranges it claimed against a snapshot taken after the claim:
+// another member may have saved them at a snapshot newer than the one its load began with,
+// which is no sign of a restored database.
+func TestSharedLoadChecksClaimedRangesAgainstASnapshotAfterTheClaim(t *testing.T) {
+	w, mock := newMockWatcher(t, Config{Shared: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() {
+		cancel()
+		w.wg.Wait() // the coordinator the join started
+	}()
+	mock.ExpectQuery(w.sh.q.detect).WillReturnRows(sqlmock.NewRows([]string{"ok"}).AddRow(true))
+	mock.ExpectQuery(w.sh.q.join).WillReturnRows(sqlmock.NewRows([]string{"member"}).AddRow(int64(3)))
+	mock.ExpectQuery(w.q.loadToken).WillReturnRows(sqlmock.NewRows([]string{"resume_token"}))
+	mock.ExpectQuery(w.q.newest).WillReturnRows(sqlmock.NewRows([]string{"changed_at", "id"}))
+	mock.ExpectExec(w.sh.q.initRanges).WillReturnResult(sqlmock.NewResult(0, 0))
+	mock.ExpectExec(w.sh.q.renew).WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(w.sh.q.expire).WillReturnResult(sqlmock.NewResult(0, 0))
+	owners := "{" + strings.Repeat("0,", SharedRanges-1) + "0}"
+	mock.ExpectQuery(w.sh.q.state).WillReturnRows(sqlmock.NewRows([]string{"m", "o", "s"}).AddRow("{3}", owners, false))
+	mock.ExpectQuery(w.sh.q.claim).WillReturnRows(sqlmock.NewRows([]string{"range_no"}).AddRow(0))
+	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("200:200:"))
+	saved := string(encodeToken(Position{ID: 9, span: &span{seq: 1, base: mustSnapshot(t, "150:150:")}}, "t"))
+	mock.ExpectQuery(w.sh.q.load).WillReturnRows(sqlmock.NewRows([]string{"range_no", "resume_token"}).AddRow(0, saved))
+	w.ckMu.Lock()
+	x, err := w.loadShared(ctx, false, true, mustSnapshot(t, "100:100:"), "")
+	w.ckMu.Unlock()
+	require.NoError(t, err)
+	require.Equal(t, "150:150:", x.span.base.String())
+	require.NoError(t, mock.ExpectationsWereMet())
 }
