@@ -49,7 +49,7 @@ type unitSQL struct{ cond, expr string }
 // one): they ask for the units from the first range's to the last range's, one condition the
 // index checks; rows of ranges between them that the member does not own are skipped when read.
 func sharedReadQueries(cfg Config, ranges []int) *readQueries {
-	iv, _, _ := lease.Cover(ranges, unitsPerRange)
+	iv := lease.Cover(ranges, unitsPerRange)
 	cl := cfg.ChangelogTable
 	u := &unitSQL{
 		cond: ` AND ` + unitExpression(cl) + ` BETWEEN ` + strconv.Itoa(iv.Lo) + ` AND ` + strconv.Itoa(iv.Hi),

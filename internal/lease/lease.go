@@ -28,13 +28,8 @@ func Target(members []int64, me int64, ranges int) []int {
 // Interval is the units from Lo to Hi, both included.
 type Interval struct{ Lo, Hi int }
 
-// Cover returns the interval of units that holds every unit of the ranges (ascending, each of
-// unitsPerRange units), and whether the ranges are exactly that interval (contiguous). ok is
-// false when ranges is empty.
-func Cover(ranges []int, unitsPerRange int) (iv Interval, exact, ok bool) {
-	if len(ranges) == 0 {
-		return Interval{}, false, false
-	}
-	first, last := ranges[0], ranges[len(ranges)-1]
-	return Interval{Lo: first * unitsPerRange, Hi: (last+1)*unitsPerRange - 1}, last-first+1 == len(ranges), true
+// Cover returns the interval of units that holds every unit of ranges (ascending, not empty,
+// each of unitsPerRange units): from the first range's first unit to the last range's last.
+func Cover(ranges []int, unitsPerRange int) Interval {
+	return Interval{Lo: ranges[0] * unitsPerRange, Hi: (ranges[len(ranges)-1]+1)*unitsPerRange - 1}
 }
