@@ -292,7 +292,7 @@ func (w *Watcher) Close(ctx context.Context) error {
 		w.log.Warn("cannot set the processed flag at Close; it lags the saved token", "error", err)
 	}
 	if w.sh != nil {
-		return w.leave(ctx)
+		return w.leaveAtClose(ctx)
 	}
 	return nil
 }

@@ -298,6 +298,9 @@ func (w *Watcher) saveCheckpoint(ctx context.Context, rule saveRule) error {
 	if saved {
 		w.afterSave(ctx) // outside ckMu: marking must not hold up the next save
 	}
+	if err == nil && w.sh != nil && w.sh.leaveWhenDrained.Load() {
+		return w.leaveIfDrained(ctx)
+	}
 	return err
 }
 

@@ -170,6 +170,9 @@ type sharedMember struct {
 	view atomic.Pointer[sharedView]
 
 	handOvers atomic.Uint64 // added by the reader after each hand-over that changed its ranges
+	// leaveWhenDrained: Close found deliveries not acknowledged; the save that acknowledges the
+	// last of them leaves the members (set by Close, cleared once by that save).
+	leaveWhenDrained atomic.Bool
 	// lost is cancelled (once) when the member stops owning its ranges: fenced off, or its
 	// membership gone; its handlers' contexts end with it.
 	lost     context.Context
@@ -373,6 +376,29 @@ func parseIntArray(s string) ([]int64, error) {
 	return out, nil
 }
 
+// leaveAtClose leaves the members at Close when nothing delivered is unacknowledged. Otherwise
+// the member keeps its ranges, so that acknowledgements after Close are still saved (contract
+// rule 13), and leaves at the save that acknowledges the last of them; if none comes, its lease
+// runs out (its coordinator has stopped) and the others take the ranges over.
+func (w *Watcher) leaveAtClose(ctx context.Context) error {
+	if _, _, _, busy := w.checkpoint(); busy {
+		w.sh.leaveWhenDrained.Store(true)
+		w.log.Info("closed with deliveries not acknowledged: the member keeps its ranges until they are, or until its lease runs out",
+			"member", w.sh.id.Load())
+		return nil
+	}
+	return w.leave(ctx)
+}
+
+// leaveIfDrained leaves the members, once, after a save that left nothing unacknowledged by a
+// member closed with deliveries pending.
+func (w *Watcher) leaveIfDrained(ctx context.Context) error {
+	if _, _, _, busy := w.checkpoint(); busy || !w.sh.leaveWhenDrained.CompareAndSwap(true, false) {
+		return nil
+	}
+	return w.leave(ctx)
+}
+
 // leave frees the member's ranges and deletes its row, at Close, so that other members take
 // them over at once rather than after its lease.
 func (w *Watcher) leave(ctx context.Context) error {
@@ -381,7 +407,7 @@ func (w *Watcher) leave(ctx context.Context) error {
 		return nil
 	}
 	if _, err := w.cfg.DB.ExecContext(ctx, w.sh.q.leave, w.cfg.ClientName, id); err != nil {
-		return fmt.Errorf("pgchangestream: close: leave the shared members (the others take over after the lease): %w", err)
+		return fmt.Errorf("pgchangestream: leave the shared members (the others take over after the lease): %w", err)
 	}
 	w.log.Info("left the shared members", "member", id)
 	return nil

@@ -650,3 +650,30 @@ func TestLiveSharedMembersReadRowsFromBeforeTheUpgrade(t *testing.T) {
 	require.Positive(t, oldBy["a"], "no row from before the upgrade went to the first member")
 	require.Positive(t, oldBy["b"], "no row from before the upgrade went to the second member")
 }
+
+// MarkProcessed keeps working after Close (contract rule 13): a member closed with a delivery
+// not acknowledged keeps its ranges, saves the acknowledgement that comes after Close, and
+// then gives its ranges up.
+func TestLiveSharedMarkProcessedAfterClose(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	cfg := e.config(ModePolling)
+	cfg.Shared = true
+	w := e.start(cfg)
+	require.Eventually(t, func() bool { return len(w.Stats().Shared.Ranges) == SharedRanges }, liveWait, 10*time.Millisecond)
+	ids := e.insert(1)
+	require.Equal(t, ids, receiveWithin(t, w, 1, liveWait))
+	require.NoError(t, w.Close(context.Background()))
+	owned := func() int {
+		return liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog_ranges WHERE owner IS NOT NULL`)
+	}
+	require.Equal(t, SharedRanges, owned(), "the ranges were given up with a delivery not acknowledged")
+	require.NoError(t, w.MarkProcessed(context.Background(), tok(ids[0])))
+	require.Zero(t, owned(), "the acknowledgement after Close did not give the ranges up")
+	require.Zero(t, liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog_members`))
+
+	// The next member resumes after the acknowledged row.
+	next := e.start(cfg)
+	later := e.insert(1)
+	require.Equal(t, later, receiveWithin(t, next, 1, liveWait))
+}
