@@ -387,50 +387,84 @@ func TestLiveSharedRefusesALegacyChangelog(t *testing.T) {
 	require.Contains(t, w.Err().Error(), "InstallSchema")
 }
 
-// Two members in one process: a row committed to each range is delivered once, by the member
-// that owns its range, and each member's Stats show its ranges.
+// Two members in one process, in each mode, while writers commit out of order (transactions
+// held open for random moments): every committed row is delivered once, by the member that owns
+// its range, and each member's Stats show its ranges.
 func TestLiveSharedMembersDivideRows(t *testing.T) {
-	t.Parallel()
-	e := newLive(t)
-	cfg := e.config(ModeHybrid)
-	cfg.Shared, cfg.SharedLease, cfg.StartFromBeginning = true, time.Second, true
-	a := e.start(cfg)
-	require.Eventually(t, func() bool { return len(a.Stats().Shared.Ranges) == SharedRanges }, liveWait, 10*time.Millisecond)
-	b := e.start(cfg)
-	require.Eventually(t, func() bool {
-		return len(a.Stats().Shared.Ranges) == SharedRanges/2 && len(b.Stats().Shared.Ranges) == SharedRanges/2
-	}, liveWait, 10*time.Millisecond, "the two members did not split the ranges")
-	ids := e.insert(200)
-	got := map[int64]string{}
-	var mu sync.Mutex
-	receive := func(w *Watcher, name string) {
-		for ev := range w.Events() {
-			id, _, err := parseToken(ev.ResumeToken)
+	for _, mode := range allModes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			e := newLive(t)
+			cfg := e.config(mode)
+			cfg.Shared, cfg.SharedLease, cfg.StartFromBeginning = true, time.Second, true
+			a, b := startSplitPair(t, e, cfg, nil)
+			got := map[int64]string{}
+			var mu sync.Mutex
+			receive := func(w *Watcher, name string) {
+				for ev := range w.Events() {
+					id, _, err := parseToken(ev.ResumeToken)
+					require.NoError(t, err)
+					mu.Lock()
+					prev, twice := got[id]
+					got[id] = name
+					mu.Unlock()
+					require.False(t, twice, "row %d delivered to %s and %s", id, prev, name)
+					require.NoError(t, w.MarkProcessed(context.Background(), ev.ResumeToken))
+				}
+			}
+			go receive(a, "a")
+			go receive(b, "b")
+			errs := make(chan error, 4)
+			for i := range 4 {
+				go func() {
+					rng := rand.New(rand.NewPCG(uint64(i), 17))
+					for range 50 {
+						tx, err := e.db.Begin()
+						if err == nil {
+							_, err = tx.Exec(`INSERT INTO items (n) VALUES (1)`)
+						}
+						if err != nil {
+							errs <- err
+							return
+						}
+						time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond) // commits overtake each other
+						if err := tx.Commit(); err != nil {
+							errs <- err
+							return
+						}
+					}
+					errs <- nil
+				}()
+			}
+			for range 4 {
+				require.NoError(t, <-errs)
+			}
+			var ids []int64
+			rows, err := e.db.Query(`SELECT id FROM datastore_changelog WHERE table_name = 'items' ORDER BY id`)
 			require.NoError(t, err)
+			for rows.Next() {
+				var id int64
+				require.NoError(t, rows.Scan(&id))
+				ids = append(ids, id)
+			}
+			require.NoError(t, rows.Err())
+			require.Len(t, ids, 200)
+			require.Eventually(t, func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(got) == len(ids)
+			}, liveWait, 10*time.Millisecond, "not every row was delivered")
+			owns := map[string][]int{"a": a.Stats().Shared.Ranges, "b": b.Stats().Shared.Ranges}
 			mu.Lock()
-			prev, twice := got[id]
-			got[id] = name
-			mu.Unlock()
-			require.False(t, twice, "row %d delivered to %s and %s", id, prev, name)
-			require.NoError(t, w.MarkProcessed(context.Background(), ev.ResumeToken))
-		}
+			defer mu.Unlock()
+			for _, id := range ids {
+				var unit int
+				require.NoError(t, e.db.QueryRow(`SELECT `+unitExpression("datastore_changelog")+` FROM datastore_changelog WHERE id = $1`, id).Scan(&unit))
+				require.Contains(t, owns[got[id]], unit/16, "row %d (unit %d) delivered to %s, which does not own its range", id, unit, got[id])
+			}
+			require.NotEqual(t, a.Stats().Shared.Member, b.Stats().Shared.Member)
+		})
 	}
-	go receive(a, "a")
-	go receive(b, "b")
-	require.Eventually(t, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(got) == len(ids)
-	}, liveWait, 10*time.Millisecond, "not every row was delivered")
-	owns := map[string][]int{"a": a.Stats().Shared.Ranges, "b": b.Stats().Shared.Ranges}
-	mu.Lock()
-	defer mu.Unlock()
-	for _, id := range ids {
-		var unit int
-		require.NoError(t, e.db.QueryRow(`SELECT `+unitExpression("datastore_changelog")+` FROM datastore_changelog WHERE id = $1`, id).Scan(&unit))
-		require.Contains(t, owns[got[id]], unit/16, "row %d (unit %d) delivered to %s, which does not own its range", id, unit, got[id])
-	}
-	require.NotEqual(t, a.Stats().Shared.Member, b.Stats().Shared.Member)
 }
 
 // A backlog larger than a batch in one transaction (a listed delta) is divided as any other:
@@ -440,12 +474,7 @@ func TestLiveSharedMembersDivideALargeDelta(t *testing.T) {
 	e := newLive(t)
 	cfg := e.config(ModePolling)
 	cfg.Shared, cfg.SharedLease, cfg.BatchSize = true, time.Second, 50
-	a := e.start(cfg)
-	require.Eventually(t, func() bool { return len(a.Stats().Shared.Ranges) == SharedRanges }, liveWait, 10*time.Millisecond)
-	b := e.start(cfg)
-	require.Eventually(t, func() bool {
-		return len(a.Stats().Shared.Ranges) == SharedRanges/2 && len(b.Stats().Shared.Ranges) == SharedRanges/2
-	}, liveWait, 10*time.Millisecond)
+	a, b := startSplitPair(t, e, cfg, nil)
 	_, err := e.db.Exec(`INSERT INTO items (n) SELECT g FROM generate_series(1, 2000) g`)
 	require.NoError(t, err)
 	var want [2][]int64
@@ -481,12 +510,7 @@ func TestLiveSharedMembersSurviveAServerCrash(t *testing.T) {
 	e := newLiveOn(t, srv)
 	cfg := e.config(ModeHybrid)
 	cfg.Shared, cfg.SharedLease = true, time.Second
-	a := e.start(cfg)
-	require.Eventually(t, func() bool { return len(a.Stats().Shared.Ranges) == SharedRanges }, liveWait, 10*time.Millisecond)
-	b := e.start(cfg)
-	require.Eventually(t, func() bool {
-		return len(a.Stats().Shared.Ranges) == SharedRanges/2 && len(b.Stats().Shared.Ranges) == SharedRanges/2
-	}, liveWait, 10*time.Millisecond)
+	a, b := startSplitPair(t, e, cfg, nil)
 	before := e.insert(20)
 	got := map[int64]int{}
 	var mu sync.Mutex
@@ -544,12 +568,7 @@ func TestLiveSharedMembersSurviveAServerPause(t *testing.T) {
 	e := newLiveOn(t, srv)
 	cfg := e.config(ModePolling)
 	cfg.Shared, cfg.SharedLease = true, time.Second
-	a := e.start(cfg)
-	require.Eventually(t, func() bool { return len(a.Stats().Shared.Ranges) == SharedRanges }, liveWait, 10*time.Millisecond)
-	b := e.start(cfg)
-	require.Eventually(t, func() bool {
-		return len(a.Stats().Shared.Ranges) == SharedRanges/2 && len(b.Stats().Shared.Ranges) == SharedRanges/2
-	}, liveWait, 10*time.Millisecond)
+	a, b := startSplitPair(t, e, cfg, nil)
 	time.Sleep(1500 * time.Millisecond) // both settled
 
 	pidFile, err := os.ReadFile(srv.Dir() + "/data/postmaster.pid")
@@ -622,14 +641,7 @@ func TestLiveSharedMembersReadRowsFromBeforeTheUpgrade(t *testing.T) {
 			_ = w.MarkProcessed(context.Background(), ev.ResumeToken)
 		}
 	}
-	a := e.start(cfg)
-	go consume(a, "a")
-	require.Eventually(t, func() bool { return len(a.Stats().Shared.Ranges) == SharedRanges }, liveWait, 10*time.Millisecond)
-	b := e.start(cfg)
-	go consume(b, "b")
-	require.Eventually(t, func() bool {
-		return len(a.Stats().Shared.Ranges) == SharedRanges/2 && len(b.Stats().Shared.Ranges) == SharedRanges/2
-	}, liveWait, 10*time.Millisecond)
+	startSplitPair(t, e, cfg, consume)
 	all := append(old, e.insert(50)...)
 	require.Eventually(t, func() bool {
 		mu.Lock()
@@ -676,4 +688,25 @@ func TestLiveSharedMarkProcessedAfterClose(t *testing.T) {
 	next := e.start(cfg)
 	later := e.insert(1)
 	require.Equal(t, later, receiveWithin(t, next, 1, liveWait))
+}
+
+// startSplitPair starts two members of cfg's client, the second once the first owns every range,
+// and returns them once they split the ranges evenly; consume, if set, is started on each
+// member (with "a" or "b") as soon as it starts.
+func startSplitPair(t *testing.T, e *liveEnv, cfg Config, consume func(*Watcher, string)) (a, b *Watcher) {
+	t.Helper()
+	a = e.start(cfg)
+	if consume != nil {
+		go consume(a, "a")
+	}
+	require.Eventually(t, func() bool { return len(a.Stats().Shared.Ranges) == SharedRanges }, liveWait, 10*time.Millisecond,
+		"the first member did not take every range: %v %v", a.Err(), a.Health())
+	b = e.start(cfg)
+	if consume != nil {
+		go consume(b, "b")
+	}
+	require.Eventually(t, func() bool {
+		return len(a.Stats().Shared.Ranges) == SharedRanges/2 && len(b.Stats().Shared.Ranges) == SharedRanges/2
+	}, liveWait, 10*time.Millisecond, "the two members did not split the ranges")
+	return a, b
 }
