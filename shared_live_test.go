@@ -439,15 +439,7 @@ func TestLiveSharedMembersDivideRows(t *testing.T) {
 			for range 4 {
 				require.NoError(t, <-errs)
 			}
-			var ids []int64
-			rows, err := e.db.Query(`SELECT id FROM datastore_changelog WHERE table_name = 'items' ORDER BY id`)
-			require.NoError(t, err)
-			for rows.Next() {
-				var id int64
-				require.NoError(t, rows.Scan(&id))
-				ids = append(ids, id)
-			}
-			require.NoError(t, rows.Err())
+			ids := e.queryIDs(e.db, `SELECT id FROM datastore_changelog WHERE table_name = 'items' ORDER BY id`)
 			require.Len(t, ids, 200)
 			require.Eventually(t, func() bool {
 				mu.Lock()
