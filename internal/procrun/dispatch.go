@@ -4,12 +4,13 @@ import (
 	"container/heap"
 	"context"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/watermark"
 )
 
-// keyState is one key's queue and state. Dispatcher goroutine only.
+// keyState is one key's queue and state. Guarded by dispatcher.mu.
 type keyState[E any] struct {
 	name    string
 	queue   []*Job[E] // FIFO; the head is the job running or waiting for its backoff
@@ -68,17 +69,20 @@ type pollResult[E any] struct {
 	blocked  []string
 }
 
-// dispatcher owns the scheduling state; only its goroutine (loop) touches the fields below the
-// channels.
+// dispatcher holds the scheduling state. The fields below mu are guarded by it: the dispatcher
+// goroutine (loop) takes it to queue deliveries, end backoffs, apply polls and stop; a worker
+// takes it to apply its result and take its next task (complete). The fields above it are set
+// by newDispatcher and never change.
 type dispatcher[E any] struct {
-	o       Options
-	h       Hooks[E]
-	jobCtx  context.Context
-	work    chan task[E]   // dispatcher → workers; capacity Workers, never more tasks than idle workers
-	results chan result[E] // workers → dispatcher; capacity Workers, so a worker never waits to report
-	polls   chan uint64    // dispatcher → poller: look now (capacity 1)
-	polled  chan pollResult[E]
+	o      Options
+	h      Hooks[E]
+	jobCtx context.Context
+	work   chan task[E]  // tasks for idle workers; capacity Workers, never more tasks than idle workers
+	kick   chan struct{} // workers → dispatcher goroutine: the state changed, look again (capacity 1)
+	polls  chan uint64   // dispatcher → poller: look now (capacity 1)
+	polled chan pollResult[E]
 
+	mu    sync.Mutex
 	keys  map[string]*keyState[E]
 	ready []*keyState[E] // keys with a queued job, none running, not in backoff; FIFO
 	// restoreWait: ready keys whose head is deferred, set aside while MaxInFlight full events
@@ -89,11 +93,11 @@ type dispatcher[E any] struct {
 	seq         uint64
 	inFlight    int            // deliveries taken from the source and not finished
 	deferred    int            // of those, the deferred ones not being restored
-	busy        int            // tasks at workers
+	busy        int            // tasks handed out (queued in work or running) and not completed
 	reruns      map[int64]bool // parked ids queued or running as reruns
 	epoch       uint64         // polls asked for
 	polling     bool           // a poll is outstanding
-	stopping    bool           // no more events are taken, no retries and no polls
+	stopping    bool           // no more events are taken, no retries and no polls (set by loop or by complete)
 	graceOver   bool           // stopping and the grace period is over: nothing more runs
 	err         error
 }
@@ -101,13 +105,13 @@ type dispatcher[E any] struct {
 func newDispatcher[E any](o Options, h Hooks[E], jobCtx context.Context) *dispatcher[E] {
 	return &dispatcher[E]{
 		o: o, h: h, jobCtx: jobCtx,
-		work:    make(chan task[E], o.Workers),
-		results: make(chan result[E], o.Workers),
-		polls:   make(chan uint64, 1),
-		polled:  make(chan pollResult[E], 1),
-		keys:    map[string]*keyState[E]{},
-		mark:    watermark.New[E](),
-		reruns:  map[int64]bool{},
+		work:   make(chan task[E], o.Workers),
+		kick:   make(chan struct{}, 1),
+		polls:  make(chan uint64, 1),
+		polled: make(chan pollResult[E], 1),
+		keys:   map[string]*keyState[E]{},
+		mark:   watermark.New[E](),
+		reruns: map[int64]bool{},
 	}
 }
 
@@ -120,7 +124,10 @@ func (d *dispatcher[E]) key(name string) *keyState[E] {
 	return k
 }
 
-// loop is the dispatcher goroutine's body (it runs on Run's goroutine).
+// loop is the dispatcher goroutine's body (it runs on Run's goroutine). It takes deliveries,
+// ends backoffs, polls the dead-letter store and stops the run; workers hand themselves their
+// next tasks (complete) and kick it when they changed the state, so that it looks again whether
+// to take events, when the next backoff ends and whether the run is over.
 func (d *dispatcher[E]) loop(ctx context.Context, src <-chan E, cancelJobs, stopPoll context.CancelFunc) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -136,18 +143,20 @@ func (d *dispatcher[E]) loop(ctx context.Context, src <-chan E, cancelJobs, stop
 	graceTimer.Stop()
 	defer graceTimer.Stop()
 	var grace <-chan time.Time
-	stop := func(err error) {
-		d.stopping, d.err, done, tick = true, err, nil, nil
-		stopPoll()
-		graceTimer.Reset(d.o.Grace)
-		grace = graceTimer.C
-	}
 	for {
+		d.mu.Lock()
+		if d.stopping && grace == nil { // stopped here, or by a failure a worker applied
+			done, tick = nil, nil
+			stopPoll()
+			graceTimer.Reset(d.o.Grace)
+			grace = graceTimer.C
+		}
 		if !d.graceOver { // stopping: what was taken still runs during the grace period
 			d.dispatch()
 		}
 		if d.stopping && d.busy == 0 && (d.graceOver || len(d.ready) == 0) {
 			close(d.work) // the workers are idle: they exit
+			d.mu.Unlock()
 			return d.err
 		}
 		var in <-chan E
@@ -159,39 +168,81 @@ func (d *dispatcher[E]) loop(ctx context.Context, src <-chan E, cancelJobs, stop
 			timer.Reset(time.Until(d.backoffs[0].at))
 			wake = timer.C
 		}
+		d.mu.Unlock()
 		select {
 		case ev, ok := <-in:
-			if !ok {
-				stop(nil)
-				continue
+			var name string
+			if ok {
+				name = d.h.Key(ev) // the caller's function: not under mu
 			}
-			d.take(ev)
-		case r := <-d.results:
-			d.busy--
-			d.h.Stats.Busy.Store(int64(d.busy))
-			if err := d.apply(r); err != nil && !d.stopping {
-				stop(err)
+			d.mu.Lock()
+			if ok {
+				d.take(name, ev)
+			} else {
+				d.stop(nil)
 			}
+			d.mu.Unlock()
+		case <-d.kick:
 		case <-wake:
+			d.mu.Lock()
 			d.endBackoffs()
+			d.mu.Unlock()
 		case <-tick:
+			d.mu.Lock()
 			if !d.polling {
 				d.polling = true
 				d.epoch++
 				d.polls <- d.epoch
 			}
+			d.mu.Unlock()
 		case p := <-d.polled:
+			d.mu.Lock()
 			d.polling = false
 			if !d.stopping {
 				d.applyPoll(p)
 			}
+			d.mu.Unlock()
 		case <-done:
-			stop(nil)
+			d.mu.Lock()
+			d.stop(nil)
+			d.mu.Unlock()
 		case <-grace:
+			d.mu.Lock()
 			d.graceOver = true
+			d.mu.Unlock()
 			cancelJobs()
 		}
 	}
+}
+
+// stop stops the run with err (nil: ctx ended or the source closed), unless it is stopping
+// already; the loop then stops polling and starts the grace period.
+func (d *dispatcher[E]) stop(err error) {
+	if !d.stopping {
+		d.stopping, d.err = true, err
+	}
+}
+
+// complete applies a worker's result and, if a ready key can run, hands its head to the same
+// worker (ok), so that a busy run needs no trip through the dispatcher goroutine per event. It
+// hands other ready keys to idle workers and kicks the dispatcher goroutine.
+func (d *dispatcher[E]) complete(r result[E]) (next task[E], ok bool) {
+	d.mu.Lock()
+	d.busy--
+	if err := d.apply(r); err != nil {
+		d.stop(err)
+	}
+	if !d.graceOver {
+		next, ok = d.next()
+		d.dispatch()
+	}
+	d.h.Stats.Busy.Store(int64(d.busy))
+	d.mu.Unlock()
+	select {
+	case d.kick <- struct{}{}:
+	default: // a kick is pending: the loop looks at everything
+	}
+	return next, ok
 }
 
 // full is the number of full (not deferred) deliveries held: taken and not finished, or being
@@ -205,11 +256,11 @@ func (d *dispatcher[E]) canTake() bool {
 		(d.h.Defer == nil || d.deferred < d.o.MaxDeferred)
 }
 
-// take queues a delivery from the source, deferred if its key holds MaxKeyQueue full events or
-// deferred ones.
-func (d *dispatcher[E]) take(ev E) {
+// take queues a delivery from the source under its key's name, deferred if the key holds
+// MaxKeyQueue full events or deferred ones.
+func (d *dispatcher[E]) take(name string, ev E) {
 	d.seq++
-	k := d.key(d.h.Key(ev))
+	k := d.key(name)
 	j := &Job[E]{Ev: ev, Key: k.name, Seq: d.seq}
 	if d.h.Defer != nil && (k.deferred > 0 || len(k.queue) >= d.o.MaxKeyQueue) {
 		j.Ev, j.Deferred = d.h.Defer(ev), true
@@ -241,31 +292,45 @@ func (d *dispatcher[E]) makeReady(k *keyState[E]) {
 	}
 }
 
-// dispatch hands the head jobs of ready keys to idle workers. A deferred head is restored on
-// the worker and counts as a full event from now on.
+// dispatch hands the head jobs of ready keys to idle workers. It never blocks: busy < Workers
+// means that many workers are not running a task, and each is waiting for one in work or on its
+// way there (complete found nothing for it).
 func (d *dispatcher[E]) dispatch() {
-	for d.busy < d.o.Workers {
-		k := d.nextReady()
-		if k == nil {
+	for {
+		t, ok := d.next()
+		if !ok {
 			return
 		}
-		k.inReady = false
-		j := k.queue[0]
-		kind := runJob
-		switch {
-		case j.Seq == 0 && j.Parked == 0:
-			kind = releaseJob
-		case k.blocked && j.Seq > 0:
-			kind = parkJob
-		}
-		if j.Deferred {
-			d.setDeferred(d.deferred - 1)
-		}
-		k.running = true
-		d.busy++
-		d.h.Stats.Busy.Store(int64(d.busy))
-		d.work <- task[E]{kind: kind, job: j, restoring: j.Deferred} // never blocks: at most Workers tasks are out
+		d.work <- t
 	}
+}
+
+// next takes the head job of the next ready key as a task, if a worker is free for it. A
+// deferred head is restored on the worker and counts as a full event from now on.
+func (d *dispatcher[E]) next() (task[E], bool) {
+	if d.busy >= d.o.Workers {
+		return task[E]{}, false
+	}
+	k := d.nextReady()
+	if k == nil {
+		return task[E]{}, false
+	}
+	k.inReady = false
+	j := k.queue[0]
+	kind := runJob
+	switch {
+	case j.Seq == 0 && j.Parked == 0:
+		kind = releaseJob
+	case k.blocked && j.Seq > 0:
+		kind = parkJob
+	}
+	if j.Deferred {
+		d.setDeferred(d.deferred - 1)
+	}
+	k.running = true
+	d.busy++
+	d.h.Stats.Busy.Store(int64(d.busy))
+	return task[E]{kind: kind, job: j, restoring: j.Deferred}, true
 }
 
 // nextReady returns the next key to dispatch, nil if none: a key waiting to restore when there
@@ -293,7 +358,8 @@ func popFront[T any](q *[]*T) *T {
 	return x
 }
 
-// apply takes a worker's result; it returns the failure that stops the run, if any.
+// apply takes a worker's result; it returns the failure that stops the run, if any (ignored
+// when the run is stopping already).
 func (d *dispatcher[E]) apply(r result[E]) error {
 	j := r.task.job
 	k := d.keys[j.Key]

@@ -5,9 +5,11 @@
 // nothing of the database: the run step, the acknowledgement and the dead-letter store are
 // given by its caller (the watcher, or the test kit's fake watcher).
 //
-// One dispatcher goroutine owns all the scheduling state (key queues, ready keys, backoffs, the
-// mark, blocked keys); workers and the dead-letter poller talk to it over channels only, so the
-// state needs no lock. Counters for Stats are atomics in [Stats].
+// The scheduling state (key queues, ready keys, backoffs, the mark, blocked keys) is guarded by
+// one mutex. A dispatcher goroutine takes events from the channel, ends backoffs and polls the
+// dead-letter store (through a poller goroutine, over channels); a worker that finishes a task
+// applies its result and takes the next ready key's head itself, so a busy run passes no event
+// through another goroutine between two handlers. Counters for Stats are atomics in [Stats].
 package procrun
 
 import (
@@ -148,8 +150,10 @@ func Run[E any](ctx context.Context, o Options, src <-chan E, h Hooks[E]) error 
 	var wg sync.WaitGroup
 	for range o.Workers {
 		wg.Go(func() {
-			for j := range d.work {
-				d.results <- d.do(jobCtx, j)
+			for t := range d.work {
+				for ok := true; ok; {
+					t, ok = d.complete(d.do(jobCtx, t))
+				}
 			}
 		})
 	}
