@@ -249,7 +249,7 @@ const limitsText = `## What limits each figure
   the storage's flush latency plus a round trip. It is the ceiling of any consumer that persists
   every acknowledgement before going on.
 - **drain_sync**: one save per event, the token upsert alone: the processed flag is set by the
-  watcher's background marker, at most every 10 ms, for all the rows the saves since its last
+  watcher's background marker, at most every 100 ms, for all the rows the saves since its last
   pass certified, in one statement (ids collected through the changelog's range index, then
   updated by primary key). Every drain with the flag on ends when all its rows are marked, so
   the marker's catch-up is in the time. ` + "`drain_sync_noflag`" + ` is the same drain with
@@ -262,8 +262,12 @@ const limitsText = `## What limits each figure
   each row's JSON into maps on the reader goroutine, the next read running meanwhile.
   ` + "`drain_batched_flag`" + ` ends when every row is marked, and the rewrites of the rows set the
   pace: a marked row gets a new version with new entries in the changelog's indexes (the partial
-  ` + "`WHERE processed = FALSE`" + ` indexes rule out HOT updates), and an upgraded changelog has one
-  index more (` + "`(table_name, txid, id)`" + `). The time per row that the flag adds,
+  ` + "`WHERE processed = FALSE`" + ` indexes rule out HOT updates, and the changelog's pages are full
+  anyway), and an upgraded changelog has one index more (` + "`(table_name, txid, id, unit)`" + `).
+  Profiled with perf on PostgreSQL 15, a marking statement spends most of its time inserting
+  those index entries, a quarter of that in the B-tree's bottom-up deletion and deduplication
+  passes over the duplicate keys every rewrite leaves, and much less rewriting the heap tuples.
+  The time per row that the flag adds,
   1/` + "`drain_batched_flag`" + ` − 1/` + "`drain_batched`" + ` from the same run, was 8.7 µs on the legacy
   changelog and 12.1 µs on the upgraded one in the run of 2026-11-30. The marker cannot start
   before the first save (CheckpointInterval, 100 ms) and never marks past the saved token, so a
@@ -297,6 +301,17 @@ const limitsText = `## What limits each figure
   drained since the last save).
 - **select_decode_limit**: one query streaming every row; decoding JSON into ` + "`map[string]any`" + `
   with encoding/json is most of the CPU.
+- **process_sleep2ms**: a worker that finishes an event takes the next ready key's event
+  itself, so between two handlers of a busy run no event passes through another goroutine.
+  ` + "`_handler_bound`" + ` is the rate the handlers' own measured durations (` + "`Stats().Process.HandlerTime`" + `)
+  allow: Process's own cost is the gap to it. A handler that sleeps 2 ms takes longer than
+  that on two cores shared with the reader, its decoding and the server (the sleep's timer
+  fires late), and more so with 64 workers than with 8, which is what keeps Workers 64 from
+  64 × 500/s.
+- **process_tx**: four round trips per event (BEGIN, the claim, the effect, COMMIT) and one WAL
+  flush. One worker waits for each flush alone; eight share flushes (group commit), and then
+  the eight sessions' statements, their round trips and the kernel's share of them take most
+  of the two cores.
 - **insert_4w**: one WAL flush per commit, shared by concurrent commits (group commit), plus the
   trigger's changelog insert, its indexes and its NOTIFY; an extra changelog column and index
   show here.
