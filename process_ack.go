@@ -2,8 +2,8 @@ package pgchangestream
 
 import "context"
 
-// ackSaver is Process's side of acknowledgements: the engine calls ack (on its dispatcher
-// goroutine) each time the low-water mark advances; ack acknowledges in memory and wakes the
+// ackSaver is Process's side of acknowledgements: the engine calls ack (one call at a time, in
+// the mark's order) each time the low-water mark advances; ack acknowledges in memory and wakes the
 // saver goroutine, which saves one checkpoint at a time, each covering every acknowledgement
 // made before it started. A failed save is retried with backoff; the acknowledgement stays in
 // memory meanwhile, and the failure shows in Health and Stats through the save path. With a

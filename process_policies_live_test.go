@@ -177,7 +177,7 @@ func TestLiveProcessParkOnFailure(t *testing.T) {
 	e := newLive(t)
 	rec := newProcRecorder(t)
 	rec.keyOf = procKey
-	var first, second int64 // pick runs on the engine's dispatcher goroutine only
+	var first, second int64 // pick runs in the Key function: on the engine's dispatcher goroutine only
 	p := newPoisonRun(t, rec, func(n, id int64) bool {
 		switch {
 		case n == 30:

@@ -89,8 +89,9 @@ type Hooks[E any] struct {
 	// error (or ErrDone) finishes the event; an error wrapped by Fatal stops the run; any other
 	// error is a failed attempt.
 	Run func(ctx context.Context, j *Job[E]) error
-	// Advance is called by the dispatcher when the mark advances, with the last event of the
-	// finished prefix; it must not block (acknowledge in memory, wake a saver).
+	// Advance is called when the mark advances, with the last event of the finished prefix, by
+	// the worker that finished the event, under the scheduling lock: calls never overlap and
+	// come in the mark's order. It must not block (acknowledge in memory, wake a saver).
 	Advance func(last E)
 	Store   Store[E] // required by Park and Block
 	// StoreFailed, if set, is told of each failed store call (it is tried again after Delay).

@@ -107,8 +107,8 @@ type fatalError struct{ err error }
 func (f fatalError) Error() string { return f.err.Error() }
 func (f fatalError) Unwrap() error { return f.err }
 
-// Stats are the run's counters, safe for concurrent use: the gauges are stored by the
-// dispatcher, the counters added by workers, the longest queue noted by the dispatcher under mu.
+// Stats are the run's counters, safe for concurrent use: the gauges are stored under the
+// scheduling lock, the counters added by workers, the longest queue noted under mu.
 type Stats struct {
 	InFlight    atomic.Int64  // deliveries taken and not finished
 	Deferred    atomic.Int64  // of those, the deferred ones not being restored
