@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
 // ErrNotParked is returned by [RetryParked] and [DropParked] for an id that is not a parked
@@ -29,9 +31,56 @@ func newParkedStore(db *sql.DB, changelog, client string) *sqlParkedStore {
 	return &sqlParkedStore{db: db, table: quoteIdentifier(name), name: name, client: client}
 }
 
-// parkedStore returns the dead-letter table of the watcher's client.
+// parkedStore returns the dead-letter table of the watcher's client, its parks fenced as the
+// watcher's saves are (fencedParks).
 func (w *Watcher) parkedStore() parkedStore {
-	return newParkedStore(w.cfg.DB, w.cfg.ChangelogTable, w.cfg.ClientName)
+	return fencedParks{newParkedStore(w.cfg.DB, w.cfg.ChangelogTable, w.cfg.ClientName), w}
+}
+
+// fencedParks is the dead-letter table of a watcher whose parks are fenced like its saves: an
+// exclusive watcher's insert its row only while the token row holds the watcher's owner epoch,
+// a Shared member's only while it owns the event's range (each holding that row FOR KEY SHARE
+// until the insert commits). So a former owner that wakes up after a hand-over parks nothing:
+// its successor runs the event, and no stale row is left for an operator to run again. A
+// refused park is ErrFenced, which stops Process; the watcher stops as for a fenced save.
+type fencedParks struct {
+	*sqlParkedStore
+	w *Watcher
+}
+
+func (f fencedParks) park(ctx context.Context, p ParkedEvent) (int64, error) {
+	w := f.w
+	if w.sh != nil {
+		member := w.sh.id.Load()
+		id, inserted, err := f.insert(ctx, p, w.sh.q.parkFence, member)
+		if err != nil || inserted {
+			return id, err
+		}
+		var acked, exists bool
+		if err := w.cfg.DB.QueryRowContext(ctx, w.sh.q.ackState, w.cfg.ClientName, p.ChangelogID).Scan(&acked, &exists); err != nil {
+			return 0, fmt.Errorf("pgchangestream: park event %d wrote nothing; checking why: %w", p.ChangelogID, err)
+		}
+		if !exists { // its range is unknown: parked as an unshared watcher parks
+			return f.sqlParkedStore.park(ctx, p)
+		}
+		err = fmt.Errorf("%w: member %d no longer owns the range of event %d", ErrFenced, member, p.ChangelogID)
+		w.stopOwning(err, "fenced off: another member took over the range of an event being parked; stopping")
+		return 0, procrun.Fatal(err)
+	}
+	w.ckMu.Lock()
+	fenced, epoch, err := w.txFenceLocked()
+	w.ckMu.Unlock()
+	switch {
+	case err != nil:
+		return 0, procrun.Fatal(err)
+	case !fenced:
+		return f.sqlParkedStore.park(ctx, p)
+	}
+	id, inserted, err := f.insert(ctx, p, w.q.parkFence, epoch)
+	if err != nil || inserted {
+		return id, err
+	}
+	return 0, procrun.Fatal(w.noWriteErr(ctx, w.cfg.DB, true, epoch, ""))
 }
 
 // parkedColumns are the columns scanParked reads, in order.
@@ -82,16 +131,26 @@ func (s *sqlParkedStore) query(ctx context.Context, what, where string, args ...
 }
 
 func (s *sqlParkedStore) park(ctx context.Context, p ParkedEvent) (int64, error) {
+	id, _, err := s.insert(ctx, p, "")
+	return id, err
+}
+
+// insert inserts p, unless fence, a FROM clause with a condition (its arguments from $9 on),
+// selects no row: inserted is then false.
+func (s *sqlParkedStore) insert(ctx context.Context, p ParkedEvent, fence string, fenceArgs ...any) (id int64, inserted bool, err error) {
 	doc, err := json.Marshal(p.Event)
 	if err != nil {
-		return 0, fmt.Errorf("pgchangestream: park event %d: encode its document: %w", p.ChangelogID, err)
+		return 0, false, fmt.Errorf("pgchangestream: park event %d: encode its document: %w", p.ChangelogID, err)
 	}
-	var id int64
+	args := append([]any{s.client, p.Key, p.Table, p.ChangelogID, string(doc), p.Error, p.Attempts, p.Blocking}, fenceArgs...)
 	err = s.db.QueryRowContext(ctx, `INSERT INTO `+s.table+
 		` (client_name, event_key, table_name, changelog_id, event, error, attempts, blocking)
-		VALUES ($1, $2, $3, $4, $5::text::jsonb, $6, $7, $8) RETURNING id`,
-		s.client, p.Key, p.Table, p.ChangelogID, string(doc), p.Error, p.Attempts, p.Blocking).Scan(&id)
-	return id, s.check("park event", err)
+		SELECT $1::text, $2::text, $3::text, $4::bigint, $5::text::jsonb, $6::text, $7::int, $8::boolean`+fence+` RETURNING id`,
+		args...).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, nil
+	}
+	return id, err == nil, s.check("park event", err)
 }
 
 func (s *sqlParkedStore) blockedKeys(ctx context.Context) ([]string, error) {

@@ -25,7 +25,11 @@ const (
 	// StopOnFailure (the default): Process stops and returns the handler's error, wrapped with
 	// the event's key and token. The event is not acknowledged, so it is delivered again.
 	StopOnFailure FailurePolicy = iota
-	// ParkOnFailure parks the event in the dead-letter table and goes on with its key.
+	// ParkOnFailure parks the event in the dead-letter table and goes on with its key. A park
+	// is fenced as a save is: an exclusive watcher's only while the token row holds its owner
+	// epoch, a Shared member's only while it owns the event's range. A park refused because a
+	// later owner took the event over stops Process with an error wrapping [ErrFenced], the
+	// event unfinished (its new owner runs it).
 	ParkOnFailure
 	// BlockOnFailure parks the event and every later event of its key (without running them)
 	// until an operator releases the key; the key's parked events then run again, in order.

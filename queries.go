@@ -68,6 +68,9 @@ type queries struct {
 	// the client's parked events (a rerun must find them).
 	// compactFence, followed by the owner epoch's placeholder, fences compactAcks.
 	claimAck, claimAckFenced, epochOf, compactAcks, compactFence string
+	// parkFence fences the insert of client $1's parked event (deadletter.go) to the owner
+	// epoch $9, locking the token row FOR KEY SHARE.
+	parkFence string
 	// markLegacy, markPhase, markDelta, markSwitch and markInDelta set the legacy processed flag
 	// of the rows newly certified since the rows last marked (the background marker runs them
 	// after saves). markLegacy marks table $1's legacy positions in ($2, $3) .. ($4, $5);
@@ -185,7 +188,8 @@ func buildQueries(cfg Config) queries {
 		claimAckFenced: `INSERT INTO ` + acks + ` (client_name, changelog_id) SELECT tok.client_name, $2 FROM ` + tok + ` AS tok,
 	(SELECT set_config('idle_in_transaction_session_timeout', $4, true)) AS idle
 	WHERE tok.client_name = $1 AND ` + fenceCondition + ` FOR KEY SHARE OF tok ON CONFLICT DO NOTHING`,
-		epochOf: `SELECT ` + epochColumn + ` FROM ` + tok + ` WHERE client_name = $1`,
+		epochOf:   `SELECT ` + epochColumn + ` FROM ` + tok + ` WHERE client_name = $1`,
+		parkFence: ` FROM ` + tok + ` AS tok WHERE tok.client_name = $1 AND tok.` + epochColumn + ` = $9 FOR KEY SHARE OF tok`,
 		compactAcks: `DELETE FROM ` + acks + ` AS a WHERE a.client_name = $1 AND NOT EXISTS (
 	SELECT FROM ` + quoteIdentifier(parkedTable(cfg.ChangelogTable)) + ` p WHERE p.client_name = a.client_name AND p.changelog_id = a.changelog_id)
 	AND NOT EXISTS (SELECT FROM ` + cl + ` c WHERE c.id = a.changelog_id AND NOT `,

@@ -90,6 +90,9 @@ type sharedQueries struct {
 	// ackState: whether its acknowledgement row and its changelog row exist; compactOwned,
 	// followed by the member's placeholder, restricts compactAcks to the member's ranges.
 	claimAck, ackState, compactOwned string
+	// parkFence fences the insert of client $1's parked event $4 (deadletter.go) to member $9
+	// owning its range, locking the range row FOR KEY SHARE.
+	parkFence string
 }
 
 func buildSharedQueries(cfg Config) sharedQueries {
@@ -143,6 +146,9 @@ func buildSharedQueries(cfg Config) sharedQueries {
 	FOR KEY SHARE OF r ON CONFLICT DO NOTHING`,
 		ackState: `SELECT EXISTS (SELECT FROM ` + acks + ` WHERE client_name = $1 AND changelog_id = $2),
 	EXISTS (SELECT FROM ` + qcl + ` WHERE id = $2)`,
+		parkFence: ` FROM ` + rt + ` AS r WHERE r.client_name = $1 AND r.owner = $9
+		AND r.range_no = (SELECT ` + unitExpression(cl) + ` / ` + strconv.Itoa(unitsPerRange) + ` FROM ` + qcl + ` WHERE id = $4::bigint)
+	FOR KEY SHARE OF r`,
 		compactOwned: ` AND EXISTS (SELECT FROM ` + rt + ` AS r WHERE r.client_name = $1 AND r.range_no = ` +
 			unitExpression(cl) + ` / ` + strconv.Itoa(unitsPerRange) + ` AND r.owner = `,
 	}

@@ -49,7 +49,7 @@ type outcome int
 const (
 	finished   outcome = iota // done: finish it (handled, or parked)
 	retryIt                   // failed, attempts left: back off, then run again
-	failed                    // failed MaxAttempts under Stop
+	failed                    // failed MaxAttempts under Stop, or fatally (Fatal)
 	blockKey                  // parked under Block (or a blocking rerun reparked): finish it and block the key
 	loaded                    // a release job's parked events are in reruns
 	unrestored                // the restore of a deferred job failed: back off, then try again

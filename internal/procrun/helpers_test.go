@@ -153,6 +153,7 @@ type fakeStore struct {
 	rows     []*fakeRow
 	nextID   int64
 	failPark int           // the next failPark Park calls fail
+	parkErr  error         // if set, every Park call fails with it
 	parkGate chan struct{} // if set, Park waits for it first
 	calls    []string
 }
@@ -174,6 +175,9 @@ func (s *fakeStore) Park(_ context.Context, j *Job[tev], blocking bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls = append(s.calls, "park")
+	if s.parkErr != nil {
+		return s.parkErr
+	}
 	if s.failPark > 0 {
 		s.failPark--
 		return errors.New("database down")
@@ -186,6 +190,13 @@ func (s *fakeStore) Park(_ context.Context, j *Job[tev], blocking bool) error {
 	s.rows = append(s.rows, &fakeRow{Parked: Parked[tev]{ID: s.nextID, Key: j.Key, Ev: j.Ev, Blocking: blocking},
 		attempts: j.Attempts, err: errText})
 	return nil
+}
+
+// callList returns the Park calls made so far.
+func (s *fakeStore) callList() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.calls)
 }
 
 func (s *fakeStore) BlockedKeys(context.Context) ([]string, error) {

@@ -2,6 +2,7 @@ package procrun
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -244,6 +245,37 @@ func TestParkPolicy(t *testing.T) {
 		cancel()
 		synctest.Wait()
 		require.NoError(t, requireStopped(t, errc))
+	})
+}
+
+// TestFatalStoreErrorStopsTheRun: a park refused with Fatal (a former owner's, fenced off) is
+// not retried: the run stops with its error, the event unfinished, under Park as under Stop.
+func TestFatalStoreErrorStopsTheRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t)
+		errFenced := errors.New("fenced off")
+		store := &fakeStore{parkErr: Fatal(errFenced)}
+		r.fail = func(e tev, _ int) error {
+			if e.n == 2 {
+				return errBoom
+			}
+			return nil
+		}
+		o := opts(1, 100)
+		o.Policy = Park
+		errc, cancel := r.start(o, store)
+		defer cancel()
+		r.feed(tev{"a", 1}, tev{"a", 2}, tev{"a", 3})
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		err := requireStopped(t, errc)
+		var f *Failure[tev]
+		require.ErrorAs(t, err, &f)
+		require.ErrorIs(t, err, errFenced)
+		require.Equal(t, 2, f.Ev.n)
+		require.Equal(t, []string{"park"}, store.callList(), "the refused park is not retried")
+		require.Equal(t, 1, r.lastAdvanced(), "the event whose park was refused is not finished")
+		require.Equal(t, []int{1}, r.ranOf("a"), "its key's later events do not run")
 	})
 }
 

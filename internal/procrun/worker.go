@@ -13,8 +13,22 @@ import (
 func (d *dispatcher[E]) do(ctx context.Context, t task[E]) result[E] {
 	j, s := t.job, d.h.Stats
 	r := result[E]{task: t, outcome: abandoned}
+	// store calls a dead-letter store method until it succeeds (true) or ctx ends; an error
+	// wrapped by Fatal is not retried: it fails the event, as under Stop.
 	store := func(f func() error) bool {
-		_, ok := retry(ctx, d.o.Delay, d.h.StoreFailed, func() (struct{}, error) { return struct{}{}, f() })
+		var fatal fatalError
+		_, ok := retry(ctx, d.o.Delay, d.h.StoreFailed, func() (struct{}, error) {
+			err := f()
+			if errors.As(err, &fatal) {
+				return struct{}{}, nil
+			}
+			return struct{}{}, err
+		})
+		if fatal.err != nil {
+			j.LastErr = fatal.err
+			r.outcome = failed
+			return false
+		}
 		return ok
 	}
 	if j.Deferred {
@@ -98,8 +112,9 @@ func (d *dispatcher[E]) do(ctx context.Context, t task[E]) result[E] {
 // its handler: it finishes as a success does, and counts in Stats.Done instead of Handled.
 var ErrDone = errors.New("procrun: the event was done already")
 
-// Fatal wraps a Run error that must be neither retried nor parked: the run stops with it at
-// once (a *Failure whose Err is err), whatever the policy and the attempts left.
+// Fatal wraps a Run error that must be neither retried nor parked, or a Store error that must
+// not be retried: the run stops with it at once (a *Failure whose Err is err), whatever the
+// policy and the attempts left.
 func Fatal(err error) error { return fatalError{err} }
 
 type fatalError struct{ err error }
