@@ -19,6 +19,16 @@ type tev struct {
 
 var errBoom = errors.New("boom")
 
+// failOn returns a fail function that fails every attempt of event n with err.
+func failOn(n int, err error) func(tev, int) error {
+	return func(e tev, _ int) error {
+		if e.n == n {
+			return err
+		}
+		return nil
+	}
+}
+
 func opts(workers, maxInFlight int) Options {
 	return Options{Workers: workers, MaxInFlight: maxInFlight, MaxAttempts: 3, Grace: 10 * time.Second,
 		PollInterval: 5 * time.Second, Delay: func(n int) time.Duration { return time.Duration(n) * time.Second }}

@@ -56,12 +56,7 @@ func TestFatalStopsAtOnce(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			r := newRig(t)
 			store := &fakeStore{}
-			r.fail = func(e tev, _ int) error {
-				if e.n == 2 {
-					return Fatal(errBoom)
-				}
-				return nil
-			}
+			r.fail = failOn(2, Fatal(errBoom))
 			o := opts(2, 100)
 			o.Policy = p
 			errc, cancel := r.start(o, store)

@@ -136,12 +136,7 @@ func TestRetryHoldsOnlyTheFailingKey(t *testing.T) {
 func TestStopPolicyReturnsTheFailure(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newRig(t)
-		r.fail = func(e tev, _ int) error {
-			if e.n == 2 {
-				return errBoom
-			}
-			return nil
-		}
+		r.fail = failOn(2, errBoom)
 		errc, cancel := r.start(opts(2, 100), nil)
 		defer cancel()
 		r.feed(tev{"a", 1}, tev{"b", 2}, tev{"a", 3})
@@ -174,12 +169,7 @@ func TestGracePeriod(t *testing.T) {
 				cancelledAfter.Store(int64(time.Since(stopAt)))
 			}
 		}
-		r.fail = func(e tev, _ int) error {
-			if e.n == 2 {
-				return context.Canceled
-			}
-			return nil
-		}
+		r.fail = failOn(2, context.Canceled)
 		errc, cancel := r.start(opts(2, 100), nil)
 		r.feed(tev{"a", 1}, tev{"b", 2}, tev{"a", 3})
 		synctest.Wait()
@@ -211,12 +201,7 @@ func TestParkPolicy(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newRig(t)
 		store := &fakeStore{failPark: 2}
-		r.fail = func(e tev, _ int) error {
-			if e.n == 1 {
-				return errBoom
-			}
-			return nil
-		}
+		r.fail = failOn(1, errBoom)
 		o := opts(2, 100)
 		o.Policy = Park
 		errc, cancel := r.start(o, store)
@@ -255,12 +240,7 @@ func TestFatalStoreErrorStopsTheRun(t *testing.T) {
 		r := newRig(t)
 		errFenced := errors.New("fenced off")
 		store := &fakeStore{parkErr: Fatal(errFenced)}
-		r.fail = func(e tev, _ int) error {
-			if e.n == 2 {
-				return errBoom
-			}
-			return nil
-		}
+		r.fail = failOn(2, errBoom)
 		o := opts(1, 100)
 		o.Policy = Park
 		errc, cancel := r.start(o, store)
