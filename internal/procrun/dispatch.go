@@ -175,21 +175,28 @@ func (d *dispatcher[E]) loop(ctx context.Context, src <-chan E, cancelJobs, stop
 			if ok {
 				name = d.h.Key(ev) // the caller's function: not under mu
 			}
+			// A worker may have stopped the run (a failure) since this select began: what
+			// arrives then is not taken, so it is never finished, as if the source had
+			// waited (the watcher delivers it again after a restart); no backoff ends and no
+			// poll starts after the stop.
 			d.mu.Lock()
-			if ok {
-				d.take(name, ev)
-			} else {
+			switch {
+			case !ok:
 				d.stop(nil)
+			case !d.stopping:
+				d.take(name, ev)
 			}
 			d.mu.Unlock()
 		case <-d.kick:
 		case <-wake:
 			d.mu.Lock()
-			d.endBackoffs()
+			if !d.stopping {
+				d.endBackoffs()
+			}
 			d.mu.Unlock()
 		case <-tick:
 			d.mu.Lock()
-			if !d.polling {
+			if !d.polling && !d.stopping {
 				d.polling = true
 				d.epoch++
 				d.polls <- d.epoch
