@@ -238,6 +238,43 @@ func TestFailedRestoreIsRetriedAndKeepsOrder(t *testing.T) {
 	})
 }
 
+// TestFatalRestoreStopsTheRun: a deferred event that can never be restored (its row is gone)
+// stops the run with the error instead of holding its key, and the mark, for ever.
+func TestFatalRestoreStopsTheRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newDeferRig(t)
+		gone := errors.New("row gone")
+		r.failRestore = func(e tev, _ int) error {
+			if e.n == 3 {
+				return Fatal(gone)
+			}
+			return nil
+		}
+		hold := make(chan struct{})
+		r.handle = func(_ context.Context, e tev) {
+			if e.n == 1 {
+				<-hold
+			}
+		}
+		errc, cancel := r.start(deferOpts(2, 10, 1, 100))
+		defer cancel()
+		r.feed(events(1, 3, keyOf)...) // hot: 1 full, 2 and 3 deferred
+		synctest.Wait()
+		require.Equal(t, int64(2), r.stats.Deferred.Load())
+		close(hold)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		err := requireStopped(t, errc)
+		var f *Failure[tev]
+		require.ErrorAs(t, err, &f)
+		require.ErrorIs(t, err, gone)
+		require.Equal(t, 3, f.Ev.n)
+		require.Equal(t, 1, r.restores[3], "a fatal restore is not tried again")
+		require.Equal(t, []int{1, 2}, r.ranOf("hot"), "the key stops at the event")
+		require.Equal(t, 2, r.lastAdvanced())
+	})
+}
+
 func TestMaxDeferredStopsReading(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newDeferRig(t)

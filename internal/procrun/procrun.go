@@ -101,7 +101,8 @@ type Hooks[E any] struct {
 	// MaxKeyQueue full events (or deferred ones): the mark and the key's queue keep that form
 	// until Restore, called on a worker when the event is next of its key, gives the full event
 	// back. A failed Restore is told to RestoreFailed (if set) and tried again after Delay, the
-	// key waiting meanwhile; it counts no attempt. Advance may be given a compact form.
+	// key waiting meanwhile; it counts no attempt. One that fails with Fatal stops the run.
+	// Advance may be given a compact form.
 	Defer         func(E) E
 	Restore       func(ctx context.Context, compact E) (E, error)
 	RestoreFailed func(key string, err error)

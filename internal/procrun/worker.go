@@ -33,6 +33,12 @@ func (d *dispatcher[E]) do(ctx context.Context, t task[E]) result[E] {
 	}
 	if j.Deferred {
 		ev, err := d.h.Restore(ctx, j.Ev)
+		var fatal fatalError
+		if errors.As(err, &fatal) { // it can never be restored: the run stops
+			j.LastErr = fatal.err
+			r.outcome = failed
+			return r
+		}
 		if err != nil {
 			j.restoreFails++
 			if d.h.RestoreFailed != nil {
@@ -112,9 +118,9 @@ func (d *dispatcher[E]) do(ctx context.Context, t task[E]) result[E] {
 // its handler: it finishes as a success does, and counts in Stats.Done instead of Handled.
 var ErrDone = errors.New("procrun: the event was done already")
 
-// Fatal wraps a Run error that must be neither retried nor parked, or a Store error that must
-// not be retried: the run stops with it at once (a *Failure whose Err is err), whatever the
-// policy and the attempts left.
+// Fatal wraps a Run error that must be neither retried nor parked, or a Store or Restore error
+// that must not be retried: the run stops with it at once (a *Failure whose Err is err),
+// whatever the policy and the attempts left.
 func Fatal(err error) error { return fatalError{err} }
 
 type fatalError struct{ err error }
