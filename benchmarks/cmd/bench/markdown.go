@@ -306,10 +306,10 @@ const limitsText = `## What limits each figure
   ` + "`_handler_bound`" + ` is the rate the handlers' own measured durations (` + "`Stats().Process.HandlerTime`" + `)
   allow: Process's own cost is the gap to it. A handler that sleeps 2 ms takes longer than
   that on two cores shared with the reader, its decoding and the server: Go's poller waits in
-  whole milliseconds (epoll_wait), so a timer due in less than one that the process did not
-  wake up for fires up to a millisecond late, and more often the more the process wakes
-  meanwhile. It is more so with 64 workers than with 8, which is what keeps Workers 64 from
-  64 × 500/s.
+  whole milliseconds (epoll_wait), so an idle process waiting for a timer due in less than a
+  millisecond wakes a full millisecond later, and the more it wakes up for other work, the more
+  often its timers are that close. It is more so with 64 workers than with 8, which is what
+  keeps Workers 64 from 64 × 500/s.
 - **process_tx**: four round trips per event (BEGIN, the claim, the effect, COMMIT) and one WAL
   flush. One worker waits for each flush alone; eight share flushes (group commit), and then
   the eight sessions' statements, their round trips and the kernel's share of them take most
