@@ -151,8 +151,9 @@ func (d *dispatcher[E]) loop(ctx context.Context, src <-chan E, cancelJobs, stop
 			graceTimer.Reset(d.o.Grace)
 			grace = graceTimer.C
 		}
+		var tasks []task[E]
 		if !d.graceOver { // stopping: what was taken still runs during the grace period
-			d.dispatch()
+			tasks = d.handOut(nil)
 		}
 		if d.stopping && d.busy == 0 && (d.graceOver || len(d.ready) == 0) {
 			close(d.work) // the workers are idle: they exit
@@ -169,6 +170,7 @@ func (d *dispatcher[E]) loop(ctx context.Context, src <-chan E, cancelJobs, stop
 			wake = timer.C
 		}
 		d.mu.Unlock()
+		d.send(tasks)
 		select {
 		case ev, ok := <-in:
 			var name string
@@ -196,12 +198,16 @@ func (d *dispatcher[E]) loop(ctx context.Context, src <-chan E, cancelJobs, stop
 			d.mu.Unlock()
 		case <-tick:
 			d.mu.Lock()
-			if !d.polling && !d.stopping {
+			ask := !d.polling && !d.stopping
+			if ask {
 				d.polling = true
 				d.epoch++
-				d.polls <- d.epoch
 			}
+			epoch := d.epoch
 			d.mu.Unlock()
+			if ask {
+				d.polls <- epoch // never blocks: one poll at a time, and the poller takes each ask
+			}
 		case p := <-d.polled:
 			d.mu.Lock()
 			d.polling = false
@@ -239,12 +245,14 @@ func (d *dispatcher[E]) complete(r result[E]) (next task[E], ok bool) {
 	if err := d.apply(r); err != nil {
 		d.stop(err)
 	}
+	var tasks []task[E]
 	if !d.graceOver {
 		next, ok = d.next()
-		d.dispatch()
+		tasks = d.handOut(nil)
 	}
 	d.h.Stats.Busy.Store(int64(d.busy))
 	d.mu.Unlock()
+	d.send(tasks)
 	select {
 	case d.kick <- struct{}{}:
 	default: // a kick is pending: the loop looks at everything
@@ -299,15 +307,24 @@ func (d *dispatcher[E]) makeReady(k *keyState[E]) {
 	}
 }
 
-// dispatch hands the head jobs of ready keys to idle workers. It never blocks: busy < Workers
-// means that many workers are not running a task, and each is waiting for one in work or on its
-// way there (complete found nothing for it).
-func (d *dispatcher[E]) dispatch() {
+// handOut appends to tasks the head jobs of ready keys for the workers not running a task,
+// which the caller sends (send) once it released mu. mu must be held.
+func (d *dispatcher[E]) handOut(tasks []task[E]) []task[E] {
 	for {
 		t, ok := d.next()
 		if !ok {
-			return
+			return tasks
 		}
+		tasks = append(tasks, t)
+	}
+}
+
+// send hands tasks to idle workers. It never blocks: each task counts in busy, and busy <=
+// Workers (the capacity of work) means that as many workers are not running a task, each
+// waiting for one in work or on its way there (complete found nothing for it). The run cannot
+// end before they are sent: it ends only when busy is 0.
+func (d *dispatcher[E]) send(tasks []task[E]) {
+	for _, t := range tasks {
 		d.work <- t
 	}
 }
