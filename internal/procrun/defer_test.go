@@ -264,11 +264,7 @@ func TestFatalRestoreStopsTheRun(t *testing.T) {
 		close(hold)
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		err := requireStopped(t, errc)
-		var f *Failure[tev]
-		require.ErrorAs(t, err, &f)
-		require.ErrorIs(t, err, gone)
-		require.Equal(t, 3, f.Ev.n)
+		requireFailure(t, errc, gone, 3)
 		require.Equal(t, 1, r.restores[3], "a fatal restore is not tried again")
 		require.Equal(t, []int{1, 2}, r.ranOf("hot"), "the key stops at the event")
 		require.Equal(t, 2, r.lastAdvanced())

@@ -157,6 +157,18 @@ func requireStopped(t *testing.T, errc <-chan error) error {
 	}
 }
 
+// requireFailure requires that the run stopped with a *Failure of event n caused by cause, and
+// returns it.
+func requireFailure(t *testing.T, errc <-chan error, cause error, n int) *Failure[tev] {
+	t.Helper()
+	err := requireStopped(t, errc)
+	require.ErrorIs(t, err, cause)
+	var f *Failure[tev]
+	require.ErrorAs(t, err, &f)
+	require.Equal(t, n, f.Ev.n)
+	return f
+}
+
 // fakeStore is an in-memory dead-letter table.
 type fakeStore struct {
 	mu       sync.Mutex

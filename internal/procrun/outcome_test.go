@@ -64,11 +64,7 @@ func TestFatalStopsAtOnce(t *testing.T) {
 			r.feed(tev{"a", 1}, tev{"b", 2})
 			time.Sleep(time.Minute)
 			synctest.Wait()
-			err := requireStopped(t, errc)
-			require.ErrorIs(t, err, errBoom)
-			var f *Failure[tev]
-			require.ErrorAs(t, err, &f)
-			require.Equal(t, 2, f.Ev.n)
+			requireFailure(t, errc, errBoom, 2)
 			require.Equal(t, 1, r.attemptsOf(2), "policy %d: not retried", p)
 			require.Empty(t, store.parked(), "policy %d: not parked", p)
 			require.Zero(t, r.stats.Retries.Load())
