@@ -30,8 +30,7 @@ import (
 // Shared member: the event's range, see shared_tx.go). rerun is set for the rerun of a parked
 // event, which a Shared member does not fence by range: any member may rerun it, no read
 // delivers it again (the checkpoint passed it), and the parked row its transaction deletes
-// lets one rerun commit. In the
-// same statement it sets tx's idle_in_transaction_session_timeout to Config.LockSessionTimeout:
+// lets one rerun commit. In the same statement it sets tx's idle_in_transaction_session_timeout to Config.LockSessionTimeout:
 // the server ends the session of a transaction left idle that long (a paused or stuck process),
 // which bounds how long a successor's epoch claim waits for its FOR KEY SHARE lock.
 func (w *Watcher) claimAck(ctx context.Context, tx *sql.Tx, id int64, rerun bool) (bool, error) {
@@ -45,23 +44,13 @@ func (w *Watcher) claimAck(ctx context.Context, tx *sql.Tx, id int64, rerun bool
 	if w.sh != nil && !rerun {
 		return w.claimAckShared(ctx, tx, id, idle)
 	}
-	var res sql.Result
+	q, args := w.q.claimAck, []any{w.cfg.ClientName, id, idle}
 	if fenced {
-		res, err = tx.ExecContext(ctx, w.q.claimAckFenced, w.cfg.ClientName, id, epoch, idle)
-	} else {
-		res, err = tx.ExecContext(ctx, w.q.claimAck, w.cfg.ClientName, id, idle)
+		q, args = w.q.claimAckFenced, []any{w.cfg.ClientName, id, epoch, idle}
 	}
-	if err != nil {
-		return false, fmt.Errorf("claim event %d in %s: %w", id, ackTable(w.cfg.ChangelogTable), err)
-	}
-	n, err := res.RowsAffected()
-	switch {
-	case err != nil:
-		return false, fmt.Errorf("claim event %d: %w", id, err)
-	case n == 1:
-		return true, nil
-	case !fenced:
-		return false, nil
+	claimed, err := w.insertClaim(ctx, tx, id, q, args...)
+	if err != nil || claimed || !fenced {
+		return claimed, err
 	}
 	var stored sql.NullInt64
 	if err := tx.QueryRowContext(ctx, w.q.epochOf, w.cfg.ClientName).Scan(&stored); err != nil && !errors.Is(err, sql.ErrNoRows) {
@@ -71,6 +60,20 @@ func (w *Watcher) claimAck(ctx context.Context, tx *sql.Tx, id int64, rerun bool
 		return false, nil
 	}
 	return false, w.noWriteErr(ctx, tx, true, epoch, "")
+}
+
+// insertClaim runs the claim statement q of event id in tx and reports whether it inserted the
+// acknowledgement row.
+func (w *Watcher) insertClaim(ctx context.Context, tx *sql.Tx, id int64, q string, args ...any) (bool, error) {
+	res, err := tx.ExecContext(ctx, q, args...)
+	if err != nil {
+		return false, fmt.Errorf("claim event %d in %s: %w", id, ackTable(w.cfg.ChangelogTable), err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("claim event %d: %w", id, err)
+	}
+	return n == 1, nil
 }
 
 // compactAcks deletes the client's acknowledgement rows that its saved token certifies (or

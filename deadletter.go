@@ -63,9 +63,7 @@ func (f fencedParks) park(ctx context.Context, p ParkedEvent) (int64, error) {
 		if !exists { // its range is unknown: parked as an unshared watcher parks
 			return f.sqlParkedStore.park(ctx, p)
 		}
-		err = fmt.Errorf("%w: member %d no longer owns the range of event %d", ErrFenced, member, p.ChangelogID)
-		w.stopOwning(err, "fenced off: another member took over the range of an event being parked; stopping")
-		return 0, procrun.Fatal(err)
+		return 0, procrun.Fatal(w.rangeFenced(member, p.ChangelogID, "parked"))
 	}
 	w.ckMu.Lock()
 	fenced, epoch, err := w.txFenceLocked()

@@ -34,16 +34,9 @@ import (
 // the event's range (idle is the transaction's idle timeout, in ms).
 func (w *Watcher) claimAckShared(ctx context.Context, tx *sql.Tx, id int64, idle string) (bool, error) {
 	member := w.sh.id.Load()
-	res, err := tx.ExecContext(ctx, w.sh.q.claimAck, w.cfg.ClientName, id, member, idle)
-	if err != nil {
-		return false, fmt.Errorf("claim event %d in %s: %w", id, ackTable(w.cfg.ChangelogTable), err)
-	}
-	n, err := res.RowsAffected()
-	switch {
-	case err != nil:
-		return false, fmt.Errorf("claim event %d: %w", id, err)
-	case n == 1:
-		return true, nil
+	claimed, err := w.insertClaim(ctx, tx, id, w.sh.q.claimAck, w.cfg.ClientName, id, member, idle)
+	if err != nil || claimed {
+		return claimed, err
 	}
 	var acked, exists bool
 	if err := tx.QueryRowContext(ctx, w.sh.q.ackState, w.cfg.ClientName, id).Scan(&acked, &exists); err != nil {
@@ -55,9 +48,16 @@ func (w *Watcher) claimAckShared(ctx context.Context, tx *sql.Tx, id int64, idle
 	case !exists:
 		return false, fmt.Errorf("claim event %d: its changelog row is gone, so its range (and its owner) is unknown", id)
 	}
-	err = fmt.Errorf("%w: member %d no longer owns the range of event %d", ErrFenced, member, id)
-	w.stopOwning(err, "fenced off: another member took over the range of an event being processed; stopping")
-	return false, err
+	return false, w.rangeFenced(member, id, "processed")
+}
+
+// rangeFenced stops a Shared member whose write for event id (a claim, a park) was refused
+// because it no longer owns the event's range, and returns the error wrapping ErrFenced. what
+// says what was being done with the event.
+func (w *Watcher) rangeFenced(member, id int64, what string) error {
+	err := fmt.Errorf("%w: member %d no longer owns the range of event %d", ErrFenced, member, id)
+	w.stopOwning(err, "fenced off: another member took over the range of an event being "+what+"; stopping")
+	return err
 }
 
 // sharedCompaction returns the condition, after compactAcks' certification predicate, that
