@@ -46,6 +46,26 @@ type sharedMemberProc struct {
 	fenced atomic.Bool
 }
 
+// pausePastItsLease stops the member's process with SIGSTOP until the others (by name) own
+// every range and three leases passed, then wakes it, and requires that it stopped, reporting
+// that it was fenced off. It returns when the pause began and ended.
+func (m *sharedMemberProc) pausePastItsLease(t *testing.T, e *liveEnv, others ...string) (pausedAt, resumedAt time.Time) {
+	t.Helper()
+	pausedAt = time.Now()
+	require.NoError(t, m.cmd.Process.Signal(syscall.SIGSTOP))
+	waitSharedOwners(t, e, m.name+" paused", others...)
+	time.Sleep(3 * sharedLease)
+	resumedAt = time.Now()
+	require.NoError(t, m.cmd.Process.Signal(syscall.SIGCONT))
+	select {
+	case <-m.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the paused member did not stop after it woke up fenced off")
+	}
+	require.True(t, m.fenced.Load(), "the paused member did not report that it was fenced off")
+	return pausedAt, resumedAt
+}
+
 // startSharedMember starts a member process named name, with env added to its environment.
 func startSharedMember(t *testing.T, e *liveEnv, name string, env ...string) *sharedMemberProc {
 	t.Helper()
@@ -216,18 +236,7 @@ func TestLiveSharedMembers(t *testing.T) {
 	waitSharedOwners(t, e, "m2 killed, m5 joined", "m1", "m5")
 	time.Sleep(time.Second)
 
-	pausedAt := time.Now()
-	require.NoError(t, m1.cmd.Process.Signal(syscall.SIGSTOP))
-	waitSharedOwners(t, e, "m1 paused", "m5")
-	time.Sleep(3 * sharedLease)
-	resumedAt := time.Now()
-	require.NoError(t, m1.cmd.Process.Signal(syscall.SIGCONT))
-	select {
-	case <-m1.done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the paused member did not stop after it woke up fenced off")
-	}
-	require.True(t, m1.fenced.Load(), "the paused member did not report that it was fenced off")
+	pausedAt, resumedAt := m1.pausePastItsLease(t, e, "m5")
 	m6 := startSharedMember(t, e, "m6")
 	waitSharedOwners(t, e, "m6 joined", "m5", "m6")
 

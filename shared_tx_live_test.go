@@ -3,7 +3,6 @@ package pgchangestream
 import (
 	"context"
 	"database/sql"
-	"syscall"
 	"testing"
 	"time"
 
@@ -183,16 +182,7 @@ func TestLiveSharedProcessTxMembers(t *testing.T) {
 	waitSharedOwners(t, e, "m2 killed, m4 joined", "m1", "m4")
 	time.Sleep(time.Second)
 
-	require.NoError(t, m1.cmd.Process.Signal(syscall.SIGSTOP))
-	waitSharedOwners(t, e, "m1 paused", "m4")
-	time.Sleep(3 * sharedLease)
-	require.NoError(t, m1.cmd.Process.Signal(syscall.SIGCONT))
-	select {
-	case <-m1.done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the paused member did not stop after it woke up fenced off")
-	}
-	require.True(t, m1.fenced.Load(), "the paused member did not report that it was fenced off")
+	m1.pausePastItsLease(t, e, "m4")
 	m5 := start("m5")
 	waitSharedOwners(t, e, "m5 joined", "m4", "m5")
 	time.Sleep(time.Second)
