@@ -88,18 +88,16 @@ func TestDeltaReadsFollowSnapshots(t *testing.T) {
 	mock.ExpectExec(wantSaveToken).WithArgs("c",
 		`{"timestamp":"2025-05-06T07:08:09Z","eventID":11,"snapshot":"100:105:100,103","deltaEnd":"100:110:100,107","deltaAfterID":11,"table":"t"}`).
 		WillReturnResult(sqlmock.NewResult(0, 1))
-	mock.ExpectExec(w.q.markDelta).WithArgs("t",
+	expectMark(mock, w.q.markDelta, []any{"t",
 		"{103,104}", "{-9223372036854775808,9223372036854775807}", "{103,109}", "{9223372036854775807,9223372036854775807}",
-		"100:105:100,103", "100:110:100,107", int64(11)).
-		WillReturnResult(sqlmock.NewResult(0, 1))
+		"100:105:100,103", "100:110:100,107", int64(11)}, 8)
 	require.NoError(t, w.MarkProcessed(ctx, first.ResumeToken))
 
 	// The ack of row 12 moves the token on inside the delta: the flag is set by id, after 11.
 	mock.ExpectExec(wantSaveToken).WithArgs("c",
 		`{"timestamp":"2025-05-06T07:08:09Z","eventID":12,"snapshot":"100:105:100,103","deltaEnd":"100:110:100,107","deltaAfterID":12,"table":"t"}`).
 		WillReturnResult(sqlmock.NewResult(0, 1))
-	mock.ExpectExec(w.q.markInDelta).WithArgs("t", int64(11), int64(12), "100:110:100,107").
-		WillReturnResult(sqlmock.NewResult(0, 1))
+	expectMark(mock, w.q.markInDelta, []any{"t", int64(11), int64(12), "100:110:100,107"}, 12)
 	require.NoError(t, w.MarkProcessed(ctx, second.ResumeToken))
 	require.NoError(t, mock.ExpectationsWereMet())
 }
@@ -221,9 +219,8 @@ func TestLegacyTokenSwitchesOver(t *testing.T) {
 	// The first save after the switch-over also marks the rest of the legacy part.
 	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2025-05-06T07:08:09Z","eventID":6,"snapshot":"100:105:","table":"t"}`).
 		WillReturnResult(sqlmock.NewResult(0, 1))
-	mock.ExpectExec(w.q.markSwitch).WithArgs("t", "{}", "{}", "{}", "{}",
-		"100:105:", "100:105:", int64(6), ts, int64(5)).
-		WillReturnResult(sqlmock.NewResult(0, 1))
+	expectMark(mock, w.q.markSwitch, []any{"t", "{}", "{}", "{}", "{}",
+		"100:105:", "100:105:", int64(6), ts, int64(5)}, 6)
 	require.NoError(t, w.MarkProcessed(ctx, []byte("6")))
 	require.NoError(t, mock.ExpectationsWereMet())
 }

@@ -120,6 +120,25 @@ func (f *fakeDB) readTimes() []time.Time {
 	return slices.Clone(f.reads)
 }
 
+// markFault applies markDelay and markPanic to a statement of the marker.
+func (f *fakeDB) markFault(ctx context.Context) error {
+	f.mu.Lock()
+	delay, fault := f.markDelay, f.markPanic
+	f.mu.Unlock()
+	if fault != nil {
+		panic(fault)
+	}
+	return sleepFor(ctx, delay)
+}
+
+// sleepFor waits for d (if positive), or for ctx to end.
+func sleepFor(ctx context.Context, d time.Duration) error {
+	if d > 0 && !sleepCtx(ctx, d) {
+		return ctx.Err()
+	}
+	return nil
+}
+
 type fakeConnector struct{ f *fakeDB }
 
 func (c fakeConnector) Connect(context.Context) (driver.Conn, error) { return fakeConn(c), nil }
@@ -133,6 +152,12 @@ func (fakeConn) Begin() (driver.Tx, error)           { return nil, errors.New("f
 
 func (c fakeConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	f := c.f
+	if query == f.q.markLegacy { // the processed flag: not modelled, no rows to mark
+		if err := f.markFault(ctx); err != nil {
+			return nil, err
+		}
+		return &valueRows{cols: []string{"id"}}, nil
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	a := func(i int) any { return args[i].Value }
@@ -200,26 +225,13 @@ func (c fakeConn) QueryContext(ctx context.Context, query string, args []driver.
 func (c fakeConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	f := c.f
 	f.mu.Lock()
-	delay, fault := f.saveDelay, any(nil)
-	if query == f.q.markLegacy {
-		delay, fault = f.markDelay, f.markPanic
-	}
+	delay := f.saveDelay
 	f.mu.Unlock()
-	if fault != nil {
-		panic(fault)
-	}
-	if delay > 0 {
-		select {
-		case <-time.After(delay):
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+	if err := sleepFor(ctx, delay); err != nil {
+		return nil, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if query == f.q.markLegacy { // the processed flag: not modelled
-		return driver.RowsAffected(0), nil
-	}
 	if query != f.q.saveToken {
 		return nil, fmt.Errorf("fake: unexpected exec %q", query)
 	}

@@ -2,7 +2,9 @@ package pgchangestream
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -10,25 +12,31 @@ import (
 
 // The legacy processed flag (rule 12) is set by a marker, not by the saves. A save writes the
 // token alone and wakes the marker, which sets the flag of the rows certified since the rows it
-// last marked, in one statement however many saves came in between. So an acknowledgement
-// never waits for the flag's row rewrites, and many saves share one statement. The marker only
+// last marked, in one pass however many saves came in between: one query selects their ids,
+// and one statement (two at once for thousands of rows) updates them. So an acknowledgement
+// never waits for the flag's row rewrites, and many saves share one pass. The marker only
 // marks up to a position that was saved, so the flag never leads the saved token; it may lag
 // it, and after a crash the rows certified by the last saves stay unmarked.
 
 // Marker timing: at most one pass per markInterval, so the saves of a busy consumer share a
-// statement (and a commit) instead of doubling them, and each statement marks thousands of rows
+// pass (and a commit) instead of doubling them, and each pass marks thousands of rows
 // rather than hundreds (about three times cheaper per row: every marked row is rewritten with
-// an entry in each index); backoff after a failed statement. The flag lags the token by about
+// an entry in each index); backoff after a failed pass. The flag lags the token by about
 // markInterval, which its one reader, the old cleanup_changelog(days), does not notice.
 const (
 	markInterval = 100 * time.Millisecond
 	markRetryMin = 100 * time.Millisecond
 	markRetryMax = 10 * time.Second
+
+	// markStatements bounds the statements of a pass that run at once (each on a connection
+	// of Config.DB), markChunk is the fewest rows each one marks.
+	markStatements = 2
+	markChunk      = 1000
 )
 
 // marker is the state of the processed-flag marker.
 type marker struct {
-	mu     sync.Mutex // serializes marking; guards marked and ok. Held across the marking statement; taken after ckMu (by the load), before mu.
+	mu     sync.Mutex // serializes marking; guards marked and ok. Held across a marking pass (its query and statements); taken after ckMu (by the load), before mu.
 	marked Position   // the rows this position certifies are marked
 	ok     bool       // marked is set (by the load)
 
@@ -132,11 +140,68 @@ func (w *Watcher) markSaved(ctx context.Context) error {
 		return nil
 	}
 	q, args := w.markStatement(prev, target)
-	if _, err := w.cfg.DB.ExecContext(ctx, q, args...); err != nil {
+	ids, err := w.certifiedIDs(ctx, q, args)
+	if err == nil {
+		err = w.markIDs(ctx, ids)
+	}
+	if err != nil {
 		return fmt.Errorf("set the processed flag in changelog %s: %w", w.cfg.ChangelogTable, err)
 	}
 	w.mark.marked = target
 	return nil
+}
+
+// certifiedIDs runs the selection q of the rows a pass marks, returning their ids in ascending
+// order.
+func (w *Watcher) certifiedIDs(ctx context.Context, q string, args []any) ([]int64, error) {
+	rows, err := w.cfg.DB.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// markIDs sets the processed flag of the rows ids (ascending). From 2 × markChunk rows on, it
+// splits them into markStatements statements of contiguous ids that run at once, on goroutines
+// of their own: a marked row is rewritten with an entry in each index, so one statement keeps a
+// single server core busy, and rows apart are rewritten without waiting for each other. If a
+// statement fails, the others keep what they marked: the flag may lag, and the next pass marks
+// the rest.
+func (w *Watcher) markIDs(ctx context.Context, ids []int64) error {
+	mark := func(ids []int64) error {
+		_, err := w.cfg.DB.ExecContext(ctx, w.q.markIDs, pgArray(ids))
+		return err
+	}
+	n := min(markStatements, len(ids)/markChunk)
+	if n <= 1 {
+		if len(ids) == 0 {
+			return nil
+		}
+		return mark(ids)
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			defer w.recoverPanic(opMark, "processed-flag marker", func(e error) { errs[i] = e })
+			errs[i] = mark(ids[len(ids)*i/n : len(ids)*(i+1)/n])
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // setMarked records that the rows certified by p, the loaded token, need no marking. mu must not

@@ -231,6 +231,12 @@ func (c markConn) QueryContext(_ context.Context, query string, args []driver.Na
 		return &valueRows{cols: []string{"skip_free", "incarnation", "stats"}, vals: [][]driver.Value{{mw.upgraded, false, true}}}, nil
 	case mw.q.loadToken:
 		return &valueRows{cols: []string{"resume_token"}, vals: [][]driver.Value{{mw.token}}}, nil
+	case mw.q.markLegacy, mw.q.markPhase, mw.q.markDelta, mw.q.markSwitch, mw.q.markInDelta:
+		rows := &valueRows{cols: []string{"id"}}
+		for _, r := range mw.markRows(query, values(args)) {
+			rows.vals = append(rows.vals, []driver.Value{r.id})
+		}
+		return rows, nil
 	case mw.q.deltaStart:
 		var newest driver.Value
 		for _, r := range mw.m.rows {
@@ -241,6 +247,15 @@ func (c markConn) QueryContext(_ context.Context, query string, args []driver.Na
 		return &valueRows{cols: []string{"snapshot", "newest"}, vals: [][]driver.Value{{mw.m.snapshot().String(), newest}}}, nil
 	}
 	return nil, fmt.Errorf("unexpected query %q", query)
+}
+
+// values are the values of a statement's arguments.
+func values(args []driver.NamedValue) []any {
+	a := make([]any, len(args))
+	for i, v := range args {
+		a[i] = v.Value
+	}
+	return a
 }
 
 func parseXid(v driver.Value) uint64 {
@@ -257,14 +272,16 @@ func (c markConn) ExecContext(_ context.Context, query string, args []driver.Nam
 		mw.token = args[1].Value.(string)
 		return driver.RowsAffected(1), nil
 	}
-	a := make([]any, len(args))
-	for i, v := range args {
-		a[i] = v.Value
+	if query != mw.q.markIDs {
+		return nil, fmt.Errorf("unexpected exec %q", query)
 	}
 	saved := mw.savedToken()
-	for _, r := range mw.markRows(query, a) {
-		require.True(mw.t, mw.certified(saved, r), "row %d (txid %d, changed_at %s) flagged by %q %v, but the saved token %v does not certify it",
-			r.id, r.xid, mw.ts[r.id].Format(time.StampMicro), query, a, saved)
+	for _, id := range intArray(mw.t, args[0].Value) {
+		i := slices.IndexFunc(mw.m.rows, func(r modelRow) bool { return r.id == id })
+		require.GreaterOrEqual(mw.t, i, 0, "flagged row %d does not exist", id)
+		r := mw.m.rows[i]
+		require.True(mw.t, mw.certified(saved, r), "row %d (txid %d, changed_at %s) flagged, but the saved token %v does not certify it",
+			r.id, r.xid, mw.ts[r.id].Format(time.StampMicro), saved)
 		mw.flagged[r.id] = true
 	}
 	return driver.RowsAffected(0), nil

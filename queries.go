@@ -71,22 +71,24 @@ type queries struct {
 	// parkFence fences the insert of client $1's parked event (deadletter.go) to the owner
 	// epoch $9, locking the token row FOR KEY SHARE.
 	parkFence string
-	// markLegacy, markPhase, markDelta, markSwitch and markInDelta set the legacy processed flag
-	// of the rows newly certified since the rows last marked (the background marker runs them
-	// after saves). markLegacy marks table $1's legacy positions in ($2, $3) .. ($4, $5);
-	// markPhase, in the legacy part of a switch-over, only those that snapshot $6 sees or that
-	// have no txid. markDelta marks the rows in the (txid, id) index ranges $2..$5 that the saved
-	// position certifies: those snapshot $6 sees, and those snapshot $7 sees with an id up to
-	// $8. markSwitch is markDelta after the legacy part of a switch-over ended: it also marks the
-	// rest of that part, the legacy positions after ($9, $10) that snapshot $6 sees.
-	// markInDelta, when the saved position moved on inside a delta, marks the rows with an id
-	// above $2 and up to $3 that the delta's end snapshot $4 sees, by primary key. Each
-	// collects the ids first, by a query that only the range index (or the primary key) can
-	// serve (no "processed" predicate, which the partial unprocessed index would match: a
-	// generic plan of a cached statement would otherwise read every unprocessed row from the
-	// range's changed_at on), then updates them by primary key. So marking costs about what it
-	// certifies.
+	// markLegacy, markPhase, markDelta, markSwitch and markInDelta select the ids of the rows
+	// newly certified since the rows last marked, whose legacy processed flag the background
+	// marker then sets with markIDs (after saves). markLegacy selects table $1's legacy positions
+	// in ($2, $3) .. ($4, $5); markPhase, in the legacy part of a switch-over, only those that
+	// snapshot $6 sees or that have no txid. markDelta selects the rows in the (txid, id) index
+	// ranges $2..$5 that the saved position certifies: those snapshot $6 sees, and those snapshot
+	// $7 sees with an id up to $8. markSwitch is markDelta after the legacy part of a switch-over
+	// ended: it also selects the rest of that part, the legacy positions after ($9, $10) that
+	// snapshot $6 sees. markInDelta, when the saved position moved on inside a delta, selects the
+	// rows with an id above $2 and up to $3 that the delta's end snapshot $4 sees, by primary key.
+	// Only the range index (or the primary key) can serve them: they have no "processed"
+	// predicate, which the partial unprocessed index would match (a generic plan of a cached
+	// statement would otherwise read every unprocessed row from the range's changed_at on). So
+	// marking costs about what it certifies.
 	markLegacy, markPhase, markDelta, markSwitch, markInDelta string
+	// markIDs sets the processed flag of the rows with the ids $1 (an int8 array) that do not
+	// have it, by primary key.
+	markIDs string
 	// unprocessed: GetUnprocessedEventCount.
 	unprocessed string
 }
@@ -136,21 +138,16 @@ func buildQueries(cfg Config) queries {
 	newestTxid := `(SELECT c.txid::text AS newest_txid FROM ` + cl + ` c
 		WHERE c.table_name = $1 AND c.txid IS NOT NULL ORDER BY c.txid DESC LIMIT 1)`
 	seesOrOld := `(txid IS NULL OR pg_visible_in_snapshot(txid, $6::pg_snapshot))`
-	mark := func(ids string) string {
-		return `UPDATE ` + cl + ` SET processed = TRUE WHERE id = ANY(ARRAY(
-		` + ids + `))
-	AND processed = FALSE`
-	}
 	legacyIDs := func(after, cond string) string {
 		return `SELECT id FROM ` + cl + ` WHERE table_name = $1 AND (changed_at, id) > ` + after + cond + `
 		ORDER BY changed_at, id`
 	}
 	upTo := ` AND (changed_at, id) <= ($4, $5)`
-	deltaMark := mark(`SELECT c.id FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
+	deltaIDs := `SELECT c.id FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
 		CROSS JOIN LATERAL (SELECT id FROM ` + cl + ` WHERE table_name = $1
 			AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id)
 			AND (pg_visible_in_snapshot(txid, $6::pg_snapshot)
-				OR (pg_visible_in_snapshot(txid, $7::pg_snapshot) AND id <= $8))) c`)
+				OR (pg_visible_in_snapshot(txid, $7::pg_snapshot) AND id <= $8))) c`
 	q := queries{
 		readQueries: buildReadQueries(cl, limit, pageLimit, nil),
 		snapshot:    `SELECT pg_current_snapshot()::text`,
@@ -196,13 +193,14 @@ func buildQueries(cfg Config) queries {
 		compactFence: ` AND EXISTS (SELECT FROM ` + tok + ` AS tok WHERE tok.client_name = $1 AND tok.` + epochColumn + ` = `,
 		bumpEpoch: `UPDATE ` + tok + ` SET ` + epochColumn + ` = ` + epochColumn + ` + 1 WHERE client_name = $1 AND ` +
 			epochColumn + ` IS NOT NULL AND client_name IN (` + lockForUpdate(tok, "$1") + `)`,
-		markLegacy: mark(legacyIDs(`($2, $3)`, upTo)),
-		markPhase:  mark(legacyIDs(`($2, $3)`, upTo+` AND `+seesOrOld)),
-		markDelta:  deltaMark,
-		markSwitch: `WITH legacy AS (` + mark(legacyIDs(`($9, $10)`, ` AND `+seesOrOld)) + `)
-	` + deltaMark,
-		markInDelta: mark(`SELECT id FROM ` + cl + ` WHERE id > $2 AND id <= $3 AND table_name = $1
-			AND pg_visible_in_snapshot(txid, $4::pg_snapshot)`),
+		markLegacy: legacyIDs(`($2, $3)`, upTo),
+		markPhase:  legacyIDs(`($2, $3)`, upTo+` AND `+seesOrOld),
+		markDelta:  deltaIDs,
+		markSwitch: `(` + legacyIDs(`($9, $10)`, ` AND `+seesOrOld) + `)
+	UNION ALL ` + deltaIDs,
+		markInDelta: `SELECT id FROM ` + cl + ` WHERE id > $2 AND id <= $3 AND table_name = $1
+			AND pg_visible_in_snapshot(txid, $4::pg_snapshot)`,
+		markIDs:     `UPDATE ` + cl + ` SET processed = TRUE WHERE id = ANY($1::int8[]) AND processed = FALSE`,
 		unprocessed: `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2 AND processed = FALSE`,
 		readAck:     `SELECT resume_token->'ack'->>'w', resume_token->'ack'->>'seq' FROM ` + tok + ` WHERE client_name = $1`,
 	}

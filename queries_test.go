@@ -3,8 +3,11 @@ package pgchangestream
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
+	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
@@ -16,10 +19,9 @@ const (
 	wantRead = `SELECT id, record_id::text, operation, old_values::text, new_values::text, changed_at FROM "datastore_changelog"
 	WHERE table_name = $1 AND (changed_at, id) > ($2, $3)
 	ORDER BY changed_at, id LIMIT 100`
-	wantMark = `UPDATE "datastore_changelog" SET processed = TRUE WHERE id = ANY(ARRAY(
-		SELECT id FROM "datastore_changelog" WHERE table_name = $1 AND (changed_at, id) > ($2, $3) AND (changed_at, id) <= ($4, $5)
-		ORDER BY changed_at, id))
-	AND processed = FALSE`
+	wantMark = `SELECT id FROM "datastore_changelog" WHERE table_name = $1 AND (changed_at, id) > ($2, $3) AND (changed_at, id) <= ($4, $5)
+		ORDER BY changed_at, id`
+	wantMarkIDs   = `UPDATE "datastore_changelog" SET processed = TRUE WHERE id = ANY($1::int8[]) AND processed = FALSE`
 	wantSaveToken = `INSERT INTO "resume_tokens" (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
 	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`
 	wantDetect = `SELECT current_setting('server_version_num')::int >= 130000 AND EXISTS (
@@ -44,6 +46,21 @@ func expectLegacyChangelog(mock sqlmock.Sqlmock) {
 		WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation", "stats"}).AddRow(false, false, true))
 }
 
+// expectMark expects a marking pass: the selection q with args, answered with ids, and the
+// statement that flags them.
+func expectMark(mock sqlmock.Sqlmock, q string, args []any, ids ...int64) {
+	rows := sqlmock.NewRows([]string{"id"})
+	for _, id := range ids {
+		rows.AddRow(id)
+	}
+	values := make([]driver.Value, len(args))
+	for i, a := range args {
+		values[i] = a
+	}
+	mock.ExpectQuery(q).WithArgs(values...).WillReturnRows(rows)
+	mock.ExpectExec(wantMarkIDs).WithArgs(pgArray(ids)).WillReturnResult(sqlmock.NewResult(0, int64(len(ids))))
+}
+
 func newMockWatcher(t *testing.T, cfg Config) (*Watcher, sqlmock.Sqlmock) {
 	t.Helper()
 	db, mock := mockDB(t)
@@ -58,6 +75,7 @@ func TestQueriesAreTheRowComparisonForm(t *testing.T) {
 	w, _ := newMockWatcher(t, Config{})
 	require.Equal(t, wantRead, w.q.read)
 	require.Equal(t, wantMark, w.q.markLegacy)
+	require.Equal(t, wantMarkIDs, w.q.markIDs)
 	require.Equal(t, wantLoad, w.q.loadToken)
 	require.Equal(t, wantNewest, w.q.newest)
 	require.Equal(t, wantByID, w.q.byID)
@@ -114,6 +132,55 @@ func TestLoadSavedTokenFormats(t *testing.T) {
 	})
 }
 
+// A pass that marks many rows splits them, in id order, into statements of contiguous ids that
+// run at once; if one fails, the pass fails and the next one marks from the same position again.
+func TestLargeMarkingPassRunsStatementsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
+		w, mock := newMockWatcher(t, Config{ProcessedFlag: true})
+		mock.MatchExpectationsInOrder(false) // the statements of a pass run at once
+		n := markStatements * markChunk
+		from, to := makePosition(ts, 0), makePosition(ts, int64(n))
+		w.loaded, w.savedMirror = true, to
+		w.setMarked(from)
+		ids := make([]int64, n)
+		for i := range ids {
+			ids[i] = int64(n - i) // selected in (changed_at, id) order, which need not be id order
+		}
+		chunks := slices.Collect(slices.Chunk(slices.Sorted(slices.Values(ids)), markChunk))
+		require.Len(t, chunks, markStatements)
+		const took = time.Second // each statement's
+		pass := func(fail error) (time.Duration, error) {
+			rows := sqlmock.NewRows([]string{"id"})
+			for _, id := range ids {
+				rows.AddRow(id)
+			}
+			mock.ExpectQuery(wantMark).WithArgs("t", ts, int64(0), ts, int64(n)).WillReturnRows(rows)
+			for i, c := range chunks {
+				e := mock.ExpectExec(wantMarkIDs).WithArgs(pgArray(c)).WillDelayFor(took)
+				if i == 0 && fail != nil {
+					e.WillReturnError(fail)
+				} else {
+					e.WillReturnResult(sqlmock.NewResult(0, int64(len(c))))
+				}
+			}
+			start := time.Now()
+			err := w.markSaved(context.Background())
+			return time.Since(start), err
+		}
+
+		d, err := pass(errors.New("deadlock"))
+		require.ErrorContains(t, err, "deadlock")
+		require.Equal(t, took, d, "the pass waits for all its statements, which run at once")
+		require.Equal(t, from, w.mark.marked, "a failed pass marks nothing as done")
+		d, err = pass(nil)
+		require.NoError(t, err)
+		require.Equal(t, took, d)
+		require.Equal(t, to, w.mark.marked)
+		require.NoError(t, mock.ExpectationsWereMet())
+	})
+}
+
 // A save writes the token alone; the processed flag of the rows it newly certified is set
 // after it (here at once: the watcher is not started, so no marker goroutine runs).
 func TestSaveThenMark(t *testing.T) {
@@ -132,7 +199,7 @@ func TestSaveThenMark(t *testing.T) {
 
 	want := makePosition(ts, 3).predecessor()
 	mock.ExpectExec(wantSaveToken).WithArgs("c", string(encodeToken(want, "t"))).WillReturnResult(sqlmock.NewResult(0, 1))
-	mock.ExpectExec(wantMark).WithArgs("t", ts, int64(1), want.ChangedAt, want.ID).WillReturnResult(sqlmock.NewResult(0, 1))
+	expectMark(mock, wantMark, []any{"t", ts, int64(1), want.ChangedAt, want.ID}, 2)
 	require.NoError(t, w.MarkProcessed(context.Background(), tok(2)))
 
 	mock.ExpectExec(wantSaveToken).WithArgs("c", sqlmock.AnyArg()).WillReturnError(errors.New("disk full"))
@@ -140,9 +207,10 @@ func TestSaveThenMark(t *testing.T) {
 	require.ErrorContains(t, err, "disk full")
 
 	mock.ExpectExec(wantSaveToken).WithArgs("c", sqlmock.AnyArg()).WillReturnResult(sqlmock.NewResult(0, 1))
-	mock.ExpectExec(wantMark).WithArgs("t", want.ChangedAt, want.ID, ts, int64(3)).WillReturnError(errors.New("deadlock"))
+	mock.ExpectQuery(wantMark).WithArgs("t", want.ChangedAt, want.ID, ts, int64(3)).WillReturnRows(sqlmock.NewRows([]string{"id"}).AddRow(int64(3)))
+	mock.ExpectExec(wantMarkIDs).WithArgs("{3}").WillReturnError(errors.New("deadlock"))
 	require.NoError(t, w.MarkProcessed(context.Background(), nil), "the flag may lag: its failure is not the save's")
-	mock.ExpectExec(wantMark).WithArgs("t", want.ChangedAt, want.ID, ts, int64(3)).WillReturnResult(sqlmock.NewResult(0, 1))
+	expectMark(mock, wantMark, []any{"t", want.ChangedAt, want.ID, ts, int64(3)}, 3)
 	require.NoError(t, w.markSaved(context.Background()), "marked from where marking stopped")
 	require.NoError(t, mock.ExpectationsWereMet())
 }
@@ -207,7 +275,7 @@ func TestProcessedFlagDefaults(t *testing.T) {
 			want := makePosition(ts, 2)
 			mock.ExpectExec(wantSaveToken).WithArgs("c", string(encodeToken(want, "t"))).WillReturnResult(sqlmock.NewResult(0, 1))
 			if tc.mark {
-				mock.ExpectExec(wantMark).WithArgs("t", ts, int64(1), want.ChangedAt, want.ID).WillReturnResult(sqlmock.NewResult(0, 1))
+				expectMark(mock, wantMark, []any{"t", ts, int64(1), want.ChangedAt, want.ID}, 2)
 			}
 			require.NoError(t, w.MarkProcessed(context.Background(), tok(2)))
 			require.NoError(t, w.markSaved(context.Background()), "no statement beyond those expected")
