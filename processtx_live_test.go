@@ -70,39 +70,35 @@ func runProcessTx(w *Watcher, opts ProcessOptions, h TxHandler) (stop func() err
 // others commit their effect and claim, and once the token certifies them their rows are
 // deleted, also the rows a previous run left, at the start of the next run. Both schema states.
 func TestLiveProcessTxSkipsCommittedAndCompacts(t *testing.T) {
-	for _, tc := range schemaStates {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			e := tc.env(t)
-			e.createEffects()
-			ids := e.insert(4)
-			_, err := e.db.Exec(`INSERT INTO datastore_changelog_acks (client_name, changelog_id) VALUES ('c', $1)`, ids[1])
-			require.NoError(t, err) // a transaction of an earlier run committed ids[1]
-			cfg := e.config(ModePolling)
-			cfg.StartFromBeginning = true
-			w := e.start(cfg)
-			rec := &txRecorder{t: t}
-			stop := runProcessTx(w, ProcessOptions{Workers: 4}, rec.handle)
-			waitFor(t, func() bool { return w.Stats().Checkpoint.ID == ids[3] }, "the token certifies every event")
-			waitFor(t, func() bool { return len(e.ackRows("c")) == 0 }, "the certified rows are deleted")
-			require.NoError(t, stop())
-			got := rec.called()
-			slices.Sort(got)
-			require.Equal(t, []int64{ids[0], ids[2], ids[3]}, got, "the committed event's handler is not called")
-			require.Equal(t, []int64{ids[0], ids[2], ids[3]}, e.effectIDs())
-			st := w.Stats().Process
-			require.Equal(t, uint64(1), st.AlreadyDone)
-			require.Equal(t, uint64(3), st.Handled)
+	inEachSchemaState(t, func(t *testing.T, e *liveEnv) {
+		e.createEffects()
+		ids := e.insert(4)
+		_, err := e.db.Exec(`INSERT INTO datastore_changelog_acks (client_name, changelog_id) VALUES ('c', $1)`, ids[1])
+		require.NoError(t, err) // a transaction of an earlier run committed ids[1]
+		cfg := e.config(ModePolling)
+		cfg.StartFromBeginning = true
+		w := e.start(cfg)
+		rec := &txRecorder{t: t}
+		stop := runProcessTx(w, ProcessOptions{Workers: 4}, rec.handle)
+		waitFor(t, func() bool { return w.Stats().Checkpoint.ID == ids[3] }, "the token certifies every event")
+		waitFor(t, func() bool { return len(e.ackRows("c")) == 0 }, "the certified rows are deleted")
+		require.NoError(t, stop())
+		got := rec.called()
+		slices.Sort(got)
+		require.Equal(t, []int64{ids[0], ids[2], ids[3]}, got, "the committed event's handler is not called")
+		require.Equal(t, []int64{ids[0], ids[2], ids[3]}, e.effectIDs())
+		st := w.Stats().Process
+		require.Equal(t, uint64(1), st.AlreadyDone)
+		require.Equal(t, uint64(3), st.Handled)
 
-			// A row left behind (a claim committed after the last save of a run, say) is deleted
-			// when the next run starts.
-			_, err = e.db.Exec(`INSERT INTO datastore_changelog_acks (client_name, changelog_id) VALUES ('c', $1)`, ids[2])
-			require.NoError(t, err)
-			stop = runProcessTx(w, ProcessOptions{}, rec.handle)
-			waitFor(t, func() bool { return len(e.ackRows("c")) == 0 }, "the next run deletes the certified row")
-			require.NoError(t, stop())
-		})
-	}
+		// A row left behind (a claim committed after the last save of a run, say) is deleted
+		// when the next run starts.
+		_, err = e.db.Exec(`INSERT INTO datastore_changelog_acks (client_name, changelog_id) VALUES ('c', $1)`, ids[2])
+		require.NoError(t, err)
+		stop = runProcessTx(w, ProcessOptions{}, rec.handle)
+		waitFor(t, func() bool { return len(e.ackRows("c")) == 0 }, "the next run deletes the certified row")
+		require.NoError(t, stop())
+	})
 }
 
 // A failing handler's effect and claim roll back: no acknowledgement row, the token and the
