@@ -60,7 +60,9 @@ func (p *poisonRun) key(ev EventWithToken) string {
 func (p *poisonRun) handle(ctx context.Context, ev EventWithToken) error {
 	id := tokenID(p.t, ev)
 	p.mu.Lock()
-	poisoned, charged := p.poisoned[id], p.held[p.rec.keyOf(id)] || p.attempts[id] > 0
+	// Taken in charge: the poison, or an event of its key taken after it (an earlier one of the
+	// key can still be queued when the poison is taken, and runs first, as any event does).
+	poisoned, charged := p.poisoned[id], p.attempts[id] > 0 || slices.Contains(p.given[p.rec.keyOf(id)], id)
 	if poisoned {
 		p.attempts[id]++
 	} else if charged {
