@@ -176,12 +176,14 @@ func (w *Watcher) handlerStep(handle Handler) processStep {
 	}}
 }
 
-// processStep is what differs between Process and ProcessTx: the per-event step, and a
-// background task (nil for Process) that runs while the engine does and is stopped after the
-// final save.
+// processStep is what differs between Process and ProcessTx: the per-event step, a background
+// task (nil for Process) that runs while the engine does and is stopped after the final save,
+// and the least time between two saves of acknowledgements with CheckpointInterval 0 (0 for
+// Process: the next save starts as soon as the last one ended).
 type processStep struct {
 	run        func(ctx context.Context, j *procrun.Job[EventWithToken]) error
 	background func(ctx context.Context) (stop func())
+	saveGap    time.Duration
 }
 
 // runProcess checks the call (refuse is the caller's own objection, if any), then runs the
@@ -236,7 +238,7 @@ func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o Proc
 	if step.background != nil {
 		defer step.background(ctx)()
 	}
-	s := w.startAckSaver(ctx)
+	s := w.startAckSaver(ctx, step.saveGap)
 	err := w.runEngine(ctx, src, o, step.run, store, s.ack, w.restoreEvent)
 	s.stop()
 	saveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backgroundSaveTimeout)

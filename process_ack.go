@@ -1,22 +1,27 @@
 package pgchangestream
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // ackSaver is Process's side of acknowledgements: the engine calls ack (one call at a time, in
 // the mark's order) each time the low-water mark advances; ack acknowledges in memory and wakes the
 // saver goroutine, which saves one checkpoint at a time, each covering every acknowledgement
 // made before it started. A failed save is retried with backoff; the acknowledgement stays in
-// memory meanwhile, and the failure shows in Health and Stats through the save path. With a
-// batched Config.CheckpointInterval the watcher's save loop saves, and there is no saver.
+// memory meanwhile, and the failure shows in Health and Stats through the save path. A positive
+// gap is the least time from the end of one save to the start of the next. With a batched
+// Config.CheckpointInterval the watcher's save loop saves, and there is no saver.
 type ackSaver struct {
 	w      *Watcher
+	gap    time.Duration // immutable
 	wake   chan struct{} // capacity 1: a save is wanted
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the saver goroutine exited
 }
 
-func (w *Watcher) startAckSaver(ctx context.Context) *ackSaver {
-	s := &ackSaver{w: w, wake: make(chan struct{}, 1), done: make(chan struct{})}
+func (w *Watcher) startAckSaver(ctx context.Context, gap time.Duration) *ackSaver {
+	s := &ackSaver{w: w, gap: gap, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	ctx, s.cancel = context.WithCancel(ctx)
 	if w.cfg.CheckpointInterval > 0 {
 		close(s.done)
@@ -57,6 +62,9 @@ func (s *ackSaver) loop(ctx context.Context) {
 			if !sleepCtx(ctx, b.next()) {
 				return
 			}
+		}
+		if s.gap > 0 && !sleepCtx(ctx, s.gap) { // a wake meanwhile waits in s.wake
+			return
 		}
 	}
 }

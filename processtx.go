@@ -19,6 +19,12 @@ type TxHandler func(ctx context.Context, tx *sql.Tx, ev EventWithToken) error
 // saved token certifies.
 const ackCompactInterval = time.Second
 
+// txSaveGap is the least time between two saves of ProcessTx's low-water mark with
+// Config.CheckpointInterval 0. Each event's acknowledgement row commits with its effects, so the
+// token only tells a restart where to start claiming again; a save per event would add a
+// commit, and its WAL flush, to every event for nothing.
+const txSaveGap = 100 * time.Millisecond
+
 // ProcessTx is [Watcher.Process] with a transaction of its own per event, so that each event's
 // effects in the database commit exactly once, with parallel handlers: for each attempt it
 // begins a transaction on Config.DB, claims the event in it (an acknowledgement row in
@@ -29,7 +35,10 @@ const ackCompactInterval = time.Second
 // out whether it committed after all. The rerun of a parked event deletes its dead-letter row in
 // the same transaction; if an operator dropped it meanwhile, the rerun does nothing. The
 // options, per-key order, failure policies, back-pressure, grace period and shutdown are those
-// of Process; the low-water mark and its saves are too, and about once a second the
+// of Process; so is the low-water mark. Its saves are too, except that with CheckpointInterval
+// 0 they are at least 100 ms apart: an event's acknowledgement row, committed with its effects,
+// is what makes it done, and the saved token only bounds how far back a restart claims events
+// again (each such claim finds its row and skips the event). About once a second the
 // acknowledgement rows the saved token certifies are deleted.
 //
 // Each transaction runs with idle_in_transaction_session_timeout set to
@@ -63,6 +72,7 @@ func (w *Watcher) ProcessTx(ctx context.Context, opts ProcessOptions, handle TxH
 			return w.runTx(ctx, handle, j)
 		},
 		background: w.startAckCompactor,
+		saveGap:    txSaveGap,
 	})
 }
 

@@ -101,6 +101,45 @@ func TestLiveProcessTxSkipsCommittedAndCompacts(t *testing.T) {
 	})
 }
 
+// With CheckpointInterval 0, ProcessTx saves its low-water mark while events keep finishing,
+// but saves are at least txSaveGap apart (an event's claim row, committed with its effect, is
+// what makes it done), and it saves once more when it stops: the token then certifies every
+// event, each handled once.
+func TestLiveProcessTxPacesItsSaves(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	e.createEffects()
+	var ids []int64
+	e.inTx(func(tx *sql.Tx) int64 {
+		for range 400 {
+			ids = append(ids, insertItem(t, tx))
+		}
+		return 0
+	})
+	cfg := e.config(ModePolling)
+	cfg.StartFromBeginning = true
+	w := e.start(cfg)
+	rec := &txRecorder{t: t}
+	slow := func(ctx context.Context, tx *sql.Tx, ev EventWithToken) error {
+		time.Sleep(time.Millisecond) // the run lasts several gaps
+		return rec.handle(ctx, tx, ev)
+	}
+	before, start := w.Stats().CheckpointWrites, time.Now()
+	stop := runProcessTx(w, ProcessOptions{Workers: 2}, slow)
+	waitFor(t, func() bool { return len(rec.called()) == len(ids) }, "every event is handled")
+	saves := w.Stats().CheckpointWrites - before
+	elapsed := time.Since(start)
+	require.NoError(t, stop())
+	require.GreaterOrEqual(t, saves, uint64(1), "the mark is saved while events finish")
+	// One save at most per gap, and one more (the idle save of a moved checkpoint, which can
+	// fall between two).
+	require.LessOrEqual(t, saves, uint64(elapsed/txSaveGap)+2, "%d saves in %v for %d events", saves, elapsed, len(ids))
+	require.Equal(t, ids[len(ids)-1], w.Stats().Checkpoint.ID, "the final save certifies every event")
+	require.Equal(t, ids[len(ids)-1], e.savedToken("c").ID)
+	require.Equal(t, ids, e.effectIDs())
+	t.Logf("%d saves in %v for %d events", saves, elapsed, len(ids))
+}
+
 // A failing handler's effect and claim roll back: no acknowledgement row, the token and the
 // watcher's acknowledgement counters as they were; the events after it are not certified.
 func TestLiveProcessTxHandlerErrorRollsBack(t *testing.T) {
