@@ -90,6 +90,10 @@ func markdown(r *results, m machine) string {
 	p("  the handler inserting the effect row in the transaction ProcessTx owns, which first claims the")
 	p("  event (an acknowledgement row); timed until every handler's transaction committed and")
 	p("  ProcessTx stopped with its final save. `DisableProcessedFlag`; the effects are checked.")
+	p("- `process_noop`, `process_sleep2ms` and `process_hotkey` run `Process` over the backlog and")
+	p("  configuration of `drain_batched` (`New`'s defaults: no processed flag), events keyed by")
+	p("  changelog id modulo %d, timed from `Start` until the last handler returned.", processKeys)
+	p("  `%s` is the 2 ms sleeps of 64 goroutines without Process, on the same backlog.", eventsSleepKey)
 	p("- `drain_bulk_sync` is `drain_sync` of a backlog inserted by one statement, so one transaction")
 	p("  writes every row with the same `changed_at`; each event is acknowledged and saved.")
 	p("- `drain_health` is `drain_batched_flag` of `health_events (id uuid, document jsonb)` rows shaped like")
@@ -312,7 +316,9 @@ const limitsText = `## What limits each figure
   whole milliseconds (epoll_wait), so an idle process waiting for a timer due in less than a
   millisecond wakes a full millisecond later, and the more it wakes up for other work, the more
   often its timers are that close. It is more so with 64 workers than with 8, which is what
-  keeps Workers 64 from 64 × 500/s.
+  keeps Workers 64 from 64 × 500/s. ` + "`" + eventsSleepKey + "`" + ` shows it without Process: 64
+  goroutines that take ` + "`Events()`" + ` and sleep 2 ms per event, acknowledging nothing, reach no
+  more than Process does.
 - **process_tx**: four round trips per event (BEGIN, the claim, the effect, COMMIT) and one WAL
   flush. One worker waits for each flush alone; eight share flushes (group commit), and then
   the eight sessions' statements, their round trips and the kernel's share of them take most

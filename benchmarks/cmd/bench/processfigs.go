@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,6 +22,8 @@ const (
 	// processHotDeferred is process_hotkey's ProcessOptions.MaxDeferred: 64 × the default
 	// MaxInFlight deferred events at most.
 	processHotDeferred = 64 * pgchangestream.DefaultProcessMaxInFlight
+	// eventsSleepKey is the figure of the 2 ms sleeps of 64 goroutines without Process.
+	eventsSleepKey = "events_sleep2ms_w64_eps"
 )
 
 // processSpec is one Process figure.
@@ -53,12 +56,19 @@ func processThroughputs(n int) []throughput {
 	hot := fig("process_hotkey_w64_eps", "process_sleep2ms_w64 with one key holding half the events (even ids) and MaxDeferred "+
 		itoa(processHotDeferred)+": the other keys' own rate", processSpec{workers: 64, sleep: processHandleTime, hot: true})
 	hot.count = n / 2 // the odd ids of n consecutive ones
+	floor := throughput{figs: []figureSpec{{eventsSleepKey, "no Process: 64 goroutines take Events() and sleep 2 ms per " +
+		"event, acknowledging nothing: the rate those sleeps allow beside the watcher's reads"}}, count: n,
+		run: func(ctx context.Context, e *env, v variant) ([]time.Duration, error) {
+			d, err := eventsSleepFresh(ctx, e, v, n, 64)
+			return []time.Duration{d}, err
+		}}
 	return []throughput{
 		fig("process_noop_w8_eps", "Process, Workers 8, no-op handler, "+itoa(processKeys)+" keys", processSpec{workers: 8}),
 		bounded("process_sleep2ms_w8_eps", "Process, Workers 8, handler sleeps 2 ms, "+itoa(processKeys)+" keys",
 			processSpec{workers: 8, sleep: processHandleTime}),
 		bounded("process_sleep2ms_w64_eps", "Process, Workers 64, handler sleeps 2 ms, "+itoa(processKeys)+" keys",
 			processSpec{workers: 64, sleep: processHandleTime}),
+		floor,
 		hot,
 	}
 }
@@ -68,42 +78,67 @@ func handlerBoundKey(key string) string {
 	return strings.TrimSuffix(key, "_eps") + "_handler_bound_eps"
 }
 
-// processFresh fills a fresh database with n rows behind a saved start and processes them. It
-// returns the time from Start until the last of them finished (with s.hot: the last event of the
-// other keys; Process is then stopped, the hot key's backlog left), and the sum of the handlers'
-// durations (Stats().Process.HandlerTime).
-func processFresh(ctx context.Context, e *env, v variant, n int, s processSpec) (time.Duration, time.Duration, error) {
+// processBacklog is a fresh database holding n consecutive changelog rows (ids first..first+n-1)
+// behind a saved start, and a watcher of drain_batched's configuration (New's defaults: no
+// processed flag; CheckpointInterval batchedInterval) that resumes there, not started. close
+// closes the watcher and drops the database.
+type processBacklog struct {
+	w     *pgchangestream.Watcher
+	first int64
+	close func()
+}
+
+func newProcessBacklog(ctx context.Context, e *env, v variant, n int) (*processBacklog, error) {
 	d, err := e.newDatabase(ctx, v)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
-	defer d.drop(ctx)
 	const client = "bench"
-	spec := drainSpec{checkpointInterval: batchedInterval}
-	if err := d.saveStart(ctx, d.drainConfig(client, spec)); err != nil {
-		return 0, 0, err
+	spec := drainSpec{checkpointInterval: batchedInterval, disableProcessedFlag: true}
+	w, first, err := func() (*pgchangestream.Watcher, int64, error) {
+		if err := d.saveStart(ctx, d.drainConfig(client, spec)); err != nil {
+			return nil, 0, err
+		}
+		after, err := d.newestID(ctx)
+		if err != nil {
+			return nil, 0, err
+		}
+		if err := d.fill(ctx, n, spec); err != nil {
+			return nil, 0, err
+		}
+		if newest, err := d.newestID(ctx); err != nil || newest != after+int64(n) {
+			return nil, 0, fmt.Errorf("backlog ids %d..%d, want %d consecutive ones (%v)", after+1, newest, n, err)
+		}
+		w, err := pgchangestream.New(d.drainConfig(client, spec))
+		return w, after + 1, err
+	}()
+	if err != nil {
+		d.drop(ctx)
+		return nil, err
 	}
-	after, err := d.newestID(ctx)
+	return &processBacklog{w: w, first: first, close: func() {
+		_ = w.Close(context.WithoutCancel(ctx))
+		d.drop(ctx)
+	}}, nil
+}
+
+// processFresh processes a fresh processBacklog of n rows. It returns the time from Start until
+// the last of them finished (with s.hot: the last event of the other keys; Process is then
+// stopped, the hot key's backlog left), and the sum of the handlers' durations
+// (Stats().Process.HandlerTime).
+func processFresh(ctx context.Context, e *env, v variant, n int, s processSpec) (time.Duration, time.Duration, error) {
+	b, err := newProcessBacklog(ctx, e, v, n)
 	if err != nil {
 		return 0, 0, err
 	}
-	if err := d.fill(ctx, n, spec); err != nil {
-		return 0, 0, err
-	}
-	if newest, err := d.newestID(ctx); err != nil || newest != after+int64(n) {
-		return 0, 0, fmt.Errorf("backlog ids %d..%d, want %d consecutive ones (%v)", after+1, newest, n, err)
-	}
+	defer b.close()
+	w := b.w
 	want := int64(n)
 	if s.hot {
-		want = int64(n) - countEven(after+1, after+int64(n))
-	}
-	w, err := pgchangestream.New(d.drainConfig(client, spec))
-	if err != nil {
-		return 0, 0, err
+		want = int64(n) - countEven(b.first, b.first+int64(n)-1)
 	}
 	ctx, cancel := context.WithTimeout(ctx, drainTimeout)
 	defer cancel()
-	defer func() { _ = w.Close(context.WithoutCancel(ctx)) }()
 	pctx, stop := context.WithCancel(ctx)
 	defer stop()
 	var done atomic.Int64
@@ -136,6 +171,52 @@ func processFresh(ctx context.Context, e *env, v variant, n int, s processSpec) 
 		return 0, 0, fmt.Errorf("process ended with %d of %d events finished: %w", done.Load(), want, errors.Join(ctx.Err(), w.Err()))
 	}
 	return time.Duration(elapsed.Load()), w.Stats().Process.HandlerTime, nil
+}
+
+// eventsSleepFresh takes the events of a fresh processBacklog of n rows from Events() with
+// workers goroutines, each sleeping processHandleTime per event, and acknowledges nothing: the
+// rate those sleeps allow beside the watcher's reads and decoding, with no Process (no keys, no
+// mark, no saves). It returns the time from Start until the last sleep ended.
+func eventsSleepFresh(ctx context.Context, e *env, v variant, n, workers int) (time.Duration, error) {
+	b, err := newProcessBacklog(ctx, e, v, n)
+	if err != nil {
+		return 0, err
+	}
+	defer b.close()
+	ctx, cancel := context.WithTimeout(ctx, drainTimeout)
+	defer cancel()
+	var left atomic.Int64
+	left.Store(int64(n))
+	finished := make(chan struct{})
+	start := time.Now()
+	b.w.Start(ctx)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case _, ok := <-b.w.Events():
+					if !ok {
+						return
+					}
+					time.Sleep(processHandleTime)
+					if left.Add(-1) == 0 {
+						close(finished)
+					}
+				}
+			}
+		})
+	}
+	defer wg.Wait()
+	defer cancel() // before the wait: the goroutines return
+	select {
+	case <-finished:
+		return time.Since(start), nil
+	case <-ctx.Done():
+		return 0, fmt.Errorf("%d of %d events slept: %w (%v)", int64(n)-left.Load(), n, ctx.Err(), b.w.Err())
+	}
 }
 
 // processKey keys an event by its changelog id: processKeys keys, and with hot the even ids

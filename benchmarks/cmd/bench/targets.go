@@ -133,6 +133,10 @@ func (r *results) processTargets() []target {
 		bound("8", "process_sleep2ms_w8_eps"),
 		w64Target,
 		bound("64", "process_sleep2ms_w64_eps"),
+		// And against 64 goroutines that only sleep on Events(): what the runtime allows beside
+		// the reads.
+		ratioTarget("Process, 2 ms handler, Workers 64 / the same sleeps without Process", f("process_sleep2ms_w64_eps"),
+			f(eventsSleepKey), "process_sleep2ms_w64_eps", eventsSleepKey, handlerBoundGoal),
 		ratioTarget("Process past a hot key holding half the events: the other keys / 1,000 keys", f("process_hotkey_w64_eps"),
 			f("process_sleep2ms_w64_eps"), "process_hotkey_w64_eps", "process_sleep2ms_w64_eps", 0.5),
 	}
