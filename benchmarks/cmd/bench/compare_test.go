@@ -84,3 +84,30 @@ func TestComparisonGoals(t *testing.T) {
 		t.Error("the text table lacks the goals of the comparison")
 	}
 }
+
+// TestFlagCostText checks the time per row the processed flag adds, computed for each variant
+// from its own drain_batched figures, and its place in the Markdown report.
+func TestFlagCostText(t *testing.T) {
+	o, err := parseFlags([]string{"-quick"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newResults(o)
+	if got := r.flagCostText(); got != "" {
+		t.Errorf("no drains measured: %q, want nothing", got)
+	}
+	for key, xs := range map[string][]float64{
+		"legacy/drain_batched_eps": {100_000}, "legacy/drain_batched_flag_eps": {50_000},
+		"drain_batched_eps": {80_000}, "drain_batched_flag_eps": {20_000},
+	} {
+		r.Samples[key] = xs
+	}
+	r.setMedians(r.throughputs())
+	want := "1/`drain_batched_flag` − 1/`drain_batched`: 10.0 µs (legacy), 37.5 µs (upgraded)."
+	if got := r.flagCostText(); !strings.HasSuffix(got, want) {
+		t.Errorf("flagCostText() = %q, want it to end in %q", got, want)
+	}
+	if md := markdown(r, machine{}); !strings.Contains(md, want) {
+		t.Errorf("the report lacks %q", want)
+	}
+}
