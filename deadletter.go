@@ -81,6 +81,16 @@ func (f fencedParks) park(ctx context.Context, p ParkedEvent) (int64, error) {
 	return 0, procrun.Fatal(w.noWriteErr(ctx, w.cfg.DB, true, epoch, ""))
 }
 
+// released returns the released events of a Shared member's ranges only (and those whose
+// changelog row is gone): each is run again by the member that owns its event's range, not by
+// every member polling the client's dead-letter table. Until the member joined, it owns none.
+func (f fencedParks) released(ctx context.Context, limit int) ([]ParkedEvent, error) {
+	if f.w.sh == nil {
+		return f.sqlParkedStore.released(ctx, limit)
+	}
+	return f.releasedWhere(ctx, limit, f.w.sh.q.releasedOwned, f.w.sh.id.Load())
+}
+
 // parkedColumns are the columns scanParked reads, in order.
 const parkedColumns = `id, client_name, event_key, table_name, changelog_id, event::text, error, attempts, blocking, retry_requested, parked_at`
 
@@ -170,7 +180,13 @@ func (s *sqlParkedStore) blockedKeys(ctx context.Context) ([]string, error) {
 }
 
 func (s *sqlParkedStore) released(ctx context.Context, limit int) ([]ParkedEvent, error) {
-	return s.query(ctx, "read released events", `client_name = $1 AND retry_requested ORDER BY id LIMIT $2`, s.client, limit)
+	return s.releasedWhere(ctx, limit, "")
+}
+
+// releasedWhere is released with the condition and (from $3 on) args added.
+func (s *sqlParkedStore) releasedWhere(ctx context.Context, limit int, and string, args ...any) ([]ParkedEvent, error) {
+	return s.query(ctx, "read released events", `client_name = $1 AND retry_requested`+and+` ORDER BY id LIMIT $2`,
+		append([]any{s.client, limit}, args...)...)
 }
 
 func (s *sqlParkedStore) keyEvents(ctx context.Context, key string) ([]ParkedEvent, error) {

@@ -3,6 +3,8 @@ package pgchangestream
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -64,4 +66,75 @@ func TestLiveParkIsFencedForAFormerOwner(t *testing.T) {
 			require.Empty(t, e.listParked(), "the former owner parked the event")
 		})
 	}
+}
+
+// TestLiveSharedRerunsOnlyOnTheRangeOwner: two Shared members run Process over one client; an
+// event parked after failing is run again, once RetryParked asks for it, by the member that owns
+// its range only, and once: the other member, which polls the same dead-letter table, leaves it.
+func TestLiveSharedRerunsOnlyOnTheRangeOwner(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	cfg := e.config(ModePolling)
+	cfg.Shared, cfg.SharedLease, cfg.StartFromBeginning = true, time.Second, true
+	var (
+		mu     sync.Mutex
+		cured  bool
+		poison int64
+		ran    = map[int64][]string{} // successful runs of each event, by member
+	)
+	handler := func(name string) Handler {
+		return func(_ context.Context, ev EventWithToken) error {
+			id := tokenID(t, ev)
+			mu.Lock()
+			defer mu.Unlock()
+			if id == poison && !cured {
+				return errors.New("poison")
+			}
+			ran[id] = append(ran[id], name)
+			return nil
+		}
+	}
+	opts := ProcessOptions{Workers: 2, OnFailure: ParkOnFailure, MaxAttempts: 1, ParkedPollInterval: 20 * time.Millisecond}
+	stops := map[string]func(){}
+	a, b := startSplitPair(t, e, cfg, nil)
+	for name, w := range map[string]*Watcher{"a": a, "b": b} {
+		errc, cancel := startProcess(t, w, opts, handler(name))
+		stops[name] = func() {
+			cancel()
+			require.NoError(t, <-errc)
+		}
+	}
+	var last int64
+	require.NoError(t, e.db.QueryRow(`SELECT coalesce(max(id), 0) FROM datastore_changelog`).Scan(&last))
+	mu.Lock()
+	poison = last + 10 // the tenth row to come, set before it is written
+	mu.Unlock()
+	ids := e.insert(20)
+	require.Contains(t, ids, poison)
+	waitFor(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(ran) == len(ids)-1
+	}, "every other event runs")
+	var parked []ParkedEvent
+	waitFor(t, func() bool { parked = e.listParked(); return len(parked) == 1 }, "the poison is parked")
+	require.Equal(t, poison, parked[0].ChangelogID)
+	var unit int
+	require.NoError(t, e.db.QueryRow(`SELECT `+unitExpression("datastore_changelog")+` FROM datastore_changelog WHERE id = $1`, poison).Scan(&unit))
+	owner := "a"
+	if slices.Contains(b.Stats().Shared.Ranges, unit/16) {
+		owner = "b"
+	}
+	mu.Lock()
+	cured = true
+	mu.Unlock()
+	require.NoError(t, RetryParked(context.Background(), e.db, "c", parked[0].ID, AdminOptions{}))
+	waitFor(t, func() bool { return len(e.listParked()) == 0 }, "the rerun removes the parked row")
+	time.Sleep(10 * opts.ParkedPollInterval) // polls of both members after it
+	for _, stop := range stops {
+		stop()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{owner}, ran[poison], "the parked event reran on %v; its range is %s's", ran[poison], owner)
 }

@@ -93,12 +93,16 @@ type sharedQueries struct {
 	// parkFence fences the insert of client $1's parked event $4 (deadletter.go) to member $9
 	// owning its range, locking the range row FOR KEY SHARE.
 	parkFence string
+	// releasedOwned restricts the parked events an operator released (client $1, limit $2) to
+	// those of the ranges member $3 owns, so that one member runs each again, and those whose
+	// changelog row is gone (their range is unknown: any member may run them).
+	releasedOwned string
 }
 
 func buildSharedQueries(cfg Config) sharedQueries {
 	cl := cfg.ChangelogTable
 	mt, rt := quoteIdentifier(memberTable(cl)), quoteIdentifier(rangeTable(cl))
-	qcl, acks := quoteIdentifier(cl), quoteIdentifier(ackTable(cl))
+	qcl, acks, parked := quoteIdentifier(cl), quoteIdentifier(ackTable(cl)), quoteIdentifier(parkedTable(cl))
 	lease := `now() + $3 * interval '1 millisecond'`
 	// settled: member $2's lease holds and has held, without a lapse, for a lease ($3 ms, or the
 	// placeholder given): only a settled member removes members whose lease ran out or claims
@@ -149,6 +153,10 @@ func buildSharedQueries(cfg Config) sharedQueries {
 		parkFence: ` FROM ` + rt + ` AS r WHERE r.client_name = $1 AND r.owner = $9
 		AND r.range_no = (SELECT ` + unitExpression(cl) + ` / ` + strconv.Itoa(unitsPerRange) + ` FROM ` + qcl + ` WHERE id = $4::bigint)
 	FOR KEY SHARE OF r`,
+		releasedOwned: ` AND (NOT EXISTS (SELECT FROM ` + qcl + ` c WHERE c.id = ` + parked + `.changelog_id)
+		OR EXISTS (SELECT FROM ` + rt + ` AS r WHERE r.client_name = $1 AND r.owner = $3
+			AND r.range_no = (SELECT ` + unitExpression(cl) + ` / ` + strconv.Itoa(unitsPerRange) + ` FROM ` + qcl +
+			` WHERE id = ` + parked + `.changelog_id)))`,
 		compactOwned: ` AND EXISTS (SELECT FROM ` + rt + ` AS r WHERE r.client_name = $1 AND r.range_no = ` +
 			unitExpression(cl) + ` / ` + strconv.Itoa(unitsPerRange) + ` AND r.owner = `,
 	}
