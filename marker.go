@@ -152,7 +152,7 @@ func (w *Watcher) markSaved(ctx context.Context) error {
 }
 
 // certifiedIDs runs the selection q of the rows a pass marks, returning their ids in ascending
-// order.
+// order, each once (markSwitch's two parts can both select a row).
 func (w *Watcher) certifiedIDs(ctx context.Context, q string, args []any) ([]int64, error) {
 	rows, err := w.cfg.DB.QueryContext(ctx, q, args...)
 	if err != nil {
@@ -171,7 +171,7 @@ func (w *Watcher) certifiedIDs(ctx context.Context, q string, args []any) ([]int
 		return nil, err
 	}
 	slices.Sort(ids)
-	return ids, nil
+	return slices.Compact(ids), nil
 }
 
 // markIDs sets the processed flag of the rows ids (ascending). From 2 × markChunk rows on, it

@@ -303,3 +303,19 @@ func TestGetUnprocessedEventCount(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidToken)
 	require.NoError(t, mock.ExpectationsWereMet())
 }
+
+// A row that the selection of a pass returns twice (the two parts of markSwitch can both
+// select it), or out of id order, is updated once, in ascending id order.
+func TestMarkingPassUpdatesEachRowOnce(t *testing.T) {
+	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
+	w, mock := newMockWatcher(t, Config{ProcessedFlag: true})
+	from, to := makePosition(ts, 0), makePosition(ts, 9)
+	w.loaded, w.savedMirror = true, to
+	w.setMarked(from)
+	rows := sqlmock.NewRows([]string{"id"}).AddRow(int64(7)).AddRow(int64(3)).AddRow(int64(7)).AddRow(int64(5))
+	mock.ExpectQuery(wantMark).WithArgs("t", ts, int64(0), ts, int64(9)).WillReturnRows(rows)
+	mock.ExpectExec(wantMarkIDs).WithArgs(pgArray([]int64{3, 5, 7})).WillReturnResult(sqlmock.NewResult(0, 3))
+	require.NoError(t, w.markSaved(context.Background()))
+	require.Equal(t, to, w.mark.marked)
+	require.NoError(t, mock.ExpectationsWereMet())
+}

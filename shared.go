@@ -104,6 +104,10 @@ func buildSharedQueries(cfg Config) sharedQueries {
 	mt, rt := quoteIdentifier(memberTable(cl)), quoteIdentifier(rangeTable(cl))
 	qcl, acks, parked := quoteIdentifier(cl), quoteIdentifier(ackTable(cl)), quoteIdentifier(parkedTable(cl))
 	lease := `now() + $3 * interval '1 millisecond'`
+	// rangeOf is the range of the changelog row whose id is the expression id.
+	rangeOf := func(id string) string {
+		return `(SELECT ` + unitExpression(cl) + ` / ` + strconv.Itoa(unitsPerRange) + ` FROM ` + qcl + ` WHERE id = ` + id + `)`
+	}
 	// settled: member $2's lease holds and has held, without a lapse, for a lease ($3 ms, or the
 	// placeholder given): only a settled member removes members whose lease ran out or claims
 	// their ranges. It is checked when the statement runs, so one sent before an outage of the
@@ -146,17 +150,16 @@ func buildSharedQueries(cfg Config) sharedQueries {
 		claimAck: `INSERT INTO ` + acks + ` (client_name, changelog_id) SELECT r.client_name, $2::bigint
 	FROM ` + rt + ` AS r, (SELECT set_config('idle_in_transaction_session_timeout', $4, true)) AS idle
 	WHERE r.client_name = $1 AND r.owner = $3
-		AND r.range_no = (SELECT ` + unitExpression(cl) + ` / ` + strconv.Itoa(unitsPerRange) + ` FROM ` + qcl + ` WHERE id = $2::bigint)
+		AND r.range_no = ` + rangeOf("$2::bigint") + `
 	FOR KEY SHARE OF r ON CONFLICT DO NOTHING`,
 		ackState: `SELECT EXISTS (SELECT FROM ` + acks + ` WHERE client_name = $1 AND changelog_id = $2),
 	EXISTS (SELECT FROM ` + qcl + ` WHERE id = $2)`,
 		parkFence: ` FROM ` + rt + ` AS r WHERE r.client_name = $1 AND r.owner = $9
-		AND r.range_no = (SELECT ` + unitExpression(cl) + ` / ` + strconv.Itoa(unitsPerRange) + ` FROM ` + qcl + ` WHERE id = $4::bigint)
+		AND r.range_no = ` + rangeOf("$4::bigint") + `
 	FOR KEY SHARE OF r`,
 		releasedOwned: ` AND (NOT EXISTS (SELECT FROM ` + qcl + ` c WHERE c.id = ` + parked + `.changelog_id)
 		OR EXISTS (SELECT FROM ` + rt + ` AS r WHERE r.client_name = $1 AND r.owner = $3
-			AND r.range_no = (SELECT ` + unitExpression(cl) + ` / ` + strconv.Itoa(unitsPerRange) + ` FROM ` + qcl +
-			` WHERE id = ` + parked + `.changelog_id)))`,
+			AND r.range_no = ` + rangeOf(parked+`.changelog_id`) + `))`,
 		compactOwned: ` AND EXISTS (SELECT FROM ` + rt + ` AS r WHERE r.client_name = $1 AND r.range_no = ` +
 			unitExpression(cl) + ` / ` + strconv.Itoa(unitsPerRange) + ` AND r.owner = `,
 	}
