@@ -100,10 +100,19 @@ func drain(ctx context.Context, d *database, client string, n int, spec drainSpe
 	switch {
 	case spec.effects == effectsProcessTx:
 		err = consumeProcessTx(ctx, w, d, n, spec.workers)
+	case spec.effects == effectsByHand:
+		err = consumeByHand(ctx, w, d, n, spec.workers)
 	case spec.effects != noEffects:
 		err = consumeWithEffects(ctx, w, d, n, spec.effects)
 	case spec.workers > 0:
-		err = consumeConcurrently(ctx, w, n, spec.workers)
+		// The work itself: yield a random number of times, so that workers finish out of
+		// order as real ones would.
+		err = consumeConcurrently(ctx, w, n, spec.workers, func([]byte) error {
+			for range rand.IntN(4) {
+				runtime.Gosched()
+			}
+			return nil
+		})
 	default:
 		err = consumeInOrder(ctx, w, n, spec.typed != untyped)
 	}
@@ -209,9 +218,10 @@ func (m *watermark) finish(seq int) (token []byte, advanced bool) {
 	return m.tokens[m.next-1], true
 }
 
-// consumeConcurrently numbers deliveries in receive order and hands them to workers, which
-// finish in any order; a worker whose finish advances the contiguous watermark acknowledges it.
-func consumeConcurrently(ctx context.Context, w *pgchangestream.Watcher, n, workers int) error {
+// consumeConcurrently numbers deliveries in receive order and hands them to workers, which run
+// work on each and finish in any order; a worker whose finish advances the contiguous watermark
+// acknowledges it.
+func consumeConcurrently(ctx context.Context, w *pgchangestream.Watcher, n, workers int, work func([]byte) error) error {
 	m := &watermark{tokens: make([][]byte, n), done: make([]bool, n)}
 	jobs := make(chan int, workers)
 	errs := make(chan error, workers+1)
@@ -219,10 +229,9 @@ func consumeConcurrently(ctx context.Context, w *pgchangestream.Watcher, n, work
 	for range workers {
 		wg.Go(func() {
 			for seq := range jobs {
-				// The work itself: yield a random number of times, so that workers finish
-				// out of order as real ones would.
-				for range rand.IntN(4) {
-					runtime.Gosched()
+				if err := work(m.tokens[seq]); err != nil {
+					errs <- err
+					return
 				}
 				if token, ok := m.finish(seq); ok {
 					if err := w.MarkProcessed(ctx, token); err != nil {
@@ -256,6 +265,9 @@ func consumeConcurrently(ctx context.Context, w *pgchangestream.Watcher, n, work
 	return dispatchErr
 }
 
+// drainClient is the client name of the drains.
+const drainClient = "bench"
+
 // drainFresh copies the variant's template, saves a client's start position, fills a backlog
 // of n rows and drains it with that client.
 func drainFresh(ctx context.Context, e *env, v variant, n int, spec drainSpec) (time.Duration, error) {
@@ -264,8 +276,7 @@ func drainFresh(ctx context.Context, e *env, v variant, n int, spec drainSpec) (
 		return 0, err
 	}
 	defer d.drop(ctx)
-	const client = "bench"
-	if err := d.saveStart(ctx, d.drainConfig(client, spec)); err != nil {
+	if err := d.saveStart(ctx, d.drainConfig(drainClient, spec)); err != nil {
 		return 0, err
 	}
 	after, err := d.newestID(ctx)
@@ -275,7 +286,7 @@ func drainFresh(ctx context.Context, e *env, v variant, n int, spec drainSpec) (
 	if err := d.fill(ctx, n, spec); err != nil {
 		return 0, err
 	}
-	return drain(ctx, d, client, n, spec, after)
+	return drain(ctx, d, drainClient, n, spec, after)
 }
 
 // fill writes the backlog spec describes: n changelog rows.

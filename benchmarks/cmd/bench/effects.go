@@ -21,6 +21,9 @@ const (
 	// effectsProcessTx: ProcessTx with drainSpec.workers handlers, INSERT effect in each
 	// event's transaction (processtx.go).
 	effectsProcessTx
+	// effectsByHand: drainSpec.workers goroutines take Events() and run each event's
+	// transaction by hand (processtx.go).
+	effectsByHand
 )
 
 // txAckGoal is the lowest ratio of drain_txack_eps to drain_effect_sync_eps: acknowledging in

@@ -90,6 +90,9 @@ func markdown(r *results, m machine) string {
 	p("  the handler inserting the effect row in the transaction ProcessTx owns, which first claims the")
 	p("  event (an acknowledgement row); timed until every handler's transaction committed and")
 	p("  ProcessTx stopped with its final save. `DisableProcessedFlag`; the effects are checked.")
+	p("  `%s` and `%s` run the same transactions (the same claim statement) without ProcessTx:", byHandKey(1), byHandKey(8))
+	p("  goroutines take `Events()`, and after each commit the contiguous prefix of committed events is")
+	p("  acknowledged with `MarkProcessed` (CheckpointInterval %s): what the machine allows for them.", batchedInterval)
 	p("- `process_noop`, `process_sleep2ms` and `process_hotkey` run `Process` over the backlog and")
 	p("  configuration of `drain_batched` (`New`'s defaults: no processed flag), events keyed by")
 	p("  changelog id modulo %d, timed from `Start` until the last handler returned.", processKeys)
@@ -341,7 +344,11 @@ const limitsText = `## What limits each figure
 - **process_tx**: four round trips per event (BEGIN, the claim, the effect, COMMIT) and one WAL
   flush. One worker waits for each flush alone; eight share flushes (group commit), and then
   the eight sessions' statements, their round trips and the kernel's share of them take most
-  of the two cores.
+  of the two cores. database/sql sends BEGIN and COMMIT itself, so no round trip can be saved.
+  One worker is bound by latency (round trips, each a wake-up of the server and of the client,
+  and the flush), eight by CPU, so the ratio of the two is the machine's more than the
+  library's: ` + "`tx_by_hand`" + ` shows it for the same transactions without ProcessTx, and ProcessTx's
+  own cost as the gap between the two at 8.
 - **insert_4w**: one WAL flush per commit, shared by concurrent commits (group commit), plus the
   trigger's changelog insert, its indexes and its NOTIFY; an extra changelog column and index
   show here.

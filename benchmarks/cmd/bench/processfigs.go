@@ -93,10 +93,9 @@ func newProcessBacklog(ctx context.Context, e *env, v variant, n int) (*processB
 	if err != nil {
 		return nil, err
 	}
-	const client = "bench"
 	spec := drainSpec{checkpointInterval: batchedInterval, disableProcessedFlag: true}
 	w, first, err := func() (*pgchangestream.Watcher, int64, error) {
-		if err := d.saveStart(ctx, d.drainConfig(client, spec)); err != nil {
+		if err := d.saveStart(ctx, d.drainConfig(drainClient, spec)); err != nil {
 			return nil, 0, err
 		}
 		after, err := d.newestID(ctx)
@@ -109,7 +108,7 @@ func newProcessBacklog(ctx context.Context, e *env, v variant, n int) (*processB
 		if newest, err := d.newestID(ctx); err != nil || newest != after+int64(n) {
 			return nil, 0, fmt.Errorf("backlog ids %d..%d, want %d consecutive ones (%v)", after+1, newest, n, err)
 		}
-		w, err := pgchangestream.New(d.drainConfig(client, spec))
+		w, err := pgchangestream.New(d.drainConfig(drainClient, spec))
 		return w, after + 1, err
 	}()
 	if err != nil {

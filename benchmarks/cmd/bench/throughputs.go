@@ -86,6 +86,11 @@ func throughputs(o options) []throughput {
 			"commit), Workers 1, DisableProcessedFlag", n, drainSpec{effects: effectsProcessTx, workers: 1, disableProcessedFlag: true}),
 		drainWith("process_tx_w8_eps", "process_tx_w1 with Workers 8", n,
 			drainSpec{effects: effectsProcessTx, workers: 8, disableProcessedFlag: true}),
+		drainWith(byHandKey(1), "no ProcessTx: 1 goroutine takes Events() and runs process_tx's transactions by hand "+
+			"(BEGIN, the same claim, the effect, COMMIT), then MarkProcessed, CheckpointInterval "+batchedInterval.String(), n,
+			drainSpec{effects: effectsByHand, workers: 1, checkpointInterval: batchedInterval, disableProcessedFlag: true}),
+		drainWith(byHandKey(8), byHandKey(1)+" with 8 goroutines, acknowledging the contiguous prefix of committed events", n,
+			drainSpec{effects: effectsByHand, workers: 8, checkpointInterval: batchedInterval, disableProcessedFlag: true}),
 		drainWith("drain_sync_concurrent_eps", itoa(concurrentWorkers)+
 			" workers, contiguous watermark acked, CheckpointInterval 0", n, drainSpec{workers: concurrentWorkers}),
 		watermillAt(n, func(key string) string { return key }),
