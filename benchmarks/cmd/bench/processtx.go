@@ -5,7 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"strconv"
-	"time"
+	"sync/atomic"
 
 	"github.com/pgchangestream/pgchangestream"
 )
@@ -25,31 +25,36 @@ func byHandKey(workers int) string {
 }
 
 // consumeProcessTx drains n events with ProcessTx and workers handlers, each inserting the
-// event's effect in the transaction ProcessTx owns, then stops it (its final save) and checks
-// the effects.
+// event's effect in the transaction ProcessTx owns. Once the n-th handler returned it stops
+// ProcessTx, which lets the handlers' transactions commit and saves the checkpoint, then checks
+// that each event was handled once and committed its effect.
 func consumeProcessTx(ctx context.Context, w *pgchangestream.Watcher, d *database, n, workers int) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var handled atomic.Int64
+	last := make(chan struct{})
 	errc := make(chan error, 1)
 	go func() {
 		errc <- w.ProcessTx(runCtx, pgchangestream.ProcessOptions{Workers: workers},
 			func(ctx context.Context, tx *sql.Tx, ev pgchangestream.EventWithToken) error {
 				_, err := tx.ExecContext(ctx, effectInsert, string(ev.ResumeToken))
+				if err == nil && handled.Add(1) == int64(n) {
+					close(last)
+				}
 				return err
 			})
 	}()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for w.Stats().Process.Handled < uint64(n) {
-		select {
-		case err := <-errc:
-			return fmt.Errorf("ProcessTx stopped after %d of %d events: %v", w.Stats().Process.Handled, n, err)
-		case <-tick.C:
-		}
+	select {
+	case err := <-errc:
+		return fmt.Errorf("ProcessTx stopped after %d of %d events: %v", w.Stats().Process.Handled, n, err)
+	case <-last:
 	}
 	cancel()
 	if err := <-errc; err != nil {
 		return err
+	}
+	if got := w.Stats().Process.Handled; got != uint64(n) {
+		return fmt.Errorf("ProcessTx handled %d events, want %d", got, n)
 	}
 	return d.checkEffects(ctx, n)
 }
