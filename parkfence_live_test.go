@@ -73,6 +73,33 @@ func TestLiveParkIsFencedForAFormerOwner(t *testing.T) {
 // its range only, and once: the other member, which polls the same dead-letter table, leaves it.
 func TestLiveSharedRerunsOnlyOnTheRangeOwner(t *testing.T) {
 	t.Parallel()
+	r := runSharedPoison(t, false)
+	require.Equal(t, []string{r.owner}, r.reran, "the parked event reran on %v; its range (%d) is %s's (a %v, b %v)",
+		r.reran, r.rangeNo, r.owner, r.ranges["a"], r.ranges["b"])
+}
+
+// TestLiveSharedRerunsAnEventWhoseRowIsGone: a released parked event whose changelog row was
+// deleted (pruned) has no range to own; it still runs again and leaves the dead-letter table.
+func TestLiveSharedRerunsAnEventWhoseRowIsGone(t *testing.T) {
+	t.Parallel()
+	r := runSharedPoison(t, true)
+	require.NotEmpty(t, r.reran, "the released event of a deleted changelog row never ran again")
+}
+
+// sharedPoison is what runSharedPoison saw: the members that ran the poison again after its
+// release, the member owning its range (when its row was kept) and the members' ranges.
+type sharedPoison struct {
+	reran   []string
+	owner   string
+	rangeNo int
+	ranges  map[string][]int
+}
+
+// runSharedPoison runs Process on two Shared members of one client over 20 new rows, the tenth
+// of which fails until it is parked; with gone, its changelog row is then deleted. The poison is
+// released with RetryParked and the members run until its parked row is gone and both polled
+// again after that.
+func runSharedPoison(t *testing.T, gone bool) sharedPoison {
 	e := newLive(t)
 	cfg := e.config(ModePolling)
 	// A lease long enough that no member's lapses under a loaded machine (a hand-over would move
@@ -121,11 +148,17 @@ func TestLiveSharedRerunsOnlyOnTheRangeOwner(t *testing.T) {
 	var parked []ParkedEvent
 	waitFor(t, func() bool { parked = e.listParked(); return len(parked) == 1 }, "the poison is parked")
 	require.Equal(t, poison, parked[0].ChangelogID)
-	var unit int
-	require.NoError(t, e.db.QueryRow(`SELECT `+unitExpression("datastore_changelog")+` FROM datastore_changelog WHERE id = $1`, poison).Scan(&unit))
-	owner := "a"
-	if slices.Contains(b.Stats().Shared.Ranges, unit/16) {
-		owner = "b"
+	r := sharedPoison{owner: "a", rangeNo: -1}
+	if gone {
+		_, err := e.db.Exec(`DELETE FROM datastore_changelog WHERE id = $1`, poison)
+		require.NoError(t, err)
+	} else {
+		var unit int
+		require.NoError(t, e.db.QueryRow(`SELECT `+unitExpression("datastore_changelog")+` FROM datastore_changelog WHERE id = $1`, poison).Scan(&unit))
+		r.rangeNo = unit / unitsPerRange
+		if slices.Contains(b.Stats().Shared.Ranges, r.rangeNo) {
+			r.owner = "b"
+		}
 	}
 	mu.Lock()
 	cured = true
@@ -133,11 +166,12 @@ func TestLiveSharedRerunsOnlyOnTheRangeOwner(t *testing.T) {
 	require.NoError(t, RetryParked(context.Background(), e.db, "c", parked[0].ID, AdminOptions{}))
 	waitFor(t, func() bool { return len(e.listParked()) == 0 }, "the rerun removes the parked row")
 	time.Sleep(10 * opts.ParkedPollInterval) // polls of both members after it
+	r.ranges = map[string][]int{"a": a.Stats().Shared.Ranges, "b": b.Stats().Shared.Ranges}
 	for _, stop := range stops {
 		stop()
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	require.Equal(t, []string{owner}, ran[poison], "the parked event reran on %v; its range (%d) is %s's (a %v, b %v)",
-		ran[poison], unit/16, owner, a.Stats().Shared.Ranges, b.Stats().Shared.Ranges)
+	r.reran = ran[poison]
+	return r
 }

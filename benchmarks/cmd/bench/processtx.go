@@ -62,7 +62,7 @@ func consumeProcessTx(ctx context.Context, w *pgchangestream.Watcher, d *databas
 // claimByHand is the statement with which ProcessTx claims an event on a watcher that is not
 // exclusive ($1 the client, $2 the changelog id, $3 the idle timeout in ms), for the figures
 // that run ProcessTx's transactions without it.
-const claimByHand = `INSERT INTO "datastore_changelog_acks" (client_name, changelog_id) SELECT $1::varchar, $2::bigint
+const claimByHand = `INSERT INTO "` + pgchangestream.DefaultChangelogTable + `_acks" (client_name, changelog_id) SELECT $1::varchar, $2::bigint
 	FROM (SELECT set_config('idle_in_transaction_session_timeout', $3, true)) AS idle ON CONFLICT DO NOTHING`
 
 // consumeByHand drains n events as ProcessTx with workers handlers does, but by hand: workers
