@@ -32,8 +32,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newCommand("demo", "demo [--dsn DSN] [flags]", `
 Checks that a consumer that crashes with deliveries not yet acknowledged misses no change and
 gets those deliveries again. It installs the schema, creates and captures the table
-"`+demoTable+`", and runs concurrent writers that insert, update and delete orders for --duration, each
-statement its own transaction. A consumer (client "`+demoClient+`", hybrid mode)
+"`+demoTable+`", and runs concurrent writers that insert, update and delete
+orders for --duration (longer when the crashes have not all happened by then), each statement
+its own transaction. A consumer (client "`+demoClient+`", hybrid mode)
 records every event it receives and acknowledges the newest every `+strconv.Itoa(demoAckEvery)+` events (and once none
 has arrived for `+demoAckIdle.String()+`), so it always holds some deliveries unacknowledged.
 
@@ -68,7 +69,7 @@ the end.`, stdout, stderr)
 	c.fs.StringVar(&f.dsn, "dsn", "", "database to use (default: start a throwaway PostgreSQL)")
 	c.fs.IntVar(&f.writers, "writers", 4, "concurrent writers")
 	c.fs.Float64Var(&f.rate, "rate", 500, "rows written per second, all writers together")
-	c.fs.DurationVar(&f.duration, "duration", 15*time.Second, "how long the writers write")
+	c.fs.DurationVar(&f.duration, "duration", 15*time.Second, "how long the writers write at least")
 	c.fs.IntVar(&f.crashes, "crashes", 5, "consumer crashes, at random moments while writing")
 	c.fs.Uint64Var(&f.seed, "seed", 0, "seed of the random choices (default: random, printed)")
 	c.fs.DurationVar(&f.progress, "progress", time.Second, "interval of the progress report")

@@ -36,7 +36,8 @@ type demoRun struct {
 }
 
 // write runs the writers for the configured duration and crashes the consumer at random
-// moments meanwhile, reporting progress.
+// moments meanwhile, reporting progress. The writers go on past the duration until every crash
+// has happened: on a slow machine the restarts can take longer than the duration.
 func (r *demoRun) write(ctx context.Context, rng *rand.Rand) error {
 	crashAt := make([]time.Duration, r.f.crashes)
 	for i := range crashAt {
@@ -45,16 +46,24 @@ func (r *demoRun) write(ctx context.Context, rng *rand.Rand) error {
 	slices.Sort(crashAt)
 	wctx, stopWriters := context.WithCancel(ctx)
 	defer stopWriters()
+	stop := make(chan struct{})
+	stopped := false
 	done := make(chan error, 1)
-	go func() { done <- r.writers.run(wctx, r.f.duration) }()
+	go func() { done <- r.writers.run(wctx, stop) }()
 	progress := time.NewTicker(r.f.progress)
 	defer progress.Stop()
+	over := time.NewTimer(r.f.duration)
+	defer over.Stop()
+	durationOver := false
 	r.lastReport = r.start
 	var crash <-chan time.Time
 	next := func() {
 		crash = nil
 		if r.crashed < len(crashAt) {
 			crash = time.After(time.Until(r.start.Add(crashAt[r.crashed])))
+		} else if durationOver && !stopped {
+			close(stop)
+			stopped = true
 		}
 	}
 	next()
@@ -68,6 +77,9 @@ func (r *demoRun) write(ctx context.Context, rng *rand.Rand) error {
 				return interrupted(ctx)
 			}
 			return nil
+		case <-over.C:
+			durationOver = true
+			next()
 		case <-progress.C:
 			r.report()
 		case <-crash:

@@ -53,12 +53,9 @@ func (d *demoWriters) written() uint64 {
 	return d.inserts.Load() + d.updates.Load() + d.deletes.Load()
 }
 
-// run writes for duration, then returns after every writer's last statement finished. It stops
-// early, without an error, when ctx ends.
-func (d *demoWriters) run(ctx context.Context, duration time.Duration) error {
-	stop := make(chan struct{})
-	t := time.AfterFunc(duration, func() { close(stop) })
-	defer t.Stop()
+// run writes until stop is closed, then returns after every writer's last statement finished.
+// It stops early, without an error, when ctx ends.
+func (d *demoWriters) run(ctx context.Context, stop <-chan struct{}) error {
 	errs := make(chan error, d.n)
 	var wg sync.WaitGroup
 	for i := range d.n {

@@ -272,6 +272,15 @@ func TestDemoCrashes(t *testing.T) {
 	checkCrashes(t, stdout, 2, replayed)
 }
 
+// TestDemoCrashesOutlastTheDuration: every crash asked for happens while the writers write,
+// even when the restarts take longer than the duration (each restart pauses for up to
+// maxDowntime and waits for a first read), as they do on a slow machine.
+func TestDemoCrashesOutlastTheDuration(t *testing.T) {
+	t.Parallel()
+	stdout, replayed := runDemoTest(t, 3, "--writers", "2", "--duration", "100ms", "--rate", "200", "--seed", "5")
+	checkCrashes(t, stdout, 3, replayed)
+}
+
 // TestDemoConcurrentWritersCrashes: concurrent writers commit out of insert order and keep
 // committing through every crash, while no consumer runs too; nothing may be lost, and the
 // deliveries a crash left unacknowledged are replayed.
