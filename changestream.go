@@ -144,6 +144,10 @@ func New(cfg Config) (*Watcher, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	cfg, err := cfg.withPipeline()
+	if err != nil {
+		return nil, err
+	}
 	w := newWatcher(cfg)
 	if cfg.ConnString != "" && cfg.Mode != ModePolling {
 		pc, err := pgconn.ParseConfig(cfg.ConnString)
@@ -159,9 +163,10 @@ func New(cfg Config) (*Watcher, error) {
 
 // NewPostgreSQLChangeStreamWatcher is the constructor of the watcher this package replaces, with
 // its defaults (10ms polls, 100-event buffer) and its documents (for the table health_events,
-// fullDocument is the row's "document" object; see [Config.DocumentField]) and its legacy
-// processed flag ([Config.ProcessedFlag]), which cleanup_changelog(days) reads; an unknown mode
-// falls back to polling. Invalid arguments do not panic: the watcher reports them through
+// fullDocument is the row's "document" object; see [Config.DocumentField]), its update
+// descriptions ([Config.StoreClientCompat]) and its legacy processed flag
+// ([Config.ProcessedFlag]), which cleanup_changelog(days) reads; an unknown mode falls back to
+// polling. Invalid arguments do not panic: the watcher reports them through
 // [Watcher.Err] and MarkProcessed, and its Events channel closes at Start.
 func NewPostgreSQLChangeStreamWatcher(db *sql.DB, clientName, tableName, connString string, mode Mode) *Watcher {
 	switch mode {
@@ -171,7 +176,7 @@ func NewPostgreSQLChangeStreamWatcher(db *sql.DB, clientName, tableName, connStr
 		mode = ModePolling
 	}
 	w, err := New(Config{DB: db, ClientName: clientName, TableName: tableName, ConnString: connString, Mode: mode,
-		DocumentField: legacyDocumentField(tableName), ProcessedFlag: true})
+		DocumentField: legacyDocumentField(tableName), ProcessedFlag: true, StoreClientCompat: true})
 	if err != nil {
 		w = newWatcher(Config{ClientName: clientName, TableName: tableName, Mode: mode}.withDefaults())
 		w.cfgErr = err

@@ -197,6 +197,25 @@ type Config struct {
 	// Filter, if set, is called for every event read; events for which it returns false are
 	// not delivered, and the saved position moves past them.
 	Filter func(Event) bool
+	// Pipeline, if set, is a MongoDB-style pipeline of $match stages that New compiles as
+	// [MatchFilter] does (with StoreClientCompat, as the store-client watcher evaluated it); an
+	// invalid pipeline is an [ErrInvalidConfig]. An event is delivered when it passes both
+	// Pipeline and Filter.
+	Pipeline []map[string]any
+	// StoreClientCompat makes the watcher deliver what the store-client watcher it replaces
+	// delivered, where the two differ in ways a service can tell:
+	//   - Pipeline is evaluated as that watcher's filter did: $exists never holds (unless
+	//     ExtendedFilters is set), $gt, $gte, $lt and $lte hold only between two numbers, and
+	//     {} as a field's value holds for any value;
+	//   - updateDescription.updatedFields is that watcher's diff: a key removed from the
+	//     document, a nested key that goes from absent to null, and an object emptied out are
+	//     not listed (a top-level key that goes from absent to null is).
+	// [NewPostgreSQLChangeStreamWatcher] sets it; New leaves it off unless set here.
+	StoreClientCompat bool
+	// ExtendedFilters, with StoreClientCompat, evaluates $exists in Pipeline, as the
+	// store-client did for a pipeline wrapped by client.WithExtendedFilters. Without
+	// StoreClientCompat, $exists is always evaluated and this field changes nothing.
+	ExtendedFilters bool
 	// Logger receives the watcher's logs, each with the client name. Default slog.Default().
 	Logger *slog.Logger
 	// Observer, if set, is told of each changelog read and checkpoint save, with its duration
@@ -348,6 +367,30 @@ func (cfg Config) validate() error {
 		}
 	}
 	return nil
+}
+
+// withPipeline returns cfg with Pipeline compiled into Filter: both must pass.
+func (cfg Config) withPipeline() (Config, error) {
+	if len(cfg.Pipeline) == 0 {
+		return cfg, nil
+	}
+	match, err := matchCompiler{storeClient: cfg.StoreClientCompat, extended: cfg.ExtendedFilters}.pipeline(cfg.Pipeline)
+	switch {
+	case err != nil:
+		return cfg, fmt.Errorf("%w: Config.Pipeline: %v", ErrInvalidConfig, err)
+	case match == nil: // no conditions
+	case cfg.Filter == nil:
+		cfg.Filter = match
+	default:
+		filter := cfg.Filter
+		cfg.Filter = func(ev Event) bool { return match(ev) && filter(ev) }
+	}
+	return cfg, nil
+}
+
+// documents returns how events' documents are built.
+func (cfg Config) documents() documentOptions {
+	return documentOptions{field: cfg.DocumentField, storeClientDiff: cfg.StoreClientCompat}
 }
 
 // marksProcessed reports whether the watcher sets the legacy processed flag.

@@ -37,6 +37,19 @@ type changelogRow struct {
 // returned event is still complete except for its document fields (fullDocument is nil), so
 // the caller can deliver it instead of stalling on the row.
 func buildEvent(row *changelogRow, table, documentField string) (ev Event, unwrapMissed bool, err error) {
+	return buildEventWith(row, table, documentOptions{field: documentField})
+}
+
+// documentOptions say how the documents of an event are built from its row.
+type documentOptions struct {
+	field string // Config.DocumentField; empty: the whole value is the document
+	// storeClientDiff: updatedFields is the replaced watcher's diff (diffStoreClient), not
+	// diffInto's (Config.StoreClientCompat).
+	storeClientDiff bool
+}
+
+// buildEventWith is [buildEvent] with the document options of a [Config].
+func buildEventWith(row *changelogRow, table string, docs documentOptions) (ev Event, unwrapMissed bool, err error) {
 	ev = make(Event, 8)
 	ev["_id"] = map[string]any{"_data": strconv.FormatInt(row.ID, 10)}
 	ev["clusterTime"] = row.ChangedAt
@@ -44,7 +57,7 @@ func buildEvent(row *changelogRow, table, documentField string) (ev Event, unwra
 	ev["documentKey"] = map[string]any{"_id": row.RecordID}
 	ev["ns"] = map[string]any{"coll": table}
 
-	d := documentDecoder{row: row, field: documentField}
+	d := documentDecoder{row: row, field: docs.field, storeClientDiff: docs.storeClientDiff}
 	switch row.Operation {
 	case "INSERT":
 		ev["operationType"] = "insert"
@@ -69,9 +82,10 @@ func buildEvent(row *changelogRow, table, documentField string) (ev Event, unwra
 
 // documentDecoder decodes the JSON columns of one row into documents, unwrapping field.
 type documentDecoder struct {
-	row    *changelogRow
-	field  string // Config.DocumentField; empty: the whole value is the document
-	missed bool   // a decoded value had no object under field
+	row             *changelogRow
+	field           string // Config.DocumentField; empty: the whole value is the document
+	storeClientDiff bool   // see documentOptions
+	missed          bool   // a decoded value had no object under field
 }
 
 // addUpdate sets fullDocument and, when a field changed, updateDescription for an UPDATE row.
@@ -89,7 +103,11 @@ func (d *documentDecoder) addUpdate(ev Event) error {
 	}
 	if oldDoc != nil {
 		updated := make(map[string]any)
-		diffInto(updated, "", oldDoc, newDoc)
+		if d.storeClientDiff {
+			diffStoreClient(updated, "", false, oldDoc, newDoc)
+		} else {
+			diffInto(updated, "", oldDoc, newDoc)
+		}
 		if len(updated) > 0 {
 			ev["updateDescription"] = map[string]any{"updatedFields": updated}
 		}
@@ -187,6 +205,27 @@ func diffInto(out map[string]any, prefix string, oldDoc, newDoc map[string]any) 
 	}
 }
 
+// diffStoreClient adds to out the leaves of newDoc that the replaced watcher reported as
+// updated, keyed by their dotted path under prefix. Nested (below the top level), a key absent
+// from oldDoc compares as null. A changed key whose new value is an object is reported by its
+// leaves, and an object without leaves (an empty one) not at all; a key removed from the
+// document is not reported. oldDoc may be nil.
+func diffStoreClient(out map[string]any, prefix string, nested bool, oldDoc, newDoc map[string]any) {
+	for key, newValue := range newDoc {
+		oldValue, existed := oldDoc[key]
+		if (existed || nested) && jsonEqual(oldValue, newValue) {
+			continue
+		}
+		path := joinPath(prefix, key)
+		if newObj, ok := newValue.(map[string]any); ok {
+			oldObj, _ := oldValue.(map[string]any)
+			diffStoreClient(out, path, true, oldObj, newObj)
+			continue
+		}
+		out[path] = newValue
+	}
+}
+
 // joinPath returns key under the dotted path prefix.
 func joinPath(prefix, key string) string {
 	if prefix == "" {
@@ -247,11 +286,11 @@ func (w *Watcher) event(row *changelogRow) (Event, *rawDocument, error) {
 		err          error
 	)
 	if w.cfg.RawDocuments {
-		ev, raw, unwrapMissed = lazyEvent(row, w.cfg.TableName, w.cfg.DocumentField)
+		ev, raw, unwrapMissed = lazyEvent(row, w.cfg.TableName, w.cfg.documents())
 	}
 	if ev == nil {
-		ev, unwrapMissed, err = buildEvent(row, w.cfg.TableName, w.cfg.DocumentField)
-		raw = newRawDocument(row, w.cfg.TableName, w.cfg.DocumentField, ev)
+		ev, unwrapMissed, err = buildEventWith(row, w.cfg.TableName, w.cfg.documents())
+		raw = newRawDocument(row, w.cfg.TableName, w.cfg.documents(), ev)
 	}
 	if unwrapMissed {
 		w.log.Warn("changelog row has no object under Config.DocumentField; its whole value is the document",

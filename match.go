@@ -34,6 +34,23 @@ import (
 // everything". Values are nil, bool, numbers, string, time.Time, []any, []string and
 // map[string]any (with values of these types); convert driver-specific documents first.
 func MatchFilter(pipeline []map[string]any) (func(Event) bool, error) {
+	return matchCompiler{}.pipeline(pipeline)
+}
+
+// matchCompiler compiles pipelines. Its zero value compiles them as [MatchFilter] documents;
+// storeClient compiles them as the store-client's PostgreSQL filter evaluated them (see
+// [Config.StoreClientCompat]).
+type matchCompiler struct {
+	// storeClient: $exists never holds unless extended is set, $gt, $gte, $lt and $lte hold
+	// only between numbers, and {} as a value holds for any value.
+	storeClient bool
+	// extended: with storeClient, $exists is evaluated, as for a pipeline the store-client
+	// got wrapped by client.WithExtendedFilters.
+	extended bool
+}
+
+// pipeline compiles the stages of a pipeline; see [MatchFilter].
+func (c matchCompiler) pipeline(pipeline []map[string]any) (func(Event) bool, error) {
 	var stages []docMatcher
 	for i, stage := range pipeline {
 		if len(stage) != 1 {
@@ -50,7 +67,7 @@ func MatchFilter(pipeline []map[string]any) (func(Event) bool, error) {
 		if !ok {
 			return nil, fmt.Errorf("pgchangestream: pipeline stage %d: $match takes an object, got %T", i, body)
 		}
-		m, err := compileCondition(cond)
+		m, err := c.condition(cond)
 		if err != nil {
 			return nil, fmt.Errorf("pgchangestream: pipeline stage %d: %w", i, err)
 		}
@@ -87,19 +104,19 @@ type docMatcher func(doc map[string]any) bool
 // valueMatcher tests the value found at a path; present is false for a missing field.
 type valueMatcher func(v any, present bool) bool
 
-// compileCondition compiles {path: value, "$and": [...], "$or": [...]}: every entry must hold.
-func compileCondition(cond map[string]any) (docMatcher, error) {
+// condition compiles {path: value, "$and": [...], "$or": [...]}: every entry must hold.
+func (c matchCompiler) condition(cond map[string]any) (docMatcher, error) {
 	parts := make([]docMatcher, 0, len(cond))
 	for key, value := range cond {
 		var m docMatcher
 		var err error
 		switch {
 		case key == "$and" || key == "$or":
-			m, err = compileLogical(key, value)
+			m, err = c.logical(key, value)
 		case strings.HasPrefix(key, "$"):
 			err = fmt.Errorf("unsupported operator %q (supported: $and, $or, and per field $eq, $ne, $in, $gt, $gte, $lt, $lte, $exists)", key)
 		default:
-			m, err = compileField(key, value)
+			m, err = c.field(key, value)
 		}
 		if err != nil {
 			return nil, err
@@ -116,8 +133,8 @@ func compileCondition(cond map[string]any) (docMatcher, error) {
 	}, nil
 }
 
-// compileLogical compiles "$and" or "$or" over a non-empty array of conditions.
-func compileLogical(op string, value any) (docMatcher, error) {
+// logical compiles "$and" or "$or" over a non-empty array of conditions.
+func (c matchCompiler) logical(op string, value any) (docMatcher, error) {
 	list, ok := asArray(value)
 	if !ok || len(list) == 0 {
 		return nil, fmt.Errorf("%s takes a non-empty array of conditions, got %s", op, describe(value))
@@ -128,7 +145,7 @@ func compileLogical(op string, value any) (docMatcher, error) {
 		if !ok {
 			return nil, fmt.Errorf("%s[%d]: want a condition object, got %T", op, i, item)
 		}
-		m, err := compileCondition(cond)
+		m, err := c.condition(cond)
 		if err != nil {
 			return nil, fmt.Errorf("%s[%d]: %w", op, i, err)
 		}
@@ -145,12 +162,12 @@ func compileLogical(op string, value any) (docMatcher, error) {
 	}, nil
 }
 
-// compileField compiles the condition on one field path.
-func compileField(path string, value any) (docMatcher, error) {
+// field compiles the condition on one field path.
+func (c matchCompiler) field(path string, value any) (docMatcher, error) {
 	if path == "" {
 		return nil, fmt.Errorf("empty field path")
 	}
-	m, err := compileValue(value)
+	m, err := c.value(value)
 	if err != nil {
 		return nil, fmt.Errorf("field %q: %w", path, err)
 	}
@@ -161,10 +178,13 @@ func compileField(path string, value any) (docMatcher, error) {
 	}, nil
 }
 
-// compileValue compiles the value given for a field: a plain value, an operator object or an
+// value compiles the value given for a field: a plain value, an operator object or an
 // object of nested field conditions.
-func compileValue(value any) (valueMatcher, error) {
+func (c matchCompiler) value(value any) (valueMatcher, error) {
 	obj, isObj := value.(map[string]any)
+	if isObj && len(obj) == 0 && c.storeClient {
+		return func(any, bool) bool { return true }, nil
+	}
 	if !isObj || len(obj) == 0 {
 		want, err := normalize(value)
 		if err != nil {
@@ -180,7 +200,7 @@ func compileValue(value any) (valueMatcher, error) {
 	}
 	switch operators {
 	case 0:
-		nested, err := compileCondition(obj)
+		nested, err := c.condition(obj)
 		if err != nil {
 			return nil, err
 		}
@@ -189,17 +209,17 @@ func compileValue(value any) (valueMatcher, error) {
 			return ok && nested(doc)
 		}, nil
 	case len(obj):
-		return compileOperators(obj)
+		return c.operators(obj)
 	default:
 		return nil, fmt.Errorf("an object that mixes operators and fields")
 	}
 }
 
-// compileOperators compiles {"$op": operand, ...}: every operator must hold.
-func compileOperators(ops map[string]any) (valueMatcher, error) {
+// operators compiles {"$op": operand, ...}: every operator must hold.
+func (c matchCompiler) operators(ops map[string]any) (valueMatcher, error) {
 	parts := make([]valueMatcher, 0, len(ops))
 	for op, operand := range ops {
-		m, err := compileOperator(op, operand)
+		m, err := c.operator(op, operand)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", op, err)
 		}
@@ -215,7 +235,7 @@ func compileOperators(ops map[string]any) (valueMatcher, error) {
 	}, nil
 }
 
-func compileOperator(op string, operand any) (valueMatcher, error) {
+func (c matchCompiler) operator(op string, operand any) (valueMatcher, error) {
 	switch op {
 	case "$eq", "$ne":
 		want, err := normalize(operand)
@@ -257,6 +277,9 @@ func compileOperator(op string, operand any) (valueMatcher, error) {
 		default:
 			return nil, fmt.Errorf("want a number, a string or a time.Time, got %s", describe(operand))
 		}
+		if _, number := want.(float64); c.storeClient && !number {
+			return func(any, bool) bool { return false }, nil
+		}
 		accept := map[string]func(int) bool{
 			"$gt": func(c int) bool { return c > 0 }, "$gte": func(c int) bool { return c >= 0 },
 			"$lt": func(c int) bool { return c < 0 }, "$lte": func(c int) bool { return c <= 0 },
@@ -269,6 +292,9 @@ func compileOperator(op string, operand any) (valueMatcher, error) {
 		want, ok := operand.(bool)
 		if !ok {
 			return nil, fmt.Errorf("want true or false, got %s", describe(operand))
+		}
+		if c.storeClient && !c.extended {
+			return func(any, bool) bool { return false }, nil
 		}
 		return func(_ any, present bool) bool { return present == want }, nil
 	}

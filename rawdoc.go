@@ -19,9 +19,9 @@ import (
 // map (see decodeBytes). It is written once, before the delivery is sent, and only read after,
 // so an event can be used from several goroutines.
 type rawDocument struct {
-	row   changelogRow // a copy: the watcher reuses its row buffers; the JSON columns are not reused
-	table string       // Config.TableName, for rebuilding the event
-	field string       // Config.DocumentField
+	row   changelogRow    // a copy: the watcher reuses its row buffers; the JSON columns are not reused
+	table string          // Config.TableName, for rebuilding the event
+	docs  documentOptions // Config.DocumentField and how updatedFields is computed
 	// built is the fullDocument map the watcher delivered and keys its length then; nil when
 	// lazy.
 	built map[string]any
@@ -36,7 +36,7 @@ type rawDocument struct {
 // delete (fullDocumentBeforeChange is published as today), an unknown operation, or a column
 // that may fail to decode (not valid JSON, not an object, a number beyond float64), whose
 // error must be reported when the row is read. missed is what buildEvent would report.
-func lazyEvent(row *changelogRow, table, field string) (ev Event, raw *rawDocument, missed bool) {
+func lazyEvent(row *changelogRow, table string, docs documentOptions) (ev Event, raw *rawDocument, missed bool) {
 	if row.Operation != "INSERT" && row.Operation != "UPDATE" || row.NewValues == nil {
 		return nil, nil, false
 	}
@@ -48,34 +48,34 @@ func lazyEvent(row *changelogRow, table, field string) (ev Event, raw *rawDocume
 		if !fastDecodable(data) || !floatsInRange(data) {
 			return nil, nil, false
 		}
-		if field == "" {
+		if docs.field == "" {
 			continue
 		}
-		inner, _, ok := objectMembers(data, field, "")
+		inner, _, ok := objectMembers(data, docs.field, "")
 		if !ok {
 			return nil, nil, false
 		}
 		missed = missed || len(inner) == 0 || inner[0] != '{'
 	}
 	bare := changelogRow{ID: row.ID, RecordID: row.RecordID, Operation: row.Operation, ChangedAt: row.ChangedAt}
-	ev, _, _ = buildEvent(&bare, table, field) // no columns: nothing decoded, nothing fails
-	return ev, &rawDocument{row: *row, table: table, field: field, lazy: true}, missed
+	ev, _, _ = buildEvent(&bare, table, docs.field) // no columns: nothing decoded, nothing fails
+	return ev, &rawDocument{row: *row, table: table, docs: docs, lazy: true}, missed
 }
 
 // newRawDocument returns what the watcher keeps of row, whose event is ev: nil when ev has no
 // fullDocument map (a delete, a NULL column or a decoding error), which has nothing to decode.
-func newRawDocument(row *changelogRow, table, field string, ev Event) *rawDocument {
+func newRawDocument(row *changelogRow, table string, docs documentOptions, ev Event) *rawDocument {
 	full, ok := ev["fullDocument"].(map[string]any)
 	if !ok {
 		return nil
 	}
-	return &rawDocument{row: *row, table: table, field: field, built: full, keys: len(full)}
+	return &rawDocument{row: *row, table: table, docs: docs, built: full, keys: len(full)}
 }
 
 // event returns the full event of the row, decoded afresh: the event the watcher delivers
 // without Config.RawDocuments.
 func (r *rawDocument) event() Event {
-	ev, _, _ := buildEvent(&r.row, r.table, r.field)
+	ev, _, _ := buildEventWith(&r.row, r.table, r.docs)
 	return ev
 }
 
@@ -126,7 +126,7 @@ func (r *rawDocument) fullDocumentJSON() []byte {
 		return nil
 	}
 	data := r.row.NewValues
-	if r.field == "" {
+	if r.docs.field == "" {
 		return canonicalOrNil(data)
 	}
 	var (
@@ -148,7 +148,7 @@ func (r *rawDocument) fullDocumentJSON() []byte {
 		}
 		start := skipSpace(data, skipSpace(data, end)+1) // past the colon
 		switch string(name) {
-		case r.field:
+		case r.docs.field:
 			if inner != nil {
 				return nil // repeated: left to the round trip
 			}

@@ -1,0 +1,231 @@
+package pgchangestream
+
+import (
+	"errors"
+	"sort"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The store-client's PostgreSQL pipelines whose results differ with $exists: the data of
+// PostgreSQLPipelineBuilder's BuildProcessableHealthEventInsertsPipeline (fault-quarantine) and
+// BuildProcessableNonFatalUnhealthyInsertsPipeline (health-events-analyzer), as the adapter of
+// docs/migrating.md hands them over. Processing strategies: 1 EXECUTE_REMEDIATION, 2 STORE_ONLY,
+// 3 STORE_AND_ANALYSE; protobuf omits the unset one (0) from the document.
+var (
+	processableInsertsPipeline = []map[string]any{{"$match": map[string]any{
+		"operationType": map[string]any{"$in": []any{"insert"}},
+		"$or": []any{
+			map[string]any{"fullDocument.healthevent.processingstrategy": int32(1)},
+			map[string]any{"fullDocument.healthevent.processingstrategy": map[string]any{"$exists": false}},
+		},
+	}}}
+	nonFatalUnhealthyPipeline = []map[string]any{{"$match": map[string]any{
+		"operationType":                      map[string]any{"$in": []any{"insert", "update"}},
+		"fullDocument.healthevent.agent":     map[string]any{"$ne": "health-events-analyzer"},
+		"fullDocument.healthevent.ishealthy": false,
+		"$or": []any{
+			map[string]any{"fullDocument.healthevent.processingstrategy": int32(1)},
+			map[string]any{"fullDocument.healthevent.processingstrategy": int32(3)},
+			map[string]any{"fullDocument.healthevent.processingstrategy": map[string]any{"$exists": false}},
+		},
+	}}}
+)
+
+// healthEventScenario returns health_events events by name: inserts and updates, by agent,
+// health and processing strategy (0: unset).
+func healthEventScenario() map[string]Event {
+	out := map[string]Event{}
+	for _, op := range []string{"insert", "update"} {
+		for _, agent := range []string{"gpu-health-monitor", "health-events-analyzer"} {
+			for _, healthy := range []bool{false, true} {
+				for _, strategy := range []int{0, 1, 2, 3} {
+					he := map[string]any{"agent": agent, "nodename": "n1"}
+					if healthy {
+						he["ishealthy"] = true // protobuf omits false
+					}
+					if strategy != 0 {
+						he["processingstrategy"] = float64(strategy)
+					}
+					name := op + "/" + agent + "/" + map[bool]string{false: "unhealthy", true: "healthy"}[healthy] +
+						"/" + []string{"unset", "remediate", "store-only", "analyse"}[strategy]
+					out[name] = Event{"operationType": op, "fullDocument": map[string]any{"healthevent": he}}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// delivered returns the names of the scenario's events that cfg's pipeline lets through.
+func delivered(t *testing.T, cfg Config) []string {
+	t.Helper()
+	cfg, err := cfg.withPipeline()
+	require.NoError(t, err)
+	var names []string
+	for name, ev := range healthEventScenario() {
+		if cfg.Filter(ev) {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
+// TestStoreClientCompatPipelines checks that, with StoreClientCompat, the services' pipelines
+// let through the events the store-client delivered, where $exists was an unsupported
+// operator that never held unless the pipeline was wrapped by client.WithExtendedFilters; and
+// that without it (New's default) the events with an unset processing strategy are delivered
+// too, as MongoDB does.
+func TestStoreClientCompatPipelines(t *testing.T) {
+	quarantine := Config{Pipeline: processableInsertsPipeline}
+	analyzer := Config{Pipeline: nonFatalUnhealthyPipeline}
+	withCompat := func(cfg Config, extended bool) Config {
+		cfg.StoreClientCompat, cfg.ExtendedFilters = true, extended
+		return cfg
+	}
+	upstreamQuarantine := []string{
+		"insert/gpu-health-monitor/healthy/remediate", "insert/gpu-health-monitor/unhealthy/remediate",
+		"insert/health-events-analyzer/healthy/remediate", "insert/health-events-analyzer/unhealthy/remediate",
+	}
+	upstreamAnalyzer := []string{
+		"insert/gpu-health-monitor/unhealthy/analyse", "insert/gpu-health-monitor/unhealthy/remediate",
+		"update/gpu-health-monitor/unhealthy/analyse", "update/gpu-health-monitor/unhealthy/remediate",
+	}
+	unset := func(names ...string) []string {
+		var out []string
+		for _, n := range names {
+			out = append(out, n[:len(n)-len("remediate")]+"unset")
+		}
+		return out
+	}
+	sorted := func(a ...[]string) []string {
+		var out []string
+		for _, x := range a {
+			out = append(out, x...)
+		}
+		sort.Strings(out)
+		return out
+	}
+	withUnsetQuarantine := sorted(upstreamQuarantine, unset(upstreamQuarantine...))
+	withUnsetAnalyzer := sorted(upstreamAnalyzer, unset(
+		"insert/gpu-health-monitor/unhealthy/remediate", "update/gpu-health-monitor/unhealthy/remediate"))
+
+	require.Equal(t, upstreamQuarantine, delivered(t, withCompat(quarantine, false)))
+	require.Equal(t, upstreamAnalyzer, delivered(t, withCompat(analyzer, false)))
+	require.Equal(t, withUnsetQuarantine, delivered(t, quarantine))
+	require.Equal(t, withUnsetAnalyzer, delivered(t, analyzer))
+	require.Equal(t, withUnsetQuarantine, delivered(t, withCompat(quarantine, true)), "WithExtendedFilters")
+	require.Equal(t, withUnsetAnalyzer, delivered(t, withCompat(analyzer, true)), "WithExtendedFilters")
+}
+
+// TestStoreClientCompatOperators checks the other operators the store-client evaluated
+// differently: ordered comparisons only between numbers, and {} holding for any value.
+func TestStoreClientCompatOperators(t *testing.T) {
+	ev := matchEvent()
+	type obj = map[string]any
+	for _, tc := range []struct {
+		name         string
+		cond         obj
+		want, compat bool
+	}{
+		{"$gt on strings", obj{"fullDocument.healthevent.nodename": obj{"$gt": "n0"}}, true, false},
+		{"$gt on numbers", obj{"fullDocument.healthevent.recommendedaction": obj{"$gt": 1}}, true, true},
+		{"empty object", obj{"fullDocument.healthevent": obj{}}, false, true},
+		{"$exists true", obj{"updateDescription.updatedFields": obj{"$exists": true}}, true, false},
+		{"$exists false", obj{"fullDocument.nothing": obj{"$exists": false}}, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, compat := range []bool{false, true} {
+				cfg, err := Config{Pipeline: []map[string]any{{"$match": tc.cond}}, StoreClientCompat: compat}.withPipeline()
+				require.NoError(t, err)
+				require.Equal(t, map[bool]bool{false: tc.want, true: tc.compat}[compat], cfg.Filter(ev), "StoreClientCompat %v", compat)
+			}
+		})
+	}
+}
+
+func TestConfigPipeline(t *testing.T) {
+	t.Run("combined with Filter", func(t *testing.T) {
+		seen := 0
+		cfg, err := Config{
+			Pipeline: []map[string]any{{"$match": map[string]any{"operationType": "update"}}},
+			Filter:   func(Event) bool { seen++; return seen%2 == 1 },
+		}.withPipeline()
+		require.NoError(t, err)
+		require.True(t, cfg.Filter(matchEvent()))
+		require.False(t, cfg.Filter(matchEvent()), "Filter said no")
+		require.False(t, cfg.Filter(Event{"operationType": "insert"}), "the pipeline said no")
+		require.Equal(t, 2, seen, "Filter runs only for events the pipeline passes")
+	})
+	t.Run("no conditions", func(t *testing.T) {
+		cfg, err := Config{Pipeline: []map[string]any{{"$match": map[string]any{}}}}.withPipeline()
+		require.NoError(t, err)
+		require.Nil(t, cfg.Filter)
+	})
+	t.Run("invalid", func(t *testing.T) {
+		db, _ := mockDB(t)
+		_, err := New(Config{DB: db, ClientName: "c", TableName: "t", Logger: quietLogger,
+			Pipeline: []map[string]any{{"$match": map[string]any{"a": map[string]any{"$regex": "x"}}}}})
+		require.True(t, errors.Is(err, ErrInvalidConfig), "%v", err)
+		require.ErrorContains(t, err, "Config.Pipeline: pgchangestream: pipeline stage 0: field \"a\": $regex")
+	})
+}
+
+// TestDiffStoreClient checks updatedFields with StoreClientCompat against the replaced
+// watcher's findUpdatedFields, case by case, and that the default diff differs where stated.
+func TestDiffStoreClient(t *testing.T) {
+	type obj = map[string]any
+	for _, tc := range []struct {
+		name          string
+		old, new      obj
+		compat, ownly obj
+	}{
+		{"changed leaf", obj{"s": obj{"q": nil}}, obj{"s": obj{"q": "Quarantined"}},
+			obj{"s.q": "Quarantined"}, obj{"s.q": "Quarantined"}},
+		{"nested absent to null", obj{"s": obj{"q": "Quarantined"}}, obj{"s": obj{"q": "Quarantined", "r": nil}},
+			obj{}, obj{"s.r": nil}},
+		{"nested absent to null beside a change", obj{"s": obj{"q": nil}}, obj{"s": obj{"q": "Quarantined", "r": nil}},
+			obj{"s.q": "Quarantined"}, obj{"s.q": "Quarantined", "s.r": nil}},
+		{"top-level absent to null", obj{"a": 1.0}, obj{"a": 1.0, "b": nil}, obj{"b": nil}, obj{"b": nil}},
+		{"removed key", obj{"a": 1.0, "s": obj{"q": "x", "r": "y"}}, obj{"s": obj{"q": "x"}},
+			obj{}, obj{"a": nil, "s.r": nil}},
+		{"emptied object", obj{"s": obj{"q": "x"}}, obj{"s": obj{}}, obj{}, obj{"s": obj{}}},
+		{"scalar to object", obj{"s": "x"}, obj{"s": obj{"q": 1.0, "e": obj{}}}, obj{"s.q": 1.0}, obj{"s.q": 1.0, "s.e": obj{}}},
+		{"array compared whole", obj{"l": []any{1.0}}, obj{"l": []any{1.0, 2.0}}, obj{"l": []any{1.0, 2.0}}, obj{"l": []any{1.0, 2.0}}},
+		{"unchanged", obj{"s": obj{"q": "x"}}, obj{"s": obj{"q": "x"}}, obj{}, obj{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := obj{}
+			diffStoreClient(got, "", false, tc.old, tc.new)
+			require.Equal(t, tc.compat, got, "StoreClientCompat")
+			got = obj{}
+			diffInto(got, "", tc.old, tc.new)
+			require.Equal(t, tc.ownly, got, "default")
+		})
+	}
+}
+
+// TestStoreClientCompatDefaults checks that the drop-in constructor turns StoreClientCompat on
+// and New leaves it off, and that a watcher's events follow it.
+func TestStoreClientCompatDefaults(t *testing.T) {
+	db, _ := mockDB(t)
+	row := evRow("UPDATE", `{"document":{"s":{"q":"x"}}}`, `{"document":{"s":{"q":"x","r":null}}}`)
+	old := NewPostgreSQLChangeStreamWatcher(db, "c", "health_events", "", ModePolling)
+	require.NoError(t, old.Err())
+	w, err := New(Config{DB: db, ClientName: "c", TableName: "health_events", DocumentField: "document", Logger: quietLogger})
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		w    *Watcher
+		want map[string]any
+	}{{old, nil}, {w, map[string]any{"s.r": nil}}} {
+		for _, rawDocs := range []bool{false, true} {
+			tc.w.cfg.RawDocuments = rawDocs
+			ev, raw, err := tc.w.event(row)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, EventWithToken{Event: ev, raw: raw}.UpdatedFields(),
+				"StoreClientCompat %v, RawDocuments %v", tc.w.cfg.StoreClientCompat, rawDocs)
+		}
+	}
+}
