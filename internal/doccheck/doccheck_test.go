@@ -69,6 +69,7 @@ var imports = map[string]string{
 	"require":            "github.com/stretchr/testify/require",
 	"client":             modulePath + "/internal/storeclient/client",
 	"datastore":          modulePath + "/internal/storeclient/datastore",
+	"watcher":            modulePath + "/internal/storeclient/watcher",
 }
 
 // submodules are the modules of the adapters, by directory, with the imports only they have:
@@ -89,6 +90,7 @@ var placeholders = map[string]string{
 	"t":              "*testing.T",
 	"w":              "*pgchangestream.Watcher",
 	"pipeline":       "datastore.Pipeline",
+	"ds":             "datastore.DataStore",
 }
 
 // block is one ```go block of a documentation file.

@@ -7,16 +7,20 @@ import (
 	"go/format"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/pgchangestream/pgchangestream"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+	"github.com/pgchangestream/pgchangestream/internal/storeclient/client"
 	"github.com/pgchangestream/pgchangestream/internal/storeclient/datastore"
+	"github.com/pgchangestream/pgchangestream/internal/storeclient/watcher"
 )
 
 func TestMain(m *testing.M) {
@@ -89,12 +93,207 @@ func next[T any](t *testing.T, events <-chan T) T {
 	panic("unreachable")
 }
 
-func TestClientWatcherOnHealthEvents(t *testing.T) {
+// pgStore stands for the store-client's PostgreSQL datastore (*postgresql.PostgreSQLDataStore),
+// as datastore.NewDataStore returns it to the services: its accessors of the *sql.DB and of
+// the database client, and its own CreateChangeStreamWatcher, whose watcher has no Unwrap
+// here (the services fail at start with such a watcher, as with a bare pgchangestream one).
+type pgStore struct{ db *sql.DB }
+
+func (s pgStore) MaintenanceEventStore() datastore.MaintenanceEventStore { return nil }
+func (s pgStore) HealthEventStore() datastore.HealthEventStore           { return nil }
+func (s pgStore) Ping(ctx context.Context) error                         { return s.db.PingContext(ctx) }
+func (s pgStore) Close(context.Context) error                            { return nil }
+func (s pgStore) Provider() datastore.DataStoreProvider                  { return datastore.ProviderPostgreSQL }
+func (s pgStore) GetDB() *sql.DB                                         { return s.db }
+func (s pgStore) GetDatabaseClient() client.DatabaseClient               { return tokenClient(s) }
+
+func (s pgStore) CreateChangeStreamWatcher(context.Context, string, any) (datastore.ChangeStreamWatcher, error) {
+	return datastoreOnly{}, nil
+}
+
+// datastoreOnly is a watcher without Unwrap.
+type datastoreOnly struct{ datastore.ChangeStreamWatcher }
+
+// tokenClient deletes resume tokens as the store-client's PostgreSQL database client does.
+type tokenClient struct{ db *sql.DB }
+
+func (c tokenClient) DeleteResumeToken(ctx context.Context, cfg client.TokenConfig) error {
+	_, err := c.db.ExecContext(ctx, `DELETE FROM resume_tokens WHERE client_name = $1`, cfg.ClientName)
+	return err
+}
+
+// datastoreEnv sets the DATASTORE_* variables of the store-client's deployment to dsn.
+func datastoreEnv(t *testing.T, dsn string) {
+	t.Helper()
+	pc, err := pgconn.ParseConfig(dsn)
+	require.NoError(t, err)
+	for key, value := range map[string]string{
+		"DATASTORE_PROVIDER": "postgresql", "DATASTORE_HOST": pc.Host, "DATASTORE_PORT": fmt.Sprint(pc.Port),
+		"DATASTORE_DATABASE": pc.Database, "DATASTORE_USERNAME": pc.User, "DATASTORE_PASSWORD": pc.Password,
+		"DATASTORE_SSLMODE": "disable",
+	} {
+		t.Setenv(key, value)
+	}
+}
+
+// serviceWatcher gets a change stream watcher from ds as node-drainer's initializer does
+// (fault-quarantine's and the health-events-analyzer's reconcilers do the same without the
+// resume-control decision): it type-asserts GetDatabaseClient and CreateChangeStreamWatcher on
+// the datastore, then ResumeControlDecision and Unwrap on the watcher.
+func serviceWatcher(ctx context.Context, ds datastore.DataStore, clientName string, pipeline any) (
+	client.ChangeStreamWatcher, client.ResumeControlDecision, error) {
+	adapter, ok := ds.(interface {
+		GetDatabaseClient() client.DatabaseClient
+		CreateChangeStreamWatcher(ctx context.Context, clientName string, pipeline interface{}) (datastore.ChangeStreamWatcher, error)
+	})
+	if !ok {
+		return nil, client.ResumeControlDecision{}, fmt.Errorf("datastore does not support required operations")
+	}
+	_ = adapter.GetDatabaseClient()
+	w, err := adapter.CreateChangeStreamWatcher(ctx, clientName, pipeline)
+	if err != nil {
+		return nil, client.ResumeControlDecision{}, err
+	}
+	var decision client.ResumeControlDecision
+	if p, ok := w.(interface {
+		ResumeControlDecision() client.ResumeControlDecision
+	}); ok {
+		decision = p.ResumeControlDecision()
+	}
+	unwrapable, ok := w.(interface {
+		Unwrap() client.ChangeStreamWatcher
+	})
+	if !ok {
+		return nil, decision, fmt.Errorf("watcher does not support unwrapping to client.ChangeStreamWatcher")
+	}
+	return unwrapable.Unwrap(), decision, nil
+}
+
+// processableInserts is the data of the store-client's PostgreSQL
+// BuildProcessableHealthEventInsertsPipeline (fault-quarantine's): inserts whose processing
+// strategy is EXECUTE_REMEDIATION (1) or unset.
+func processableInserts() datastore.Pipeline {
+	return datastore.Pipeline{{{Key: "$match", Value: datastore.Document{
+		{Key: "operationType", Value: datastore.Document{{Key: "$in", Value: datastore.Array{"insert"}}}},
+		{Key: "$or", Value: datastore.Array{
+			datastore.Document{{Key: "fullDocument.healthevent.processingstrategy", Value: int32(1)}},
+			datastore.Document{{Key: "fullDocument.healthevent.processingstrategy",
+				Value: datastore.Document{{Key: "$exists", Value: false}}}},
+		}},
+	}}}}
+}
+
+// deliveredNodes inserts health events for nodes with the processing strategies given (0:
+// unset), then one for the node "last" with EXECUTE_REMEDIATION, and returns the nodes of the
+// events events delivers up to "last".
+func deliveredNodes(t *testing.T, db *sql.DB, events <-chan client.Event, strategies map[string]int) []string {
+	t.Helper()
+	for node, strategy := range strategies {
+		he := fmt.Sprintf(`{"nodename":%q}`, node)
+		if strategy != 0 {
+			he = fmt.Sprintf(`{"nodename":%q,"processingstrategy":%d}`, node, strategy)
+		}
+		insertHealthEvent(t, db, `{"healthevent":`+he+`}`)
+	}
+	insertHealthEvent(t, db, `{"healthevent":{"nodename":"last","processingstrategy":1}}`)
+	var nodes []string
+	for {
+		node, err := next(t, events).GetNodeName()
+		require.NoError(t, err)
+		if node == "last" {
+			return nodes
+		}
+		nodes = append(nodes, node)
+	}
+}
+
+// TestServicesDropIn gets watchers as node-drainer, fault-quarantine and the
+// health-events-analyzer do, from a wrapped datastore: the assertions they make hold, the
+// watcher LISTENs on the connection string of the DATASTORE_* variables, and the pipeline
+// delivers what the store-client delivered ($exists unsupported), or, wrapped by
+// client.WithExtendedFilters, the unset processing strategy too.
+func TestServicesDropIn(t *testing.T) {
 	db, dsn := healthEventsDB(t)
-	w := NewClientWatcher(pgchangestream.NewPostgreSQLChangeStreamWatcher(db, "svc", "health_events", dsn, pgchangestream.ModeHybrid))
+	datastoreEnv(t, dsn)
+	_, _, err := serviceWatcher(t.Context(), pgStore{db}, "node-drainer", nil)
+	require.ErrorContains(t, err, "does not support unwrapping", "the store-client's datastore with a bare replacement")
+	ds := WrapDataStore(pgStore{db})
+	strategies := map[string]int{"remediate": 1, "store-only": 2, "analyse": 3, "unset": 0}
+	for _, tc := range []struct {
+		client   string
+		pipeline any
+		want     []string
+	}{
+		{"fault-quarantine", processableInserts(), []string{"remediate"}},
+		{"node-drainer", client.WithExtendedFilters(processableInserts()), []string{"remediate", "unset"}},
+	} {
+		t.Run(tc.client, func(t *testing.T) {
+			w, decision, err := serviceWatcher(t.Context(), ds, tc.client, tc.pipeline)
+			require.NoError(t, err)
+			require.Zero(t, decision)
+			w.Start(context.Background())
+			defer func() { require.NoError(t, w.Close(context.Background())) }()
+			pw := w.(ClientWatcher).Watcher.Watcher
+			waitStarted(t, pw)
+			require.Eventually(t, func() bool { return pw.Stats().ListenUp }, 30*time.Second, 10*time.Millisecond)
+			got := deliveredNodes(t, db, w.Events(), strategies)
+			slices.Sort(got)
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// TestFactoryRoute creates fault-remediation's watcher through the watcher factory registry,
+// with resume control asking to start fresh: the client's token is deleted, the decision says
+// so, and the watcher starts at the newest row.
+func TestFactoryRoute(t *testing.T) {
+	db, dsn := healthEventsDB(t)
+	datastoreEnv(t, dsn)
+	ctx := t.Context()
+	RegisterWatcherFactory()
+
+	first, err := watcher.CreateChangeStreamWatcher(ctx, pgStore{db}, watcher.WatcherConfig{
+		ClientName: "fault-remediation", CollectionName: "HealthEvents"})
+	require.NoError(t, err)
+	first.Start(context.Background())
+	waitStarted(t, first.(*Watcher).Watcher)
+	insertHealthEvent(t, db, `{"healthevent":{"nodename":"n1"}}`)
+	ev := next(t, first.Events())
+	require.Equal(t, "n1", ev.Event["fullDocument"].(map[string]any)["healthevent"].(map[string]any)["nodename"])
+	require.NoError(t, first.MarkProcessed(ctx, ev.ResumeToken))
+	require.NoError(t, first.Close(context.Background()))
+	insertHealthEvent(t, db, `{"healthevent":{"nodename":"skipped"}}`)
+
+	client.ResumeControlModes["fault-remediation"] = "CREATE"
+	t.Cleanup(func() { delete(client.ResumeControlModes, "fault-remediation") })
+	w, err := watcher.CreateChangeStreamWatcher(ctx, pgStore{db}, watcher.WatcherConfig{
+		ClientName: "fault-remediation", CollectionName: "HealthEvents"})
+	require.NoError(t, err)
+	decision := w.(interface {
+		ResumeControlDecision() client.ResumeControlDecision
+	}).ResumeControlDecision()
+	require.True(t, decision.StartFresh)
+	var tokens int
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM resume_tokens WHERE client_name = 'fault-remediation'`).Scan(&tokens))
+	require.Zero(t, tokens, "resume control deleted the token")
 	w.Start(context.Background())
 	defer func() { require.NoError(t, w.Close(context.Background())) }()
-	waitStarted(t, w.Watcher)
+	waitStarted(t, w.(*Watcher).Watcher)
+	insertHealthEvent(t, db, `{"healthevent":{"nodename":"n2"}}`)
+	ev = next(t, w.Events())
+	require.Equal(t, "n2", ev.Event["fullDocument"].(map[string]any)["healthevent"].(map[string]any)["nodename"],
+		"a fresh start begins at the newest row")
+}
+
+// TestClientWatcherOnHealthEvents checks the client view of the drop-in constructor's watcher:
+// the event accessors, and the store-client's updatedFields.
+func TestClientWatcherOnHealthEvents(t *testing.T) {
+	db, dsn := healthEventsDB(t)
+	w := Adapt(pgchangestream.NewPostgreSQLChangeStreamWatcher(db, "svc", "health_events", dsn, pgchangestream.ModeHybrid),
+		client.ResumeControlDecision{}).Unwrap()
+	w.Start(context.Background())
+	defer func() { require.NoError(t, w.Close(context.Background())) }()
+	waitStarted(t, w.(ClientWatcher).Watcher.Watcher)
 
 	id, createdAt := insertHealthEvent(t, db,
 		`{"healthevent":{"nodename":"n1","isfatal":true},"healtheventstatus":{"nodequarantined":null}}`)
@@ -121,8 +320,11 @@ func TestClientWatcherOnHealthEvents(t *testing.T) {
 	require.True(t, createdAt.Equal(doc.CreatedAt), "createdAt %v, want the row's created_at %v", doc.CreatedAt, createdAt)
 	require.NoError(t, w.MarkProcessed(t.Context(), ev.GetResumeToken()))
 
+	// The status set, and a key that goes from absent to null: the store-client listed only the
+	// status, so EventUpdatesOnly(ev, status) held.
 	_, err = db.ExecContext(t.Context(), `UPDATE health_events
-		SET document = jsonb_set(document, '{healtheventstatus,nodequarantined}', '"Quarantined"') WHERE id = $1`, id)
+		SET document = jsonb_set(jsonb_set(document, '{healtheventstatus,nodequarantined}', '"Quarantined"'),
+			'{healtheventstatus,drained}', 'null') WHERE id = $1`, id)
 	require.NoError(t, err)
 	ev = next(t, w.Events())
 	updated, ok := ev.(interface{ UpdatedFields() map[string]any })
@@ -130,42 +332,31 @@ func TestClientWatcherOnHealthEvents(t *testing.T) {
 	require.Equal(t, map[string]any{"healtheventstatus.nodequarantined": "Quarantined"}, updated.UpdatedFields())
 	require.NoError(t, w.MarkProcessed(t.Context(), ev.GetResumeToken()))
 
-	count, err := w.GetUnprocessedEventCount(t.Context(), "")
+	count, err := w.(client.ChangeStreamMetrics).GetUnprocessedEventCount(t.Context(), "")
 	require.NoError(t, err)
 	require.Zero(t, count)
 }
 
-func TestDatastoreWatcherWithPipeline(t *testing.T) {
+// TestCloseStopsRelays checks that Close ends both event views, whether or not they were read.
+func TestCloseStopsRelays(t *testing.T) {
 	db, _ := healthEventsDB(t)
-	filter, err := MatchFilter(datastore.Pipeline{{{Key: "$match", Value: datastore.Document{
-		{Key: "operationType", Value: "insert"},
-		{Key: "$or", Value: datastore.Array{
-			datastore.Document{{Key: "fullDocument.healthevent.isfatal", Value: true}},
-			datastore.Document{{Key: "fullDocument.healthevent.agent", Value: map[string]any{"$in": []any{"a", "b"}}}},
-		}},
-	}}}})
-	require.NoError(t, err)
 	pw, err := pgchangestream.New(pgchangestream.Config{DB: db, ClientName: "svc", TableName: "health_events",
-		Mode: pgchangestream.ModePolling, DocumentField: "document", Filter: filter})
+		Mode: pgchangestream.ModePolling, DocumentField: "document"})
 	require.NoError(t, err)
-	w := NewDatastoreWatcher(pw)
+	w := Adapt(pw, client.ResumeControlDecision{})
 	w.Start(context.Background())
 	waitStarted(t, pw)
-
-	insertHealthEvent(t, db, `{"healthevent":{"nodename":"n1","agent":"c"}}`)
-	id, _ := insertHealthEvent(t, db, `{"healthevent":{"nodename":"n2","agent":"b"}}`)
-	ev := next(t, w.Events())
-	require.Equal(t, "n2", ev.Event["fullDocument"].(map[string]any)["healthevent"].(map[string]any)["nodename"])
-	require.Equal(t, id, ev.Event["fullDocument"].(map[string]any)["id"])
-	require.NoError(t, w.MarkProcessed(t.Context(), ev.ResumeToken))
-
-	insertHealthEvent(t, db, `{"healthevent":{"nodename":"n3","isfatal":true}}`)
+	insertHealthEvent(t, db, `{"healthevent":{"nodename":"n1"}}`)
+	insertHealthEvent(t, db, `{"healthevent":{"nodename":"n2"}}`)
+	events := w.Events()
+	next(t, events)
 	require.Eventually(t, func() bool { return pw.Stats().Delivered == 2 }, 30*time.Second, 10*time.Millisecond)
 	require.NoError(t, w.Close(context.Background()), "closing with a delivery not read stops the relay")
 	late := 0
-	for range w.Events() { // closes; the relay may hand over the delivery it held
+	for range events { // closes; the relay may hand over the delivery it held
 		late++
 	}
 	require.LessOrEqual(t, late, 1)
-	require.Equal(t, uint64(1), pw.Stats().Filtered)
+	_, open := <-w.Unwrap().Events()
+	require.False(t, open, "a view not read before Close is closed")
 }

@@ -1,6 +1,7 @@
-// Package datastore copies the shapes of the store-client library's datastore types that a
-// change-stream consumer uses, so that the adapter of docs/migrating.md compiles and runs in
-// tests. Only the shapes matter: the library cannot import the store-client module.
+// Package datastore copies the declarations of the store-client library's datastore package
+// that a change-stream consumer and the adapter of docs/migrating.md use, as the store-client
+// declares them, so that the adapter compiles and runs in tests. The library cannot import the
+// store-client module.
 package datastore
 
 import "context"
@@ -23,6 +24,28 @@ type ChangeStreamWatcher interface {
 	Start(ctx context.Context)
 	MarkProcessed(ctx context.Context, token []byte) error
 	Close(ctx context.Context) error
+}
+
+// DataStoreProvider names a datastore implementation.
+type DataStoreProvider string
+
+// ProviderPostgreSQL is the PostgreSQL datastore.
+const ProviderPostgreSQL DataStoreProvider = "postgresql"
+
+// MaintenanceEventStore and HealthEventStore are the stores of a DataStore; the adapter uses
+// none of their methods, which are not copied.
+type (
+	MaintenanceEventStore interface{}
+	HealthEventStore      interface{}
+)
+
+// DataStore is a datastore connection.
+type DataStore interface {
+	MaintenanceEventStore() MaintenanceEventStore
+	HealthEventStore() HealthEventStore
+	Ping(ctx context.Context) error
+	Close(ctx context.Context) error
+	Provider() DataStoreProvider
 }
 
 // Element is one key and value of a Document.
