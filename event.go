@@ -182,8 +182,8 @@ func isMap(v any, m map[string]any) bool {
 // diffInto adds to out every leaf of newDoc that is new or differs from oldDoc, keyed by its
 // dotted path under prefix. A leaf is any value other than a non-empty object, so arrays are
 // compared whole and an object emptied out is reported as the empty object. A key present only
-// in oldDoc is reported with a nil value, as the replaced watcher reports removed keys (a key
-// set to JSON null looks the same). oldDoc may be nil.
+// in oldDoc is reported with a nil value (a key set to JSON null looks the same); the replaced
+// watcher did not report it (see diffStoreClient). oldDoc may be nil.
 func diffInto(out map[string]any, prefix string, oldDoc, newDoc map[string]any) {
 	for key, newValue := range newDoc {
 		oldValue, existed := oldDoc[key]

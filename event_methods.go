@@ -157,7 +157,8 @@ func renameCreatedAt(doc map[string]any) map[string]any {
 }
 
 // UpdatedFields returns updateDescription.updatedFields of an update: the changed fields by
-// dotted path, removed ones with a nil value. It returns nil for other events. For an update
+// dotted path, removed ones with a nil value, or, with [Config.StoreClientCompat], the fields the
+// replaced watcher listed. It returns nil for other events. For an update
 // delivered with [Config.RawDocuments] it decodes and diffs both documents on each call.
 func (e EventWithToken) UpdatedFields() map[string]any {
 	ev := e.Event
