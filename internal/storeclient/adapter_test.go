@@ -3,10 +3,13 @@ package storeclient_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"unicode"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the pgx driver for Open's pool
 
 	"github.com/pgchangestream/pgchangestream"
 	"github.com/pgchangestream/pgchangestream/internal/storeclient/client"
@@ -66,35 +69,44 @@ func (Factory) CreateChangeStreamWatcher(ctx context.Context, ds datastore.DataS
 // SupportedProvider returns the PostgreSQL provider.
 func (Factory) SupportedProvider() datastore.DataStoreProvider { return datastore.ProviderPostgreSQL }
 
-type (
-	databaseClientSource interface {
-		GetDatabaseClient() client.DatabaseClient
-	}
-	dbSource interface{ GetDB() *sql.DB }
-)
+// databaseClientSource is the store-client's PostgreSQL datastore's accessor of its client.
+type databaseClientSource interface {
+	GetDatabaseClient() client.DatabaseClient
+}
 
 // NewWatcher returns the watcher the store-client's PostgreSQL datastore would create for
-// clientName on table, as a pgchangestream watcher: hybrid mode, LISTEN on the connection
-// string of the DATASTORE_* variables, the store-client's filter semantics and update
-// descriptions, and its resume control (which may delete the client's token first).
+// clientName on table, as a pgchangestream watcher: its resume control (which may delete the
+// client's token first), then Open.
 func NewWatcher(ctx context.Context, ds datastore.DataStore, clientName, table string, pipeline any) (*Watcher, error) {
-	db, ok := ds.(dbSource)
-	if !ok {
+	source, ok := ds.(databaseClientSource)
+	if !ok || ds.Provider() != datastore.ProviderPostgreSQL {
 		return nil, fmt.Errorf("expected a PostgreSQL datastore, got %T", ds)
 	}
 	decision, err := client.ResetResumeTokenOnStartIfConfigured(ctx,
-		ds.(databaseClientSource).GetDatabaseClient(), client.TokenConfig{ClientName: clientName})
+		source.GetDatabaseClient(), client.TokenConfig{ClientName: clientName})
 	if err != nil {
 		return nil, fmt.Errorf("failed to reset change stream resume token on startup: %w", err)
 	}
+	return Open(clientName, table, pipeline, decision)
+}
+
+// Open returns a watcher of clientName on table as the store-client built it: hybrid mode,
+// the store-client's filter semantics and update descriptions, the processed flag, and the
+// documents of health_events. It connects, and LISTENs, with the connection string of the
+// DATASTORE_* variables, through a pool of its own (pgx driver) that Close closes.
+func Open(clientName, table string, pipeline any, decision client.ResumeControlDecision) (*Watcher, error) {
 	pipeline, extended := client.ResolvePipelineOptions(pipeline)
 	stages, err := Stages(pipeline)
 	if err != nil {
 		return nil, err
 	}
+	dsn := pgchangestream.DatastoreConnString(nil)
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return nil, err
+	}
 	cfg := pgchangestream.Config{
-		DB: db.GetDB(), ConnString: pgchangestream.DatastoreConnString(nil),
-		ClientName: clientName, TableName: table, Mode: pgchangestream.ModeHybrid,
+		DB: db, ConnString: dsn, ClientName: clientName, TableName: table, Mode: pgchangestream.ModeHybrid,
 		ProcessedFlag: true, StoreClientCompat: true, Pipeline: stages, ExtendedFilters: extended,
 	}
 	if table == "health_events" {
@@ -102,9 +114,11 @@ func NewWatcher(ctx context.Context, ds datastore.DataStore, clientName, table s
 	}
 	w, err := pgchangestream.New(cfg)
 	if err != nil {
-		return nil, err
+		return nil, errors.Join(err, db.Close())
 	}
-	return Adapt(w, decision), nil
+	adapted := Adapt(w, decision)
+	adapted.db = db
+	return adapted, nil
 }
 
 // Watcher is a pgchangestream watcher as the store-client's PostgreSQL watcher: a
@@ -114,6 +128,7 @@ func NewWatcher(ctx context.Context, ds datastore.DataStore, clientName, table s
 type Watcher struct {
 	*pgchangestream.Watcher
 	decision        client.ResumeControlDecision    // immutable
+	db              *sql.DB                         // immutable; opened by Open, closed by Close
 	datastoreEvents relay[datastore.EventWithToken] // started by Events, safe for concurrent use
 	clientEvents    relay[client.Event]             // started by Unwrap().Events, likewise
 }
@@ -136,11 +151,16 @@ func (w *Watcher) Unwrap() client.ChangeStreamWatcher { return ClientWatcher{w} 
 // ResumeControlDecision returns the resume-control decision taken when the watcher was created.
 func (w *Watcher) ResumeControlDecision() client.ResumeControlDecision { return w.decision }
 
-// Close stops the relays and the watcher, which saves the checkpoint.
+// Close stops the relays and the watcher, which saves the checkpoint, then closes the pool
+// Open opened.
 func (w *Watcher) Close(ctx context.Context) error {
 	w.datastoreEvents.close()
 	w.clientEvents.close()
-	return w.Watcher.Close(ctx)
+	err := w.Watcher.Close(ctx)
+	if w.db != nil {
+		err = errors.Join(err, w.db.Close())
+	}
+	return err
 }
 
 // ClientWatcher is a Watcher as a client.ChangeStreamWatcher: its events are

@@ -94,8 +94,8 @@ func next[T any](t *testing.T, events <-chan T) T {
 }
 
 // pgStore stands for the store-client's PostgreSQL datastore (*postgresql.PostgreSQLDataStore),
-// as datastore.NewDataStore returns it to the services: its accessors of the *sql.DB and of
-// the database client, and its own CreateChangeStreamWatcher, whose watcher has no Unwrap
+// as datastore.NewDataStore returns it to the services: its accessor of the database client,
+// and its own CreateChangeStreamWatcher, whose watcher has no Unwrap
 // here (the services fail at start with such a watcher, as with a bare pgchangestream one).
 type pgStore struct{ db *sql.DB }
 
@@ -104,7 +104,6 @@ func (s pgStore) HealthEventStore() datastore.HealthEventStore           { retur
 func (s pgStore) Ping(ctx context.Context) error                         { return s.db.PingContext(ctx) }
 func (s pgStore) Close(context.Context) error                            { return nil }
 func (s pgStore) Provider() datastore.DataStoreProvider                  { return datastore.ProviderPostgreSQL }
-func (s pgStore) GetDB() *sql.DB                                         { return s.db }
 func (s pgStore) GetDatabaseClient() client.DatabaseClient               { return tokenClient(s) }
 
 func (s pgStore) CreateChangeStreamWatcher(context.Context, string, any) (datastore.ChangeStreamWatcher, error) {
