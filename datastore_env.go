@@ -8,7 +8,8 @@ import (
 )
 
 // DatastoreConnString returns the connection string the store-client's PostgreSQL datastore
-// builds from its environment (DATASTORE_PROVIDER=postgresql), so that a service whose
+// (datastore.LoadDatastoreConfig, then datastore.NewDataStore) builds from its environment
+// (DATASTORE_PROVIDER=postgresql), so that a service whose
 // watcher this package replaces can hand its LISTEN connection the server, database and
 // credentials the store-client connects with; the store-client keeps its own string
 // unexported. It reads, through getenv (os.Getenv when nil), the store-client's variables
