@@ -19,6 +19,18 @@ type Event interface {
 	UnmarshalDocument(v any) error
 }
 
+// EventUpdatesOnly reports whether event is an update that changed exactly the named field,
+// read from the event's optional UpdatedFields method.
+func EventUpdatesOnly(event Event, field string) bool {
+	updated, ok := event.(interface{ UpdatedFields() map[string]any })
+	if !ok {
+		return false
+	}
+	fields := updated.UpdatedFields()
+	_, changed := fields[field]
+	return changed && len(fields) == 1
+}
+
 // ChangeStreamWatcher is the store-client change stream of Events.
 type ChangeStreamWatcher interface {
 	Start(ctx context.Context)
