@@ -190,9 +190,9 @@ type Config struct {
 	// instead of decoding them: events have fullDocument nil and no updateDescription, and
 	// [Document] and [EventWithToken.UnmarshalDocument] decode straight into the caller's type.
 	// The event methods (GetRecordUUID, GetNodeName, UpdatedFields) still work, decoding the
-	// documents on each call. For consumers that read documents only as structs. A Filter sees
-	// the events without documents. Deletes, and rows whose columns may fail to decode (checked
-	// when read), are decoded as without it. Default false.
+	// documents on each call. For consumers that read documents only as structs. A Filter (and a
+	// Pipeline) sees the events without documents. Deletes, and rows whose columns may fail to
+	// decode (checked when read), are decoded as without it. Default false.
 	RawDocuments bool
 	// Filter, if set, is called for every event read; events for which it returns false are
 	// not delivered, and the saved position moves past them.
