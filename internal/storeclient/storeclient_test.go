@@ -359,3 +359,21 @@ func TestCloseStopsRelays(t *testing.T) {
 	_, open := <-w.Unwrap().Events()
 	require.False(t, open, "a view not read before Close is closed")
 }
+
+// TestOpenRejectsBadPipelines checks that a pipeline the store-client skipped or misread is an
+// error naming it, and that Open then leaves no connection pool behind (TestMain checks for
+// goroutines).
+func TestOpenRejectsBadPipelines(t *testing.T) {
+	for _, tc := range []struct {
+		pipeline any
+		want     string
+	}{
+		{datastore.Pipeline{{{Key: "$match", Value: datastore.Document{{Key: "a", Value: datastore.Document{{Key: "$regex", Value: "x"}}}}}}},
+			`Config.Pipeline: pgchangestream: pipeline stage 0: field "a": $regex`},
+		{[]any{"not a stage"}, "pipeline stage 0: want a document, got string"},
+		{"not a pipeline", "unsupported pipeline type: string"},
+	} {
+		_, err := Open("svc", "health_events", tc.pipeline, client.ResumeControlDecision{})
+		require.ErrorContains(t, err, tc.want)
+	}
+}
