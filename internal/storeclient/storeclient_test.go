@@ -377,3 +377,62 @@ func TestOpenRejectsBadPipelines(t *testing.T) {
 		require.ErrorContains(t, err, tc.want)
 	}
 }
+
+// exporterTokenSQL returns the statement docs/migrating.md gives to convert the event-exporter's
+// old token.
+func exporterTokenSQL(t *testing.T) string {
+	t.Helper()
+	guide, err := os.ReadFile("../../docs/migrating.md")
+	require.NoError(t, err)
+	block := regexp.MustCompile("(?s)```sql\n(UPDATE resume_tokens .*?lastChangelogID.*?)```").FindSubmatch(guide)
+	require.NotNil(t, block, "docs/migrating.md has the sql block converting lastChangelogID")
+	return string(block[1])
+}
+
+// TestExporterTokenConversion checks the guide's conversion of the old event-exporter's token
+// ({"lastChangelogID": N}): before it the exporter's watcher reports the token in Health; after
+// it the watcher resumes right after row N; a token without a row to convert stays as it was.
+func TestExporterTokenConversion(t *testing.T) {
+	db, dsn := healthEventsDB(t)
+	datastoreEnv(t, dsn)
+	ctx := t.Context()
+	for _, node := range []string{"done", "next"} {
+		insertHealthEvent(t, db, fmt.Sprintf(`{"healthevent":{"nodename":%q}}`, node))
+	}
+	var done, following int64
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT min(id), max(id) FROM datastore_changelog`).Scan(&done, &following))
+	_, err := db.ExecContext(ctx, `INSERT INTO resume_tokens (client_name, resume_token)
+		VALUES ('event-exporter', jsonb_build_object('lastChangelogID', $1::bigint)),
+		       ('gone', '{"lastChangelogID": 0}')`, done)
+	require.NoError(t, err)
+	allInserts := datastore.Pipeline{{{Key: "$match", Value: datastore.Document{
+		{Key: "operationType", Value: datastore.Document{{Key: "$in", Value: datastore.Array{"insert"}}}}}}}}
+
+	old, err := Open("event-exporter", "health_events", allInserts, client.ResumeControlDecision{})
+	require.NoError(t, err)
+	old.Start(context.Background())
+	require.Eventually(t, func() bool { return old.Health() != nil }, 30*time.Second, 10*time.Millisecond,
+		"an old token is not read: Health says so")
+	require.ErrorContains(t, old.Health(), "no eventID")
+	require.NoError(t, old.Close(context.Background()))
+
+	_, err = db.ExecContext(ctx, strings.ReplaceAll(exporterTokenSQL(t), "'event-exporter'", "ANY('{event-exporter,gone}')"))
+	require.NoError(t, err)
+	var gone string
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT resume_token::text FROM resume_tokens WHERE client_name = 'gone'`).Scan(&gone))
+	require.JSONEq(t, `{"lastChangelogID": 0}`, gone, "a token whose row is gone is not updated")
+
+	w, err := Open("event-exporter", "health_events", allInserts, client.ResumeControlDecision{})
+	require.NoError(t, err)
+	cw := w.Unwrap()
+	cw.Start(context.Background())
+	defer func() { require.NoError(t, cw.Close(context.Background())) }()
+	ev := next(t, cw.Events())
+	node, err := ev.GetNodeName()
+	require.NoError(t, err)
+	require.Equal(t, "next", node, "the exporter resumes right after its old token's row")
+	id, err := ev.GetDocumentID()
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprint(following), id)
+	require.NoError(t, w.Health())
+}
