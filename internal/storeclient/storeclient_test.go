@@ -263,8 +263,8 @@ func TestFactoryRoute(t *testing.T) {
 	require.NoError(t, first.Close(context.Background()))
 	insertHealthEvent(t, db, `{"healthevent":{"nodename":"skipped"}}`)
 
-	client.ResumeControlModes["fault-remediation"] = "CREATE"
-	t.Cleanup(func() { delete(client.ResumeControlModes, "fault-remediation") })
+	client.SetResumeControlMode("fault-remediation", "CREATE")
+	t.Cleanup(func() { client.SetResumeControlMode("fault-remediation", "") })
 	w, err := watcher.CreateChangeStreamWatcher(ctx, pgStore{db}, watcher.WatcherConfig{
 		ClientName: "fault-remediation", CollectionName: "HealthEvents"})
 	require.NoError(t, err)
@@ -272,6 +272,7 @@ func TestFactoryRoute(t *testing.T) {
 		ResumeControlDecision() client.ResumeControlDecision
 	}).ResumeControlDecision()
 	require.True(t, decision.StartFresh)
+	require.False(t, decision.ColdStartCutoff.IsZero(), "fault-remediation gets a cold-start cutoff")
 	var tokens int
 	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM resume_tokens WHERE client_name = 'fault-remediation'`).Scan(&tokens))
 	require.Zero(t, tokens, "resume control deleted the token")
@@ -282,6 +283,20 @@ func TestFactoryRoute(t *testing.T) {
 	ev = next(t, w.Events())
 	require.Equal(t, "n2", ev.Event["fullDocument"].(map[string]any)["healthevent"].(map[string]any)["nodename"],
 		"a fresh start begins at the newest row")
+	require.NoError(t, w.MarkProcessed(ctx, ev.ResumeToken))
+
+	// Resume control went back to RESUME: the next watcher keeps the token and is handed the
+	// cutoff, as the service's cold start reads it.
+	again, err := watcher.CreateChangeStreamWatcher(ctx, pgStore{db}, watcher.WatcherConfig{
+		ClientName: "fault-remediation", CollectionName: "HealthEvents"})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, again.Close(context.Background())) }()
+	require.Equal(t, client.ResumeControlDecision{ColdStartCutoff: decision.ColdStartCutoff},
+		again.(interface {
+			ResumeControlDecision() client.ResumeControlDecision
+		}).ResumeControlDecision())
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM resume_tokens WHERE client_name = 'fault-remediation'`).Scan(&tokens))
+	require.Equal(t, 1, tokens, "RESUME keeps the token")
 }
 
 // TestClientWatcherOnHealthEvents checks the client view of the drop-in constructor's watcher:

@@ -7,6 +7,9 @@ package client
 
 import (
 	"context"
+	"fmt"
+	"strings"
+	"sync"
 	"time"
 )
 
@@ -88,19 +91,55 @@ func ResolvePipelineOptions(pipeline any) (any, bool) {
 	return pipeline, false
 }
 
-// ResumeControlModes stands for the store-client's resume-control ConfigMap in tests: the
-// mode ("RESUME" or "CREATE") of each client name. Tests set it before creating watchers.
-var ResumeControlModes = map[string]string{}
+// resumeControl stands for the store-client's resume-control ConfigMap in tests: each client's
+// mode ("RESUME", "CREATE") and the cold-start cutoff its last CREATE recorded.
+var resumeControl = struct {
+	sync.Mutex
+	modes   map[string]string    // guarded by the mutex
+	cutoffs map[string]time.Time // guarded by the mutex
+}{modes: map[string]string{}, cutoffs: map[string]time.Time{}}
 
-// ResetResumeTokenOnStartIfConfigured stands for the store-client's: for a client whose mode is
-// CREATE it deletes the client's resume token and returns StartFresh with a cold-start
-// cutoff; otherwise it returns the zero decision. The event-exporter is never reset.
+// SetResumeControlMode sets the mode of clientName in the stand-in for the ConfigMap, as an
+// operator edits it; "" removes the client, and its cutoff, again.
+func SetResumeControlMode(clientName, mode string) {
+	resumeControl.Lock()
+	defer resumeControl.Unlock()
+	if mode == "" {
+		delete(resumeControl.modes, clientName)
+		delete(resumeControl.cutoffs, clientName)
+		return
+	}
+	resumeControl.modes[clientName] = mode
+}
+
+// ResetResumeTokenOnStartIfConfigured stands for the store-client's, with the same decisions:
+// the event-exporter is never reset; in RESUME mode (the default) the decision carries the
+// cutoff of the client's last CREATE; in CREATE mode the client's token is deleted, the mode
+// goes back to RESUME, and the decision says StartFresh with a cutoff of now for node-drainer
+// and fault-remediation (the clients that use one) and the recorded one for the others.
 func ResetResumeTokenOnStartIfConfigured(ctx context.Context, dbClient DatabaseClient, tokenConfig TokenConfig) (ResumeControlDecision, error) {
-	if tokenConfig.ClientName == "event-exporter" || ResumeControlModes[tokenConfig.ClientName] != "CREATE" {
+	name := tokenConfig.ClientName
+	if name == "event-exporter" {
 		return ResumeControlDecision{}, nil
 	}
-	if err := dbClient.DeleteResumeToken(ctx, tokenConfig); err != nil {
-		return ResumeControlDecision{}, err
+	resumeControl.Lock()
+	mode, cutoff := strings.ToUpper(strings.TrimSpace(resumeControl.modes[name])), resumeControl.cutoffs[name]
+	resumeControl.Unlock()
+	switch mode {
+	case "", "RESUME":
+		return ResumeControlDecision{ColdStartCutoff: cutoff}, nil
+	case "CREATE":
+	default:
+		return ResumeControlDecision{}, fmt.Errorf("invalid change stream resume control mode %q for %s", mode, name)
 	}
-	return ResumeControlDecision{StartFresh: true, ColdStartCutoff: time.Now().UTC()}, nil
+	if name == "node-drainer" || name == "fault-remediation" {
+		cutoff = time.Now().UTC()
+	}
+	if err := dbClient.DeleteResumeToken(ctx, tokenConfig); err != nil {
+		return ResumeControlDecision{}, fmt.Errorf("failed to delete change stream resume token: %w", err)
+	}
+	resumeControl.Lock()
+	resumeControl.modes[name], resumeControl.cutoffs[name] = "RESUME", cutoff
+	resumeControl.Unlock()
+	return ResumeControlDecision{StartFresh: true, ColdStartCutoff: cutoff}, nil
 }
