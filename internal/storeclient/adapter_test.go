@@ -75,19 +75,24 @@ type databaseClientSource interface {
 }
 
 // NewWatcher returns the watcher the store-client's PostgreSQL datastore would create for
-// clientName on table, as a pgchangestream watcher: its resume control (which may delete the
-// client's token first), then Open.
+// clientName on table, as a pgchangestream watcher: Open, then its resume control (which may
+// delete the client's token), so that a pipeline Open refuses leaves the token as it was.
 func NewWatcher(ctx context.Context, ds datastore.DataStore, clientName, table string, pipeline any) (*Watcher, error) {
 	source, ok := ds.(databaseClientSource)
 	if !ok || ds.Provider() != datastore.ProviderPostgreSQL {
 		return nil, fmt.Errorf("expected a PostgreSQL datastore, got %T", ds)
 	}
-	decision, err := client.ResetResumeTokenOnStartIfConfigured(ctx,
+	w, err := Open(clientName, table, pipeline, client.ResumeControlDecision{})
+	if err != nil {
+		return nil, err
+	}
+	w.decision, err = client.ResetResumeTokenOnStartIfConfigured(ctx,
 		source.GetDatabaseClient(), client.TokenConfig{ClientName: clientName})
 	if err != nil {
-		return nil, fmt.Errorf("failed to reset change stream resume token on startup: %w", err)
+		return nil, errors.Join(fmt.Errorf("failed to reset change stream resume token on startup: %w", err),
+			w.Close(context.WithoutCancel(ctx)))
 	}
-	return Open(clientName, table, pipeline, decision)
+	return w, nil
 }
 
 // Open returns a watcher of clientName on table as the store-client built it: hybrid mode,
@@ -127,7 +132,7 @@ func Open(clientName, table string, pipeline any, decision client.ResumeControlD
 // The embedded watcher provides Start, MarkProcessed, LagState and GetUnprocessedEventCount.
 type Watcher struct {
 	*pgchangestream.Watcher
-	decision        client.ResumeControlDecision    // immutable
+	decision        client.ResumeControlDecision    // set before the watcher is handed out, then immutable
 	db              *sql.DB                         // immutable; opened by Open, closed by Close
 	datastoreEvents relay[datastore.EventWithToken] // started by Events, safe for concurrent use
 	clientEvents    relay[client.Event]             // started by Unwrap().Events, likewise

@@ -451,3 +451,28 @@ func TestExporterTokenConversion(t *testing.T) {
 	require.Equal(t, fmt.Sprint(following), id)
 	require.NoError(t, w.Health())
 }
+
+// TestBadPipelineKeepsToken checks that a pipeline the adapter refuses fails the watcher's
+// creation before resume control runs: with the ConfigMap at CREATE, the client's token is
+// still there, and CREATE still pending, for the start with a corrected pipeline.
+func TestBadPipelineKeepsToken(t *testing.T) {
+	db, dsn := healthEventsDB(t)
+	datastoreEnv(t, dsn)
+	ctx := t.Context()
+	_, err := db.ExecContext(ctx, `INSERT INTO resume_tokens (client_name, resume_token)
+		VALUES ('node-drainer', '{"timestamp": "2026-01-01T00:00:00Z", "eventID": 1}')`)
+	require.NoError(t, err)
+	client.SetResumeControlMode("node-drainer", "CREATE")
+	t.Cleanup(func() { client.SetResumeControlMode("node-drainer", "") })
+	bad := datastore.Pipeline{{{Key: "$match", Value: datastore.Document{{Key: "a", Value: datastore.Document{{Key: "$regex", Value: "x"}}}}}}}
+	_, _, err = serviceWatcher(ctx, WrapDataStore(pgStore{db}), "node-drainer", bad)
+	require.ErrorContains(t, err, "$regex")
+	var tokens int
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM resume_tokens WHERE client_name = 'node-drainer'`).Scan(&tokens))
+	require.Equal(t, 1, tokens, "the token is kept")
+
+	w, decision, err := serviceWatcher(ctx, WrapDataStore(pgStore{db}), "node-drainer", processableInserts())
+	require.NoError(t, err)
+	require.NoError(t, w.Close(context.Background()))
+	require.True(t, decision.StartFresh, "CREATE is carried out by the start with a valid pipeline")
+}
