@@ -7,8 +7,12 @@ import (
 )
 
 // noNotifyArg is the trigger argument that makes the trigger function skip its NOTIFY
-// (schema/install.sql).
-const noNotifyArg = "no_notify"
+// (schema/install.sql), and notifyArg the one that says it notifies, which it does without
+// either: CaptureChanges gives every trigger one of them (see triggerArgs).
+const (
+	noNotifyArg = "no_notify"
+	notifyArg   = "notify"
+)
 
 // CaptureChangesSQL returns the statements [CaptureChanges] runs: one DO block that checks the
 // table and attaches the trigger if it is missing.

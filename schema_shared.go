@@ -78,11 +78,13 @@ func checkKeyPath(path string) error {
 }
 
 // triggerArgs returns the argument list of the trigger function, each a quoted literal:
-// 'no_notify' if withoutNotify, 'key=<path>' if key is set.
+// 'no_notify' if withoutNotify, else 'notify', then 'key=<path>' if key is set. A trigger of
+// CaptureChanges always has an argument, so one without any is not CaptureChanges' (other DDL
+// created it, or an earlier release, which left a notifying trigger without a key bare).
 func triggerArgs(withoutNotify bool, key string) string {
-	var args []string
+	args := []string{quoteLiteral(notifyArg)}
 	if withoutNotify {
-		args = append(args, quoteLiteral(noNotifyArg))
+		args[0] = quoteLiteral(noNotifyArg)
 	}
 	if key != "" {
 		args = append(args, quoteLiteral(keyArgPrefix+key))

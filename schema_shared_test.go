@@ -47,9 +47,9 @@ func TestTriggerArgs(t *testing.T) {
 		key   string
 		want  string
 	}{
-		{false, "", ""},
+		{false, "", "'notify'"},
 		{true, "", "'no_notify'"},
-		{false, "a.b", "'key=a.b'"},
+		{false, "a.b", "'notify', 'key=a.b'"},
 		{true, "document.healthevent.nodename", "'no_notify', 'key=document.healthevent.nodename'"},
 	} {
 		assert.Equal(t, tc.want, triggerArgs(tc.quiet, tc.key))
@@ -63,11 +63,11 @@ func TestCaptureChangesKeySQL(t *testing.T) {
 		args     string
 		explicit string
 	}{
-		{"orders", SchemaOptions{}, `()`, "NULL"},
-		{"health_events", SchemaOptions{}, `('key=document.healthevent.nodename')`, "NULL"},
+		{"orders", SchemaOptions{}, `('notify')`, "NULL"},
+		{"health_events", SchemaOptions{}, `('notify', 'key=document.healthevent.nodename')`, "NULL"},
 		{"s.health_events", SchemaOptions{WithoutNotify: true}, `('no_notify', 'key=document.healthevent.nodename')`, "NULL"},
-		{"health_events", SchemaOptions{Key: "document.id"}, `('key=document.id')`, "'document.id'"},
-		{"orders", SchemaOptions{Key: "customer"}, `('key=customer')`, "'customer'"},
+		{"health_events", SchemaOptions{Key: "document.id"}, `('notify', 'key=document.id')`, "'document.id'"},
+		{"orders", SchemaOptions{Key: "customer"}, `('notify', 'key=customer')`, "'customer'"},
 	} {
 		stmts, err := CaptureChangesSQL(tc.table, tc.opts)
 		require.NoError(t, err)
@@ -333,9 +333,25 @@ func TestLiveSchemaCaptureKeyWithoutUnitColumn(t *testing.T) {
 	liveExec(t, db, `CREATE SCHEMA s; CREATE TABLE s.health_events (id UUID PRIMARY KEY DEFAULT gen_random_uuid(), document JSONB);
 		CREATE TABLE docs (id UUID PRIMARY KEY DEFAULT gen_random_uuid(), document JSONB)`)
 	require.NoError(t, CaptureChanges(t.Context(), db, "s.health_events", SchemaOptions{}))
-	assert.Equal(t, 0, liveScalar[int](t, db, `SELECT tgnargs FROM pg_trigger WHERE tgname = 'health_events_changes'
-		AND tgrelid = 's.health_events'::regclass`))
+	assert.Equal(t, []string{"notify"}, triggerArgsOf(t, db, "health_events"), "the default key is left out")
 	err := CaptureChanges(t.Context(), db, "docs", SchemaOptions{Key: "document.k"})
 	require.ErrorContains(t, err, `changelog table datastore_changelog has no column "unit" for the key document.k`)
 	assert.Equal(t, 0, triggerCount(t, db, "docs"))
+}
+
+// triggerArgsOf returns the arguments of table's capture trigger.
+func triggerArgsOf(t *testing.T, db *sql.DB, table string) []string {
+	t.Helper()
+	var args []string
+	rows, err := db.Query(`SELECT unnest(array_remove(string_to_array(encode(tgargs, 'escape'), E'\\000'), ''))
+		FROM pg_trigger WHERE tgname = $1`, triggerName(table))
+	require.NoError(t, err)
+	defer rows.Close()
+	for rows.Next() {
+		var a string
+		require.NoError(t, rows.Scan(&a))
+		args = append(args, a)
+	}
+	require.NoError(t, rows.Err())
+	return args
 }

@@ -271,7 +271,7 @@ func TestCaptureChangesSQL(t *testing.T) {
 				"changelog   regclass := to_regclass('" + quoteIdentifier(opts.ChangelogTable) + "');",
 				"tgname = '" + tc.trigger + "'",
 				fmt.Sprintf(`CREATE TRIGGER "%s" AFTER INSERT OR UPDATE OR DELETE ON %s`, tc.trigger, tc.on),
-				"FOR EACH ROW EXECUTE FUNCTION " + quoteIdentifier(opts.FunctionName) + "();",
+				"FOR EACH ROW EXECUTE FUNCTION " + quoteIdentifier(opts.FunctionName) + "('notify');",
 				"IF quiet <> false THEN",
 			} {
 				assert.Contains(t, stmts[0], want)

@@ -2,12 +2,19 @@
 Attaches the trigger function to a table, checking first that the table exists and has an id
 column whose type the changelog's record_id can take (an existing changelog has a UUID
 record_id). The advisory lock makes the check-then-create safe against a concurrent run. The
-trigger is created only when missing: no DROP TRIGGER, which would lock out readers. Args is the
-trigger's argument list: 'no_notify' (WithoutNotify) and 'key=<path>' (the key, given or the
-table's default), each when set; PlainArgs the same without the key, used when the key is only a
+trigger is created only when missing, with no DROP TRIGGER (its ACCESS EXCLUSIVE lock would lock
+out readers), but for the repair below. Args is the trigger's argument list: 'no_notify'
+(WithoutNotify) or 'notify' (which the trigger function ignores: it is there so that every
+trigger CaptureChanges creates has an argument), then 'key=<path>' (the key, given or the
+table's default) when set; PlainArgs the same without the key, used when the key is only a
 default and the changelog has no unit column. An existing trigger's arguments (tgargs: each one
 followed by a zero byte) are read back: one that notifies the other way is reported, and so is
-one with another key than ExplicitKey (a key given); without one it is kept as it is.
+one with another key than ExplicitKey (a key given); without one it is kept as it is. An existing
+trigger without arguments, which CaptureChanges never creates, is dropped and created again with
+the arguments asked for, in the same transaction (the table stays locked until the commit, a
+moment): it is what other DDL leaves (a service's start-up that drops the trigger and creates it
+again without arguments) or an earlier release made, so running CaptureChanges again with the
+options a table was captured with restores its key and no_notify.
 */ -}}
 DO $capture$
 DECLARE
@@ -52,6 +59,10 @@ BEGIN
     END IF;
     SELECT array_remove(string_to_array(encode(tgargs, 'escape'), E'\\000'), '') INTO found_args
     FROM pg_trigger WHERE tgrelid = target AND tgname = {{.TriggerLiteral}};
+    IF cardinality(found_args) = 0 THEN
+        DROP TRIGGER {{.Trigger}} ON {{.Table}}; -- created without arguments by other DDL: made again below
+        found_args := NULL;
+    END IF;
     IF found_args IS NULL THEN
         IF row_key IS NULL OR EXISTS (SELECT FROM pg_attribute WHERE attrelid = changelog
                                   AND attname = {{.UnitColumn}} AND NOT attisdropped) THEN

@@ -164,6 +164,6 @@ func TestSchemaPrint(t *testing.T) {
 	code, stdout, stderr = runCmd(t, "schema", "capture", "orders", "--print", "--function", "f")
 	require.Equal(t, exitOK, code, stderr)
 	assert.Contains(t, stdout, `CREATE TRIGGER "orders_changes" AFTER INSERT OR UPDATE OR DELETE ON "orders"`)
-	assert.Contains(t, stdout, `EXECUTE FUNCTION "f"()`)
+	assert.Contains(t, stdout, `EXECUTE FUNCTION "f"('notify')`)
 	assert.True(t, strings.HasSuffix(stdout, "$capture$;\n"), stdout)
 }
