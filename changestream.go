@@ -136,6 +136,12 @@ type Watcher struct {
 	// noStats: the changelog had no statistics when last looked for (plans.go). Set by the
 	// reader; read by its reads and prefetches.
 	noStats atomic.Bool
+
+	// schemaEvery is the interval of the schema checks (schema_check.go), and schemaChecked,
+	// if set, is called after each. Both are set before Start (tests shorten and observe them)
+	// and read by the schema check goroutine only.
+	schemaEvery   time.Duration
+	schemaChecked func()
 }
 
 // New validates cfg, fills its defaults and returns a watcher. It does not touch the database.
@@ -200,6 +206,8 @@ func newWatcher(cfg Config) *Watcher {
 		spare:    make([]changelogRow, 0, cfg.BatchSize+1),
 		pager:    deltaPager{pageSize: cfg.BatchSize, maxIDs: maxDeltaIDs},
 		health:   health{listenCritical: cfg.Mode == ModeNotify},
+
+		schemaEvery: schemaCheckInterval,
 	}
 	w.rq = &w.q.readQueries
 	if cfg.Shared {
@@ -237,9 +245,10 @@ func (w *Watcher) start(ctx context.Context) bool {
 		return true
 	}
 	ctx, w.cancel = context.WithCancel(ctx)
-	w.wg.Add(2)
+	w.wg.Add(3)
 	go w.run(ctx)
 	go w.saveLoop(ctx)
+	go w.schemaCheckLoop(ctx)
 	if w.cfg.marksProcessed() {
 		w.wg.Add(1)
 		w.mark.running.Store(true)

@@ -18,6 +18,7 @@ const (
 	opMember = "shared membership"  // the _members and _ranges tables
 	opMark   = "set processed flag" // the changelog's legacy flag, after saves
 	opSave   = "save checkpoint"    // the token table, inline or in the background
+	opSchema = "capture trigger"    // the table's capture trigger and its function (schema_check.go)
 )
 
 // firstReadTimeout is how long a watcher may work (after Start, or after taking over as the
@@ -161,7 +162,11 @@ func roundAge(d time.Duration) time.Duration {
 // failure and how long it has lasted, for example "read changelog: permission denied for table
 // datastore_changelog (failing for 12s)". A failure clears when the operation next succeeds.
 // Failing checkpoint saves, inline or in the background, are a failure ("save checkpoint"), and
-// so is a recovered panic (see [ErrPanic]).
+// so is a recovered panic (see [ErrPanic]). So is a trigger function or capture trigger that
+// other DDL changed after [InstallSchema] and [CaptureChanges] made them ("capture trigger: trigger
+// function public.log_table_changes() is not the one InstallSchema installs: ..."; the message
+// says what to re-apply): the watcher checks its table's trigger and function at Start and then
+// every 30s, so such a change shows within 40s, until a check finds the schema re-applied.
 // When nothing failed, it also reports a watcher that has not completed a read within 30s of
 // starting (or of taking over as the exclusive watcher), naming the step it is stuck in. In
 // hybrid and polling modes a lost LISTEN connection is not a failure (reads go on;

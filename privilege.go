@@ -3,8 +3,8 @@ package pgchangestream
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -208,35 +208,81 @@ FROM acl JOIN cl ON acl.grantee <> cl.relowner JOIN pg_class c ON c.oid = acl.re
 JOIN pg_namespace n ON n.oid = c.relnamespace LEFT JOIN pg_roles r ON r.oid = acl.grantee
 ORDER BY acl.ord, 2`
 
-// definerSQL reads whether the trigger function ($1, "name()") runs as its owner.
-const definerSQL = `SELECT prosecdef FROM pg_proc WHERE oid = to_regprocedure($1)`
+// revokeFunctionsSQL reads the state (functionColumns) of the trigger function ($2, "name()")
+// and of every function of its name ($3) without arguments that a trigger calls: one that
+// other DDL created in another schema, which the triggers that DDL created call instead.
+const revokeFunctionsSQL = changelogSchemaCTE + `
+SELECT ` + functionColumns + `
+FROM cl, pg_catalog.pg_proc p
+WHERE p.oid = to_regprocedure($2) OR (p.proname = $3 AND p.pronargs = 0
+	AND EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgfoid = p.oid AND NOT t.tgisinternal))
+ORDER BY 1`
+
+// replaceableSQL says how the role $1 could undo the trigger function ($2, "name()") that
+// writers rely on once their grants are gone, the way a service's start-up DDL does (CREATE OR
+// REPLACE FUNCTION, then DROP TRIGGER and CREATE TRIGGER on the function its search_path finds),
+// or returns NULL: it is a superuser; or it has the privileges of the function's owner, which
+// CREATE OR REPLACE FUNCTION needs; or it has those of the owner of a table whose trigger calls
+// the function, which DROP TRIGGER needs, and may create objects in another schema, where its own
+// function of that name can land ahead of this one.
+const replaceableSQL = `SELECT CASE
+	WHEN r.rolsuper THEN 'is a superuser'
+	WHEN pg_has_role(r.oid, p.proowner, 'USAGE') THEN format(
+		'has the privileges of role %I, the owner of %s, so it can replace the function (CREATE OR REPLACE FUNCTION)',
+		o.rolname, p.oid::regprocedure)
+	WHEN tc.oid IS NOT NULL AND sn.nspname IS NOT NULL THEN format(
+		'has the privileges of the owner of %s, whose trigger calls %s, and may create in schema %I, so it can drop the '
+		'trigger and create it again on a function of that name of its own (DROP TRIGGER, CREATE FUNCTION, CREATE TRIGGER)',
+		tc.oid::regclass, p.oid::regprocedure, sn.nspname)
+	END
+FROM pg_catalog.pg_roles r CROSS JOIN pg_catalog.pg_proc p JOIN pg_catalog.pg_roles o ON o.oid = p.proowner
+LEFT JOIN LATERAL (SELECT c.oid FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+	WHERE t.tgfoid = p.oid AND NOT t.tgisinternal AND pg_has_role(r.oid, c.relowner, 'USAGE')
+	ORDER BY c.oid LIMIT 1) tc ON true
+LEFT JOIN LATERAL (SELECT n.nspname FROM pg_catalog.pg_namespace n
+	WHERE n.oid <> p.pronamespace AND n.nspname NOT LIKE 'pg\_%' AND n.nspname <> 'information_schema'
+		AND has_schema_privilege(r.oid, n.oid, 'CREATE')
+	ORDER BY n.nspname LIMIT 1) sn ON true
+WHERE r.rolname = $1 AND p.oid = to_regprocedure($2)`
 
 // RevokeWriterGrantsSQL returns the REVOKE statements that take the old writer grants away:
-// INSERT on the changelog, SELECT on its id column and USAGE, UPDATE on its id sequence, from every role other than the
-// owner that holds them. Writers need neither once [InstallSchema] has made the trigger function
-// run as the changelog's owner; it returns an error before that, when revoking would break
-// writes. It only reads the catalog: review the statements, then run them. A role that inserts
-// changelog rows itself, bypassing the trigger, loses that too, which is the point.
+// INSERT on the changelog, SELECT on its id column and USAGE, UPDATE on its id sequence, from
+// every role other than the owner that holds them. Writers need neither once [InstallSchema]
+// has made the trigger function run as the changelog's owner. It only reads the catalog: review
+// the statements, then run them. A role that inserts changelog rows itself, bypassing the
+// trigger, loses that too, which is the point.
+//
+// It returns an error, revoking nothing, where revoking would break writes, now or at the next
+// DDL of the services that write the captured tables:
+//   - the trigger function, or a function of its name that a trigger calls, is not the one
+//     InstallSchema installs (not SECURITY DEFINER, search_path not pinned, a body that ignores
+//     the trigger arguments): InstallSchema never ran, or other DDL replaced it since. Re-apply
+//     the schema first. No option overrides this.
+//   - a role that would lose its grants can undo the function: it is a superuser; or it has
+//     the privileges of the function's owner, so it can replace the function, as a service's
+//     start-up running CREATE OR REPLACE FUNCTION as that role does; or it has the privileges of
+//     the owner of a captured table (it can drop and create its trigger) and may create objects
+//     in a schema other than the function's (its own function of that name can come first on
+//     its search_path). [SchemaOptions.IgnoreReplaceable] overrides this, for an operator who
+//     knows that role runs no such DDL.
 func RevokeWriterGrantsSQL(ctx context.Context, db *sql.DB, opts SchemaOptions) ([]string, error) {
 	opts, err := opts.resolve()
 	if err != nil {
 		return nil, err
 	}
 	fn := quoteIdentifier(opts.FunctionName) + "()"
-	var definer sql.NullBool
-	if err := db.QueryRowContext(ctx, definerSQL, fn).Scan(&definer); err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("pgchangestream: read trigger function %s: %w", fn, err)
-	}
-	if !definer.Bool {
-		return nil, fmt.Errorf("pgchangestream: trigger function %s does not run as its owner yet: "+
-			"run InstallSchema first, writers still need their grants", fn)
+	if err := checkRevokeFunctions(ctx, db, opts, fn); err != nil {
+		return nil, err
 	}
 	rows, err := db.QueryContext(ctx, writerGrantsSQL, quoteIdentifier(opts.ChangelogTable))
 	if err != nil {
 		return nil, fmt.Errorf("pgchangestream: read grants of %s: %w", opts.ChangelogTable, err)
 	}
 	defer rows.Close()
-	var stmts []string
+	var (
+		stmts []string
+		roles []string
+	)
 	for rows.Next() {
 		var (
 			public                 bool
@@ -248,11 +294,61 @@ func RevokeWriterGrantsSQL(ctx context.Context, db *sql.DB, opts SchemaOptions) 
 		grantee := "PUBLIC"
 		if !public {
 			grantee = pgx.Identifier{role}.Sanitize()
+			if !slices.Contains(roles, role) {
+				roles = append(roles, role)
+			}
 		}
 		stmts = append(stmts, "REVOKE "+what+" "+pgx.Identifier{nsp, table}.Sanitize()+" FROM "+grantee)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("pgchangestream: read grants of %s: %w", opts.ChangelogTable, err)
 	}
+	if opts.IgnoreReplaceable {
+		return stmts, nil
+	}
+	for _, role := range roles {
+		var how sql.NullString
+		if err := db.QueryRowContext(ctx, replaceableSQL, role, fn).Scan(&how); err != nil {
+			return nil, fmt.Errorf("pgchangestream: check whether role %s can replace trigger function %s: %w", role, fn, err)
+		}
+		if how.Valid {
+			return nil, fmt.Errorf("pgchangestream: not revoking the writer grants: role %s %s; DDL run as that role, "+
+				"such as a service's start-up that creates its trigger function and triggers, would make writes without "+
+				"the grants fail (\"permission denied for table %s\"). Take that ability away from %s, or, if it runs no "+
+				"such DDL, set SchemaOptions.IgnoreReplaceable (grants revoke-writers --ignore-replaceable)",
+				pgx.Identifier{role}.Sanitize(), how.String, opts.ChangelogTable, pgx.Identifier{role}.Sanitize())
+		}
+	}
 	return stmts, nil
+}
+
+// checkRevokeFunctions returns an error unless the trigger function fn and every function of
+// its name that a trigger calls are the ones InstallSchema installs.
+func checkRevokeFunctions(ctx context.Context, db *sql.DB, opts SchemaOptions, fn string) error {
+	rows, err := db.QueryContext(ctx, revokeFunctionsSQL, quoteIdentifier(opts.ChangelogTable), fn,
+		unqualified(opts.FunctionName))
+	if err != nil {
+		return fmt.Errorf("pgchangestream: read trigger function %s: %w", fn, err)
+	}
+	defer rows.Close()
+	found := false
+	for rows.Next() {
+		var f functionState
+		if err := rows.Scan(f.scanDest()...); err != nil {
+			return fmt.Errorf("pgchangestream: read trigger function %s: %w", fn, err)
+		}
+		found = true
+		if p := f.problem(); p != "" {
+			return fmt.Errorf("pgchangestream: not revoking the writer grants: %s (InstallSchema never ran, or other DDL "+
+				"replaced it since, %s), and writes without the grants would fail: %s, then check again", p, replacedBy, repairHint)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("pgchangestream: read trigger function %s: %w", fn, err)
+	}
+	if !found {
+		return fmt.Errorf("pgchangestream: trigger function %s does not exist: run InstallSchema first, "+
+			"writers still need their grants", fn)
+	}
+	return nil
 }

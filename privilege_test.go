@@ -1,6 +1,7 @@
 package pgchangestream
 
 import (
+	"database/sql/driver"
 	"strings"
 	"testing"
 
@@ -41,12 +42,14 @@ func TestRestrictionsRejectBadInputBeforeAnyQuery(t *testing.T) {
 // writer (or is missing), revoking its grants would break writes: no statement is returned.
 func TestRevokeWriterGrantsRefusesBeforeTheUpgrade(t *testing.T) {
 	db, mock := mockDB(t)
-	mock.ExpectQuery(definerSQL).WithArgs(`"log_table_changes"()`).
-		WillReturnRows(mock.NewRows([]string{"prosecdef"}).AddRow(false))
-	mock.ExpectQuery(definerSQL).WithArgs(`"log_table_changes"()`).WillReturnRows(mock.NewRows([]string{"prosecdef"}))
-	for range 2 {
+	args := []driver.Value{`"datastore_changelog"`, `"log_table_changes"()`, "log_table_changes"}
+	cols := []string{"oid", "prosecdef", "pinned", "reads_args"}
+	mock.ExpectQuery(revokeFunctionsSQL).WithArgs(args...).
+		WillReturnRows(mock.NewRows(cols).AddRow("log_table_changes()", false, false, false))
+	mock.ExpectQuery(revokeFunctionsSQL).WithArgs(args...).WillReturnRows(mock.NewRows(cols))
+	for _, want := range []string{"is not SECURITY DEFINER", "run InstallSchema first"} {
 		stmts, err := RevokeWriterGrantsSQL(t.Context(), db, SchemaOptions{})
-		require.ErrorContains(t, err, "run InstallSchema first")
+		require.ErrorContains(t, err, want)
 		require.Nil(t, stmts)
 	}
 	require.NoError(t, mock.ExpectationsWereMet())

@@ -53,6 +53,10 @@ type SchemaOptions struct {
 	// The key needs the changelog's unit column (PostgreSQL 13 and later). [InstallSchema]
 	// ignores it.
 	Key string
+	// IgnoreReplaceable makes [RevokeWriterGrantsSQL] list the revokes even where a role that
+	// would lose its grants could replace the trigger function or rebind the capture triggers
+	// (see there), for an operator who knows that role runs no DDL. Other functions ignore it.
+	IgnoreReplaceable bool
 }
 
 const (

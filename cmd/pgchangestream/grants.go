@@ -80,10 +80,19 @@ Prints the REVOKE statements that take the old writer grants away: INSERT on the
 SELECT on its id column and USAGE, UPDATE on its id sequence, from every role but the owner.
 Once 'schema install' has made the trigger function run as the changelog's owner, writers of
 captured tables need none of them, and without them cannot insert changelog rows of their own.
-It fails before that upgrade. It changes nothing: review the statements, then run them (psql).`,
+It changes nothing: review the statements, then run them (psql).
+
+It fails, saying why, where revoking would break writes: while the trigger function is not the
+one 'schema install' installs (before the upgrade, or after other DDL replaced it: run 'schema
+install' and 'schema capture' again), and while a role that would lose its grants could undo the
+function the way a service's start-up DDL does (a superuser; a role with the privileges of the
+function's owner; one that owns a captured table and may create in another schema).
+--ignore-replaceable lists the statements in the second case, for a role known to run no DDL.`,
 		stdout, stderr)
 	f := addGrantsFlags(c)
 	c.fs.StringVar(&f.opts.FunctionName, "function", pgchangestream.DefaultTriggerFunction, "trigger function")
+	c.fs.BoolVar(&f.opts.IgnoreReplaceable, "ignore-replaceable", false,
+		"list the revokes even for roles that could replace the trigger function (they must run no DDL)")
 	return c.exit(func() error {
 		if err := c.parseNoArgs(args); err != nil {
 			return err

@@ -8,7 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestGrantsCommands: revoke-writers prints the REVOKE of a writer's old grant, restrict-reads
+// TestGrantsCommands: revoke-writers prints the REVOKE of a writer's old grant (refusing, unless
+// --ignore-replaceable, while the writer could replace the trigger function), restrict-reads
 // and restrict-tokens (and their --print) enable the policies, unrestrict drops them.
 func TestGrantsCommands(t *testing.T) {
 	t.Parallel()
@@ -22,6 +23,17 @@ func TestGrantsCommands(t *testing.T) {
 	code, stdout, stderr := runCmd(t, "grants", "revoke-writers", "--dsn", dsn)
 	require.Equal(t, exitOK, code, stderr)
 	assert.Equal(t, `REVOKE INSERT ON TABLE "public"."datastore_changelog" FROM `+role+";\n", stdout)
+	var owner string
+	require.NoError(t, db.QueryRow(`SELECT quote_ident(current_user)`).Scan(&owner))
+	execSQL(t, db, `GRANT `+owner+` TO `+role)
+	code, _, stderr = runCmd(t, "grants", "revoke-writers", "--dsn", dsn)
+	require.NotEqual(t, exitOK, code, "a writer with the owner's privileges can replace the trigger function")
+	assert.Contains(t, stderr, "so it can replace the function")
+	assert.Contains(t, stderr, "--ignore-replaceable")
+	code, stdout, stderr = runCmd(t, "grants", "revoke-writers", "--dsn", dsn, "--ignore-replaceable")
+	require.Equal(t, exitOK, code, stderr)
+	assert.Equal(t, `REVOKE INSERT ON TABLE "public"."datastore_changelog" FROM `+role+";\n", stdout)
+	execSQL(t, db, `REVOKE `+owner+` FROM `+role)
 
 	code, stdout, stderr = runCmd(t, "grants", "restrict-tokens", "--dsn", dsn, "--print", name, "a", `it's "b"`)
 	require.Equal(t, exitOK, code, stderr)

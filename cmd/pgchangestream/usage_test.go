@@ -39,7 +39,7 @@ func TestHelpExitsZero(t *testing.T) {
 		{[]string{"schema", "--help"}, "Usage: pgchangestream schema install", nil},
 		{[]string{"grants", "--help"}, "Usage: pgchangestream grants revoke-writers", nil},
 		{[]string{"grants", "revoke-writers", "-h"}, "Usage: pgchangestream grants revoke-writers",
-			[]string{"--dsn", "--changelog-table", "--function"}},
+			[]string{"--dsn", "--changelog-table", "--function", "--ignore-replaceable"}},
 		{[]string{"grants", "restrict-reads", "-h"}, "Usage: pgchangestream grants restrict-reads",
 			[]string{"--dsn", "--print", "--changelog-table"}},
 		{[]string{"grants", "restrict-tokens", "-h"}, "Usage: pgchangestream grants restrict-tokens",

@@ -1,0 +1,184 @@
+package pgchangestream
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Checks that the trigger function and the capture triggers are still what InstallSchema and
+// CaptureChanges made them. Other DDL can undo both without an error: a service that runs
+// CREATE OR REPLACE FUNCTION log_table_changes() with a plain body (the upstream services do,
+// at every start in their runtime-DDL generation and in SQL migration 00002 in the newer one)
+// drops SECURITY DEFINER and the pinned search_path, and writers whose changelog grants were
+// revoked then fail every insert into a captured table; dropping a capture trigger and creating
+// it again without arguments (the same start-up does) drops its key and no_notify.
+
+// Schema checks: the first at Start, then one every schemaCheckInterval, each bounded by
+// schemaCheckTimeout. A problem is in Health within schemaCheckInterval+schemaCheckTimeout.
+const (
+	schemaCheckInterval = 30 * time.Second
+	schemaCheckTimeout  = 10 * time.Second
+)
+
+// The log messages of the schema checks.
+const (
+	logSchemaChanged  = "the changelog's trigger function or capture trigger was changed by other DDL"
+	logSchemaRestored = "the trigger function and capture trigger are the library's again"
+)
+
+// repairHint says how to put the library's schema back.
+const repairHint = "re-apply the schema: InstallSchema (pgchangestream schema install), then CaptureChanges " +
+	"for each captured table (pgchangestream schema capture [--key PATH] [--no-notify] TABLE, with the options it was captured with)"
+
+// functionColumns are the columns of a function's state (functionState), from pg_proc p, with
+// the changelog's schema in cl.nspname: its name, whether it runs as its owner, whether its
+// search_path is the one the install script pins, and whether its body reads the trigger
+// arguments (the library's does; a plain log_table_changes() body does not).
+const functionColumns = `p.oid::regprocedure::text, p.prosecdef,
+	COALESCE(format('search_path=pg_catalog, %I, pg_temp', cl.nspname) = ANY (p.proconfig), false),
+	strpos(p.prosrc, 'TG_ARGV') > 0`
+
+// changelogSchemaCTE names the changelog's schema ($1, the quoted changelog) as cl.nspname.
+const changelogSchemaCTE = `WITH cl AS (SELECT n.nspname, c.oid FROM pg_catalog.pg_class c
+	JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1))`
+
+// functionState is what the catalog says of a trigger function.
+type functionState struct {
+	name      string // regprocedure, schema-qualified where it is not on the search_path
+	definer   bool   // SECURITY DEFINER
+	pinned    bool   // search_path = pg_catalog, <changelog's schema>, pg_temp
+	readsArgs bool   // the body reads TG_ARGV
+}
+
+// scanDest returns the scan destinations of functionColumns.
+func (f *functionState) scanDest() []any {
+	return []any{&f.name, &f.definer, &f.pinned, &f.readsArgs}
+}
+
+// problem describes how f differs from the function InstallSchema installs, or returns "".
+func (f functionState) problem() string {
+	var what []string
+	if !f.definer {
+		what = append(what, "is not SECURITY DEFINER (writers without changelog grants get \"permission denied for table\")")
+	}
+	if !f.pinned {
+		what = append(what, "has no pinned search_path")
+	}
+	if !f.readsArgs {
+		what = append(what, "has a body that ignores the trigger arguments (key, no_notify)")
+	}
+	if len(what) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("trigger function %s is not the one InstallSchema installs: it %s", f.name, strings.Join(what, ", "))
+}
+
+// replacedBy names the DDL that replaces the library's trigger function with a plain one.
+const replacedBy = "such as a service's CREATE OR REPLACE FUNCTION with a plain body"
+
+// captureCheckQuery reads, for every capture trigger of the table named $4 (the trigger $5, in
+// any schema), the table, the number of its arguments, the state of its function, whether the
+// library's schema was installed beside the changelog $1 (its unit function $2 or its
+// dead-letter table $3 exists: before that, the existing schema's plain function is expected)
+// and whether the changelog has the unit column (where CaptureChanges gives health_events its
+// default key).
+func captureCheckQuery() string {
+	return changelogSchemaCTE + `
+SELECT format('%I.%I', tn.nspname, tc.relname), t.tgnargs, ` + functionColumns + `,
+	to_regprocedure($2) IS NOT NULL OR to_regclass($3) IS NOT NULL,
+	EXISTS (SELECT FROM pg_catalog.pg_attribute a WHERE a.attrelid = cl.oid AND a.attname = '` + unitColumn + `'
+		AND NOT a.attisdropped)
+FROM cl, pg_catalog.pg_trigger t
+JOIN pg_catalog.pg_class tc ON tc.oid = t.tgrelid
+JOIN pg_catalog.pg_namespace tn ON tn.oid = tc.relnamespace
+JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
+WHERE tc.relname = $4 AND t.tgname = $5 AND NOT t.tgisinternal
+ORDER BY 1`
+}
+
+// captureProblems checks the capture triggers of table (a bare name) on the changelog and
+// their trigger function. It returns what differs from the schema the library installs, each
+// with the fix, or nil. A changelog beside which InstallSchema never ran is not checked: the
+// existing schema's plain function is what it has.
+func captureProblems(ctx context.Context, db *sql.DB, changelog, table string) ([]string, error) {
+	rows, err := db.QueryContext(ctx, captureCheckQuery(), quoteIdentifier(changelog),
+		quoteIdentifier(unitFunction(changelog))+"(text)", quoteIdentifier(parkedTable(changelog)),
+		table, triggerName(table))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var problems []string
+	for rows.Next() {
+		var (
+			target             string
+			nargs              int
+			fn                 functionState
+			installed, hasUnit bool
+		)
+		if err := rows.Scan(append(append([]any{&target, &nargs}, fn.scanDest()...), &installed, &hasUnit)...); err != nil {
+			return nil, err
+		}
+		if !installed {
+			continue
+		}
+		if p := fn.problem(); p != "" {
+			if p += "; other DDL replaced it (" + replacedBy + ")"; !slices.Contains(problems, p) {
+				problems = append(problems, p)
+			}
+		}
+		if nargs == 0 && table == healthEventsTable && hasUnit {
+			problems = append(problems, fmt.Sprintf("trigger %s on %s has no arguments, so its rows lose their key %s "+
+				"(other DDL dropped and created it again, such as a service's DROP TRIGGER and CREATE TRIGGER)",
+				triggerName(table), target, DefaultHealthEventsKey))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return problems, nil
+}
+
+// schemaCheckLoop checks the capture triggers of the watcher's table and their function at
+// Start, then every w.schemaEvery, until ctx ends: a problem is a Health failure (opSchema)
+// until a check finds it gone, and is logged when it appears and when it clears, not at every
+// check. A check that cannot run changes nothing (reads report a lost connection). Its own
+// goroutine.
+func (w *Watcher) schemaCheckLoop(ctx context.Context) {
+	defer w.wg.Done()
+	var last string // the problems last logged; this goroutine's
+	for {
+		qctx, cancel := context.WithTimeout(ctx, schemaCheckTimeout)
+		problems, err := captureProblems(qctx, w.cfg.DB, w.cfg.ChangelogTable, w.cfg.TableName)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			w.log.Debug("cannot check the trigger function and capture trigger", "error", err)
+		case len(problems) > 0:
+			msg := strings.Join(problems, "; ")
+			w.health.fail(opSchema, fmt.Errorf("%s: %s: %s", opSchema, msg, repairHint))
+			if msg != last {
+				w.log.Error(logSchemaChanged, "problem", msg, "fix", repairHint)
+			}
+			last = msg
+		default:
+			w.health.ok(opSchema)
+			if last != "" {
+				w.log.Info(logSchemaRestored)
+			}
+			last = ""
+		}
+		if w.schemaChecked != nil {
+			w.schemaChecked()
+		}
+		if !sleepCtx(ctx, w.schemaEvery) {
+			return
+		}
+	}
+}
