@@ -80,14 +80,13 @@ func (f functionState) problem() string {
 // replacedBy names the DDL that replaces the library's trigger function with a plain one.
 const replacedBy = "such as a service's CREATE OR REPLACE FUNCTION with a plain body"
 
-// captureCheckQuery reads, for every capture trigger of the table named $4 (the trigger $5, in
-// any schema), the table, the number of its arguments, the state of its function, whether the
+// captureCheckSQL reads, for every capture trigger of the table named $4 (the trigger $5, in any
+// schema), the table, the number of its arguments, the state of its function, whether the
 // library's schema was installed beside the changelog $1 (its unit function $2 or its
 // dead-letter table $3 exists: before that, the existing schema's plain function is expected)
 // and whether the changelog has the unit column (where CaptureChanges gives health_events its
 // default key).
-func captureCheckQuery() string {
-	return changelogSchemaCTE + `
+const captureCheckSQL = changelogSchemaCTE + `
 SELECT format('%I.%I', tn.nspname, tc.relname), t.tgnargs, ` + functionColumns + `,
 	to_regprocedure($2) IS NOT NULL OR to_regclass($3) IS NOT NULL,
 	EXISTS (SELECT FROM pg_catalog.pg_attribute a WHERE a.attrelid = cl.oid AND a.attname = '` + unitColumn + `'
@@ -98,14 +97,13 @@ JOIN pg_catalog.pg_namespace tn ON tn.oid = tc.relnamespace
 JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
 WHERE tc.relname = $4 AND t.tgname = $5 AND NOT t.tgisinternal
 ORDER BY 1`
-}
 
 // captureProblems checks the capture triggers of table (a bare name) on the changelog and
 // their trigger function. It returns what differs from the schema the library installs, each
 // with the fix, or nil. A changelog beside which InstallSchema never ran is not checked: the
 // existing schema's plain function is what it has.
 func captureProblems(ctx context.Context, db *sql.DB, changelog, table string) ([]string, error) {
-	rows, err := db.QueryContext(ctx, captureCheckQuery(), quoteIdentifier(changelog),
+	rows, err := db.QueryContext(ctx, captureCheckSQL, quoteIdentifier(changelog),
 		quoteIdentifier(unitFunction(changelog))+"(text)", quoteIdentifier(parkedTable(changelog)),
 		table, triggerName(table))
 	if err != nil {

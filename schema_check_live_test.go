@@ -297,4 +297,13 @@ func TestLiveRevokeWriterGrantsRefusesWhereDDLWouldUndoIt(t *testing.T) {
 	_, err = RevokeWriterGrantsSQL(t.Context(), e.db, SchemaOptions{})
 	require.ErrorContains(t, err, "role "+owner+" has the privileges of the owner of own_events, whose trigger calls "+
 		"log_table_changes(), and may create in schema "+strings.Trim(owner, `"`))
+	liveExec(t, e.db, `DROP SCHEMA `+owner)
+
+	// What that DDL leaves: a plain function of the name in another schema, which a trigger calls.
+	liveExec(t, e.db, `CREATE SCHEMA shadow; SET search_path = shadow, public; `+upstreamFunction+`;
+		SET search_path = public;
+		DROP TRIGGER own_events_changes ON own_events;
+		CREATE TRIGGER own_events_changes AFTER INSERT ON own_events FOR EACH ROW EXECUTE FUNCTION shadow.log_table_changes()`)
+	_, err = RevokeWriterGrantsSQL(t.Context(), e.db, SchemaOptions{IgnoreReplaceable: true})
+	require.ErrorContains(t, err, "trigger function shadow.log_table_changes() is not the one InstallSchema installs")
 }

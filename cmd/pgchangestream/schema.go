@@ -93,7 +93,10 @@ Creates what the change stream needs, idempotently: the changelog table with its
 read index on (table_name, changed_at, id) is built with CREATE INDEX CONCURRENTLY on an
 existing changelog), the token table, and the trigger function (CREATE OR REPLACE) that writes
 a changelog row and a NOTIFY for every change of a captured table. An existing changelog is
-kept as it is. With --print, writes the SQL to stdout instead, for review or psql.`, stdout, stderr)
+kept as it is. Running it again changes nothing on an intact schema, and restores the trigger
+function (SECURITY DEFINER, pinned search_path, owner) after other DDL replaced it, such as the
+upstream services' start-up or migration: run it, then 'schema capture' for each captured table,
+after every such migration. With --print, writes the SQL to stdout instead, for review or psql.`, stdout, stderr)
 	f := addSchemaFlags(c, true)
 	return c.exit(func() error {
 		if err := c.parseNoArgs(args); err != nil {
@@ -154,7 +157,12 @@ needs it. Its changes are then read by polling (watchers in polling or hybrid mo
 row as JSON, e.g. document.healthevent.nodename) instead of the record id, so that the rows of
 one value stay with one member of a shared client. health_events takes
 document.healthevent.nodename by default. An existing trigger with another key is an error:
-drop it first.`, stdout, stderr)
+drop it first.
+
+An existing trigger without arguments (other DDL, such as the upstream services' start-up, drops
+and creates theirs without any; this command gives every trigger one) is dropped and created
+again with the arguments asked for, in one transaction: run it again after such DDL, with the
+flags the table was first captured with.`, stdout, stderr)
 	f := addSchemaFlags(c, false)
 	c.fs.BoolVar(&f.opts.WithoutNotify, "no-notify", false, "write changelog rows without NOTIFY "+
 		"(for tables written by PREPARE TRANSACTION)")
