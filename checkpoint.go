@@ -129,7 +129,7 @@ func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, e
 		if err != nil {
 			return Position{}, fmt.Errorf("load saved token: %w", err)
 		}
-		if pos, save, err = w.resumePosition(pos, skipFree, now); err != nil {
+		if pos, save, err = w.resumePosition(ctx, pos, skipFree, now); err != nil {
 			return Position{}, err
 		}
 		if !rewinding {
@@ -197,8 +197,9 @@ func (w *Watcher) transactionCounter(ctx context.Context) (pgSnapshot, string, e
 // resumePosition adapts a saved token to the changelog: a legacy token on an upgraded changelog
 // starts a switch-over at the current snapshot (save reports that the new form must be saved at
 // once, so a restart keeps the same switch-over snapshot); a token of an upgraded changelog on a
-// legacy one resumes after its legacy position.
-func (w *Watcher) resumePosition(pos Position, skipFree bool, now pgSnapshot) (_ Position, save bool, err error) {
+// legacy one resumes after its legacy position. now is a snapshot taken before the token was read
+// (see notAhead).
+func (w *Watcher) resumePosition(ctx context.Context, pos Position, skipFree bool, now pgSnapshot) (_ Position, save bool, err error) {
 	switch {
 	case skipFree && pos.span == nil:
 		pos.span = &span{base: now}
@@ -209,17 +210,35 @@ func (w *Watcher) resumePosition(pos Position, skipFree bool, now pgSnapshot) (_
 		if pos.span.hasEnd {
 			top = pos.span.end
 		}
-		if top.xmax > now.xmax {
-			return pos, false, fmt.Errorf("%w: the saved token's snapshot is %s, the current snapshot is %s",
-				ErrRestoredDatabase, top, now)
-		}
-		return pos, false, nil
+		return pos, false, w.notAhead(ctx, top, now)
 	case pos.span != nil:
 		w.log.Warn("the saved token was written for a changelog with a txid column, which this one lacks; "+
 			"resuming after its timestamp and eventID", "position", pos)
 		return makePosition(pos.ChangedAt, pos.ID), false, nil
 	}
 	return pos, false, nil
+}
+
+// notAhead fails with ErrRestoredDatabase if top, the newest snapshot of a saved token, is ahead
+// of the database's transaction counter. now was taken before the token was read, so a save that
+// committed in between (another instance of the client, the previous owner of an exclusive
+// client or of a Shared range, a transaction acknowledging with MarkProcessedTx) can hold a
+// snapshot taken after now. Only a token still ahead of a snapshot taken after it was read is
+// ahead of the counter: its snapshot was taken before its save committed, and on a running
+// server a later snapshot's xmax is never below an earlier one's.
+func (w *Watcher) notAhead(ctx context.Context, top, now pgSnapshot) error {
+	if top.xmax <= now.xmax {
+		return nil
+	}
+	after, _, err := w.currentSnapshot(ctx)
+	if err != nil {
+		return changelogReadError{fmt.Errorf("read changelog: take snapshot: %w", err)}
+	}
+	if top.xmax > after.xmax {
+		return fmt.Errorf("%w: the saved token's snapshot is %s, the current snapshot is %s",
+			ErrRestoredDatabase, top, after)
+	}
+	return nil
 }
 
 // startPosition is where a client without a saved token starts: after the newest row of its

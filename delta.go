@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"slices"
 	"strconv"
 	"time"
@@ -202,20 +201,13 @@ func (w *Watcher) endSpan(from Position) {
 
 // ErrRestoredDatabase is returned through [Watcher.Err] when transaction ids stored in the
 // changelog or in the saved token are ahead of the database's transaction counter, as after a
-// logical dump and restore. The watcher refuses to start rather than skip or replay rows;
-// docs/operations.md ("Restoring a database") gives the fix.
-var ErrRestoredDatabase = errors.New("pgchangestream: stored transaction ids are ahead of the database's transaction counter " +
-	"(restored from a dump?): clear the changelog's txid column and the snapshot fields of the saved tokens " +
-	"as docs/operations.md describes under \"Restoring a database\"")
-
-// checkNotRestored fails with ErrRestoredDatabase if a stored transaction id is at or beyond the
-// current snapshot's xmax.
-func checkNotRestored(now pgSnapshot, what string, xid uint64) error {
-	if xid >= now.xmax {
-		return fmt.Errorf("%w: %s is %d, the current snapshot is %s", ErrRestoredDatabase, what, xid, now)
-	}
-	return nil
-}
+// logical dump and restore. The watcher refuses to start rather than skip or replay rows. A
+// token saved while the watcher starts is not taken for one: it is checked again against a
+// snapshot taken after it was read. docs/operations.md ("Restoring a database") says how to
+// confirm that the database was restored, and only then what to change.
+var ErrRestoredDatabase = errors.New("pgchangestream: stored transaction ids are ahead of the database's transaction counter, " +
+	"as after a logical dump and restore; first confirm that this database was restored from a dump, and change nothing " +
+	"if it was not: docs/operations.md, \"Restoring a database\", says how to check and what to do")
 
 // certifyRanges returns the (txid, id) index ranges holding the rows that delta position p
 // certifies and prev, an earlier delta position, does not: the rows visible in p's top snapshot

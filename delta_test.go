@@ -240,6 +240,8 @@ func TestRestoredDatabaseIsRefused(t *testing.T) {
 			mock.ExpectQuery(w.q.deltaStart).WillReturnRows(sqlmock.NewRows([]string{"s", "n"}).AddRow("100:105:", tc.newest))
 			if tc.newest == nil {
 				mock.ExpectQuery(wantLoad).WillReturnRows(tc.token)
+				// checked again after the read: the counter moved on, but not up to the token
+				mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:108:"))
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
@@ -247,6 +249,32 @@ func TestRestoredDatabaseIsRefused(t *testing.T) {
 			require.ErrorIs(t, err, ErrRestoredDatabase)
 			require.ErrorContains(t, err, "Restoring a database", "the error names the fix")
 			require.NoError(t, ctx.Err(), "refused at once, not retried")
+			require.NoError(t, mock.ExpectationsWereMet())
+		})
+	}
+}
+
+// TestTokenSavedDuringLoadIsNotARestore: the load takes its snapshot, then reads the token. A
+// token saved in between (by another instance of the client) can hold a snapshot taken after
+// the load's: that is no restored database. The load checks it against a snapshot taken after
+// the read, and resumes after the token.
+func TestTokenSavedDuringLoadIsNotARestore(t *testing.T) {
+	for _, tc := range []struct {
+		name, token string
+	}{
+		{"delta start", `{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"100:110:"}`},
+		{"inside a delta", `{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"100:105:","deltaEnd":"100:110:","deltaAfterID":5}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, mock := newMockWatcher(t, Config{})
+			expectUpgradedLoad(w, mock, "100:105:", "104", savedTokenRows(tc.token))
+			mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:110:"))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			require.NoError(t, w.loadWithRetry(ctx))
+			want, err := decodeToken([]byte(tc.token))
+			require.NoError(t, err)
+			require.Zero(t, want.Compare(w.Stats().Checkpoint), "resumes after the token: %s", w.Stats().Checkpoint)
 			require.NoError(t, mock.ExpectationsWereMet())
 		})
 	}

@@ -120,7 +120,8 @@
 //     then read once, then deltas; a row that committed behind its legacy position before the
 //     switch-over is not replayed (the legacy limit above).
 //   - A database restored from a logical dump has a transaction counter below the stored txids:
-//     the watcher refuses to start ([ErrRestoredDatabase]) until the ids are cleared.
+//     the watcher refuses to start ([ErrRestoredDatabase]) until the ids are cleared, which an
+//     operator does only once the restore is confirmed (docs/operations.md).
 //   - Tracking is bounded by [Config.MaxPending]. When it is full, the oldest pending delivery is
 //     folded into a floor the saved token cannot pass, so nothing is lost. But if the same row is
 //     delivered again while its earlier delivery has been evicted, an acknowledgement of the

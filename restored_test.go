@@ -1,9 +1,16 @@
 package pgchangestream
 
 import (
+	"context"
+	"database/sql"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 )
 
@@ -36,4 +43,90 @@ func TestLiveRestoredDatabaseRefused(t *testing.T) {
 			require.NoError(t, err)
 		}
 	})
+}
+
+// TestLiveTokenSavedDuringStartIsNotARestore: a second instance of a client starts while the
+// first one saves. Its load takes the database's snapshot, then reads the token; a save that
+// commits in between holds a snapshot taken after the load's. The second instance must take that
+// for what it is and resume after the token, not refuse to start as on a restored database.
+// Every start here has such a save in between: a statement hook on the second instance's pool
+// runs, right before its token read, a write that the first instance delivers and acknowledges
+// (with MarkProcessed, or with MarkProcessedTx in a transaction committed there).
+func TestLiveTokenSavedDuringStartIsNotARestore(t *testing.T) {
+	runModes(t, liveModes, newLive, func(t *testing.T, e *liveEnv, mode Mode) {
+		ctx := context.Background()
+		cfg := e.config(mode)
+		first := e.start(cfg)
+		waitStartSaved(t, first)
+		acks := map[string]func(token []byte) error{
+			"MarkProcessed": func(token []byte) error { return first.MarkProcessed(ctx, token) },
+			"MarkProcessedTx": func(token []byte) error {
+				tx, err := e.db.BeginTx(ctx, nil)
+				if err != nil {
+					return err
+				}
+				if err := first.MarkProcessedTx(ctx, tx, token); err != nil {
+					return errors.Join(err, tx.Rollback())
+				}
+				return tx.Commit()
+			},
+		}
+		for name, ack := range acks {
+			for range 3 {
+				hook := &statementHook{sql: buildQueries(cfg.withDefaults()).loadToken, done: make(chan error, 1)}
+				hook.before = func() error { // on the second instance's reader: no t.FailNow here
+					if _, err := e.db.ExecContext(ctx, `INSERT INTO items (n) VALUES (1)`); err != nil {
+						return err
+					}
+					select {
+					case ev := <-first.Events():
+						return ack(ev.ResumeToken)
+					case <-time.After(liveWait):
+						return errors.New("the first instance delivered nothing")
+					}
+				}
+				hook.armed.Store(true)
+				second := cfg
+				second.DB = e.hookedDB(hook)
+				w := e.start(second)
+				<-w.Ready()
+				require.NoError(t, <-hook.done, name)
+				require.NoError(t, w.Err(), "%s: a token saved during the start is no restored database", name)
+				saved, err := decodeToken([]byte(e.rawToken("c")))
+				require.NoError(t, err)
+				require.Zero(t, saved.Compare(w.Stats().Checkpoint), "%s: resumes after the token saved during its start", name)
+				require.True(t, saved.inDelta(), "the token holds a snapshot")
+				require.NoError(t, w.Close(ctx))
+			}
+		}
+	})
+}
+
+// statementHook is a pgx tracer that runs before, once armed, right before the first statement
+// whose text is sql, and sends its result on done.
+type statementHook struct {
+	sql    string
+	armed  atomic.Bool
+	before func() error
+	done   chan error // capacity 1
+}
+
+func (h *statementHook) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL == h.sql && h.armed.CompareAndSwap(true, false) {
+		h.done <- h.before()
+	}
+	return ctx
+}
+
+func (h *statementHook) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// hookedDB opens a pool on the test's database whose statements go through tracer.
+func (e *liveEnv) hookedDB(tracer pgx.QueryTracer) *sql.DB {
+	e.t.Helper()
+	connCfg, err := pgx.ParseConfig(e.dsn)
+	require.NoError(e.t, err)
+	connCfg.Tracer = tracer
+	db := stdlib.OpenDB(*connCfg)
+	e.t.Cleanup(func() { _ = db.Close() })
+	return db
 }

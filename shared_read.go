@@ -236,7 +236,7 @@ func (w *Watcher) initRanges(ctx context.Context, now pgSnapshot, inc string) er
 		if err != nil {
 			return fmt.Errorf("load saved token: %w", err)
 		}
-		if pos, _, err = w.resumePosition(pos, true, now); err != nil {
+		if pos, _, err = w.resumePosition(ctx, pos, true, now); err != nil {
 			return err
 		}
 	} else if pos, err = w.startPosition(ctx, true, now); err != nil {
@@ -304,13 +304,15 @@ func (w *Watcher) loadOwned(ctx context.Context, now pgSnapshot, inc string) (Po
 			if err != nil {
 				return fmt.Errorf("range %d: %w", r, err)
 			}
-			if p, _, err = w.resumePosition(p, true, now); err != nil {
-				return fmt.Errorf("range %d: %w", r, err)
-			}
 			owned, ps = append(owned, r), append(ps, p)
 		}
 		return rows.Err()
 	}()
+	for i := 0; err == nil && i < len(ps); i++ { // with the rows closed: a check may query
+		if ps[i], _, err = w.resumePosition(ctx, ps[i], true, now); err != nil {
+			err = fmt.Errorf("range %d: %w", owned[i], err)
+		}
+	}
 	if err != nil {
 		return Position{}, fmt.Errorf("load the ranges' saved positions: %w", err)
 	}
