@@ -50,12 +50,12 @@ func (w *Watcher) load(ctx context.Context) error {
 		return err
 	}
 	w.saved, w.hasSaved, w.savedAt = pos, true, time.Now()
-	w.setMarked(pos)
 	w.mu.Lock()
 	w.cursor = pos
 	w.savedMirror = pos
 	w.loaded = true
 	w.mu.Unlock()
+	w.setMarked(pos)
 	return nil
 }
 

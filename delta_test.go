@@ -36,6 +36,14 @@ func expectUpgradedLoad(w *Watcher, mock sqlmock.Sqlmock, snapshot string, newes
 	mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(token)
 }
 
+// mustDecodeToken decodes a saved token.
+func mustDecodeToken(t *testing.T, raw string) Position {
+	t.Helper()
+	p, err := decodeToken([]byte(raw))
+	require.NoError(t, err)
+	return p
+}
+
 func savedTokenRows(raw ...string) *sqlmock.Rows {
 	rows := sqlmock.NewRows([]string{"resume_token"})
 	for _, r := range raw {
@@ -56,6 +64,7 @@ func TestDeltaReadsFollowSnapshots(t *testing.T) {
 		`{"timestamp":"2025-05-06T07:08:09Z","eventID":9,"snapshot":"100:105:100,103","table":"t"}`).WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.load(ctx))
 	require.True(t, w.skipFree.Load())
+	loaded := w.Stats().Checkpoint
 
 	// Nothing finished and xmax did not move: no read at all.
 	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:105:100,103"))
@@ -84,10 +93,11 @@ func TestDeltaReadsFollowSnapshots(t *testing.T) {
 	require.Equal(t, "100:110:100,107", w.Stats().Cursor.span.base.String())
 
 	// The ack certifies row 8: the saved token is inside the delta, before row 12 (at its
-	// predecessor), and the processed flag is set through the ranges from the start position to it.
-	mock.ExpectExec(wantSaveToken).WithArgs("c",
-		`{"timestamp":"2025-05-06T07:08:09Z","eventID":11,"snapshot":"100:105:100,103","deltaEnd":"100:110:100,107","deltaAfterID":11,"table":"t"}`).
-		WillReturnResult(sqlmock.NewResult(0, 1))
+	// predecessor), and the processed flag is set through the ranges from the start position to it,
+	// after the first pass caught up on the rows the start position certifies (row 4 was not set).
+	const saved = `{"timestamp":"2025-05-06T07:08:09Z","eventID":11,"snapshot":"100:105:100,103","deltaEnd":"100:110:100,107","deltaAfterID":11,"table":"t"}`
+	mock.ExpectExec(wantSaveToken).WithArgs("c", saved).WillReturnResult(sqlmock.NewResult(0, 1))
+	expectCatchUp(w, mock, loaded, mustDecodeToken(t, saved), ts, 4)
 	expectMark(mock, w.q.markDelta, []any{"t",
 		"{103,104}", "{-9223372036854775808,9223372036854775807}", "{103,109}", "{9223372036854775807,9223372036854775807}",
 		"100:105:100,103", "100:110:100,107", int64(11)}, 8)
@@ -204,6 +214,7 @@ func TestLegacyTokenSwitchesOver(t *testing.T) {
 	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"switchover":"100:105:","table":"t"}`).
 		WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.load(ctx), "the switch-over snapshot is saved at once, so a restart keeps it")
+	loaded := w.Stats().Checkpoint
 
 	// The legacy part: rows after the legacy position that the switch-over snapshot sees.
 	mock.ExpectQuery(w.q.switchRead).WithArgs("t", ts, int64(5), "100:105:").
@@ -217,8 +228,9 @@ func TestLegacyTokenSwitchesOver(t *testing.T) {
 	require.Equal(t, "100:105:", cur.span.base.String())
 
 	// The first save after the switch-over also marks the rest of the legacy part.
-	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2025-05-06T07:08:09Z","eventID":6,"snapshot":"100:105:","table":"t"}`).
-		WillReturnResult(sqlmock.NewResult(0, 1))
+	const saved = `{"timestamp":"2025-05-06T07:08:09Z","eventID":6,"snapshot":"100:105:","table":"t"}`
+	mock.ExpectExec(wantSaveToken).WithArgs("c", saved).WillReturnResult(sqlmock.NewResult(0, 1))
+	expectCatchUp(w, mock, loaded, mustDecodeToken(t, saved), ts)
 	expectMark(mock, w.q.markSwitch, []any{"t", "{}", "{}", "{}", "{}",
 		"100:105:", "100:105:", int64(6), ts, int64(5)}, 6)
 	require.NoError(t, w.MarkProcessed(ctx, []byte("6")))
@@ -272,8 +284,7 @@ func TestTokenSavedDuringLoadIsNotARestore(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			require.NoError(t, w.loadWithRetry(ctx))
-			want, err := decodeToken([]byte(tc.token))
-			require.NoError(t, err)
+			want := mustDecodeToken(t, tc.token)
 			require.Zero(t, want.Compare(w.Stats().Checkpoint), "resumes after the token: %s", w.Stats().Checkpoint)
 			require.NoError(t, mock.ExpectationsWereMet())
 		})

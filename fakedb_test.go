@@ -9,6 +9,7 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -152,11 +153,15 @@ func (fakeConn) Begin() (driver.Tx, error)           { return nil, errors.New("f
 
 func (c fakeConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	f := c.f
-	if query == f.q.markLegacy { // the processed flag: not modelled, no rows to mark
+	if query == f.q.markLegacy || strings.HasPrefix(query, f.q.catchUp) { // the processed flag: not modelled, no rows to mark
 		if err := f.markFault(ctx); err != nil {
 			return nil, err
 		}
-		return &valueRows{cols: []string{"id"}}, nil
+		cols := []string{"id"}
+		if query != f.q.markLegacy { // a page of the catch-up after a load
+			cols = append(cols, "changed_at")
+		}
+		return &valueRows{cols: cols}, nil
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,7 +17,9 @@ import (
 // and one statement (two at once for thousands of rows) updates them. So an acknowledgement
 // never waits for the flag's row rewrites, and many saves share one pass. The marker only
 // marks up to a position that was saved, so the flag never leads the saved token; it may lag
-// it, and after a crash the rows certified by the last saves stay unmarked.
+// it. A crash between a save and its marking pass leaves rows the saved token certifies
+// unmarked: so after each load (and rewind) the first pass catches up, marking the rows of the
+// table that the loaded token certifies and that are not marked (see catchUp).
 
 // Marker timing: at most one pass per markInterval, so the saves of a busy consumer share a
 // pass (and a commit) instead of doubling them, and each pass marks thousands of rows
@@ -32,6 +35,9 @@ const (
 	// of Config.DB), markChunk is the fewest rows each one marks.
 	markStatements = 2
 	markChunk      = 1000
+
+	// catchUpPage is how many rows a page of the catch-up after a load marks at most.
+	catchUpPage = 5 * markStatements * markChunk
 )
 
 // marker is the state of the processed-flag marker.
@@ -39,6 +45,12 @@ type marker struct {
 	mu     sync.Mutex // serializes marking; guards marked and ok. Held across a marking pass (its query and statements); taken after ckMu (by the load), before mu.
 	marked Position   // the rows this position certifies are marked
 	ok     bool       // marked is set (by the load)
+
+	// loaded is the position the load (or a rewind) set marked to, while the rows it certifies
+	// have not all been checked for the flag (catchUp); nil once they have. caughtUp is the
+	// legacy key (changed_at, id) of the last row checked so far. Both guarded by mu.
+	loaded   *Position
+	caughtUp Position
 
 	// switched is the span of an in-place switch-over (seq 0, its snapshot as base), set by the
 	// reader when it switches; guarded by the watcher's mu, not by mu here, so that the reader
@@ -115,13 +127,16 @@ func (w *Watcher) markPass(ctx context.Context) (err error) {
 }
 
 // markSaved sets the processed flag of the rows the saved token certifies that are not marked
-// yet.
+// yet: after a load, first those of the loaded token (catchUp).
 func (w *Watcher) markSaved(ctx context.Context) error {
 	if !w.cfg.marksProcessed() {
 		return nil
 	}
 	w.mark.mu.Lock()
 	defer w.mark.mu.Unlock()
+	if err := w.catchUp(ctx); err != nil {
+		return fmt.Errorf("set the processed flag in changelog %s of the rows the loaded token certifies: %w", w.cfg.ChangelogTable, err)
+	}
 	w.mu.Lock()
 	target, loaded, switched := w.savedMirror, w.loaded, w.mark.switched
 	w.mu.Unlock()
@@ -204,12 +219,77 @@ func (w *Watcher) markIDs(ctx context.Context, ids []int64) error {
 	return errors.Join(errs...)
 }
 
-// setMarked records that the rows certified by p, the loaded token, need no marking. mu must not
-// be held.
+// setMarked records p, the loaded token, as where marking goes on from, and has the marker catch
+// up on the rows p certifies. The load calls it once the watcher's saved position is p. mu must
+// not be held.
 func (w *Watcher) setMarked(p Position) {
 	w.mark.mu.Lock()
 	w.mark.marked, w.mark.ok = p, true
+	w.mark.loaded, w.mark.caughtUp = &p, Position{}
 	w.mark.mu.Unlock()
+	if w.cfg.marksProcessed() {
+		w.wakeMarker()
+	}
+}
+
+// catchUp marks the rows of the table that the loaded token certifies and that are not marked:
+// those a crash left unmarked after the saves before it, or all of them the first time a client
+// marks. Only rows the saved token certifies too are marked, should it have moved back behind a
+// late row since. Each page selects, through the partial index of the rows not marked, the next
+// rows in (changed_at, id) order that both certify, and marks them; a failed page is selected
+// again by the next pass. So the catch-up reads the table's rows not marked, once: on a changelog
+// whose rows are marked it costs about what it marks. mark.mu must be held.
+func (w *Watcher) catchUp(ctx context.Context) error {
+	if w.mark.loaded == nil {
+		return nil
+	}
+	w.mu.Lock()
+	saved := w.savedMirror // the load set it before the loaded position: see setMarked
+	w.mu.Unlock()
+	for w.mark.loaded != nil {
+		q, args := w.catchUpStatement(*w.mark.loaded, saved, w.mark.caughtUp)
+		ids, last, err := w.catchUpPage(ctx, q, args)
+		if err == nil {
+			err = w.markIDs(ctx, ids)
+		}
+		if err != nil {
+			return err
+		}
+		if len(ids) < catchUpPage {
+			w.mark.loaded = nil
+		}
+		w.mark.caughtUp = last
+	}
+	return nil
+}
+
+// catchUpStatement returns the statement, and its arguments, that selects the next page of the
+// catch-up after the legacy key of after: rows that loaded and saved both certify.
+func (w *Watcher) catchUpStatement(loaded, saved, after Position) (string, params) {
+	args := params{w.cfg.TableName, after.ChangedAt, after.ID}
+	return w.q.catchUp + certifiedBy(loaded, args.add) + "\n\tAND " + certifiedBy(saved, args.add) +
+		"\n\tORDER BY c.changed_at, c.id LIMIT " + strconv.Itoa(catchUpPage), args
+}
+
+// catchUpPage runs the selection q of a page of the catch-up, returning the ids in ascending
+// order and the legacy key (changed_at, id) of the last row.
+func (w *Watcher) catchUpPage(ctx context.Context, q string, args []any) (ids []int64, last Position, err error) {
+	rows, err := w.cfg.DB.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, Position{}, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := rows.Scan(&last.ID, &last.ChangedAt); err != nil {
+			return nil, Position{}, err
+		}
+		ids = append(ids, last.ID)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, Position{}, err
+	}
+	slices.Sort(ids)
+	return ids, last, nil
 }
 
 // markStatement returns the statement, and its arguments, that marks the rows p certifies and

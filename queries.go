@@ -86,6 +86,13 @@ type queries struct {
 	// statement would otherwise read every unprocessed row from the range's changed_at on). So
 	// marking costs about what it certifies.
 	markLegacy, markPhase, markDelta, markSwitch, markInDelta string
+	// catchUp begins the selection of a page of the catch-up after a load (marker.go): the ids
+	// and changed_at of table $1's rows not flagged, after the legacy key ($2, $3), that the
+	// loaded position certifies (the predicate certifiedBy appends, from $4 on), in (changed_at,
+	// id) order. The "processed = FALSE" predicate lets the partial unprocessed indexes serve it
+	// (the existing schema's (table_name, changed_at, id), or InstallSchema's (changed_at)), so it
+	// reads the table's rows not flagged, not the whole changelog.
+	catchUp string
 	// markIDs sets the processed flag of the rows with the ids $1 (an int8 array) that do not
 	// have it, by primary key.
 	markIDs string
@@ -200,6 +207,8 @@ func buildQueries(cfg Config) queries {
 	UNION ALL ` + deltaIDs,
 		markInDelta: `SELECT id FROM ` + cl + ` WHERE id > $2 AND id <= $3 AND table_name = $1
 			AND pg_visible_in_snapshot(txid, $4::pg_snapshot)`,
+		catchUp: `SELECT c.id, c.changed_at FROM ` + cl + ` c WHERE c.table_name = $1 AND c.processed = FALSE
+	AND (c.changed_at, c.id) > ($2::timestamptz, $3::bigint) AND `,
 		markIDs:     `UPDATE ` + cl + ` SET processed = TRUE WHERE id = ANY($1::int8[]) AND processed = FALSE`,
 		unprocessed: `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2 AND processed = FALSE`,
 		readAck:     `SELECT resume_token->'ack'->>'w', resume_token->'ack'->>'seq' FROM ` + tok + ` WHERE client_name = $1`,

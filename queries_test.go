@@ -61,6 +61,24 @@ func expectMark(mock sqlmock.Sqlmock, q string, args []any, ids ...int64) {
 	mock.ExpectExec(wantMarkIDs).WithArgs(pgArray(ids)).WillReturnResult(sqlmock.NewResult(0, int64(len(ids))))
 }
 
+// expectCatchUp expects the first page of the catch-up after loading loaded, with saved as the
+// saved position, which finds rows ids (changed_at ts), and their marking.
+func expectCatchUp(w *Watcher, mock sqlmock.Sqlmock, loaded, saved Position, ts time.Time, ids ...int64) {
+	q, args := w.catchUpStatement(loaded, saved, Position{})
+	rows := sqlmock.NewRows([]string{"id", "changed_at"})
+	for _, id := range ids {
+		rows.AddRow(id, ts)
+	}
+	values := make([]driver.Value, len(args))
+	for i, a := range args {
+		values[i] = a
+	}
+	mock.ExpectQuery(q).WithArgs(values...).WillReturnRows(rows)
+	if len(ids) > 0 {
+		mock.ExpectExec(wantMarkIDs).WithArgs(pgArray(ids)).WillReturnResult(sqlmock.NewResult(0, int64(len(ids))))
+	}
+}
+
 func newMockWatcher(t *testing.T, cfg Config) (*Watcher, sqlmock.Sqlmock) {
 	t.Helper()
 	db, mock := mockDB(t)
@@ -150,6 +168,7 @@ func TestLargeMarkingPassRunsStatementsAtOnce(t *testing.T) {
 		chunks := slices.Collect(slices.Chunk(slices.Sorted(slices.Values(ids)), markChunk))
 		require.Len(t, chunks, markStatements)
 		const took = time.Second // each statement's
+		expectCatchUp(w, mock, from, to, ts)
 		pass := func(fail error) (time.Duration, error) {
 			rows := sqlmock.NewRows([]string{"id"})
 			for _, id := range ids {
@@ -199,6 +218,7 @@ func TestSaveThenMark(t *testing.T) {
 
 	want := makePosition(ts, 3).predecessor()
 	mock.ExpectExec(wantSaveToken).WithArgs("c", string(encodeToken(want, "t"))).WillReturnResult(sqlmock.NewResult(0, 1))
+	expectCatchUp(w, mock, makePosition(ts, 1), want, ts, 1) // the loaded token's row, saved but never marked
 	expectMark(mock, wantMark, []any{"t", ts, int64(1), want.ChangedAt, want.ID}, 2)
 	require.NoError(t, w.MarkProcessed(context.Background(), tok(2)))
 
@@ -275,6 +295,7 @@ func TestProcessedFlagDefaults(t *testing.T) {
 			want := makePosition(ts, 2)
 			mock.ExpectExec(wantSaveToken).WithArgs("c", string(encodeToken(want, "t"))).WillReturnResult(sqlmock.NewResult(0, 1))
 			if tc.mark {
+				expectCatchUp(w, mock, makePosition(ts, 1), want, ts)
 				expectMark(mock, wantMark, []any{"t", ts, int64(1), want.ChangedAt, want.ID}, 2)
 			}
 			require.NoError(t, w.MarkProcessed(context.Background(), tok(2)))
@@ -312,6 +333,7 @@ func TestMarkingPassUpdatesEachRowOnce(t *testing.T) {
 	from, to := makePosition(ts, 0), makePosition(ts, 9)
 	w.loaded, w.savedMirror = true, to
 	w.setMarked(from)
+	expectCatchUp(w, mock, from, to, ts)
 	rows := sqlmock.NewRows([]string{"id"}).AddRow(int64(7)).AddRow(int64(3)).AddRow(int64(7)).AddRow(int64(5))
 	mock.ExpectQuery(wantMark).WithArgs("t", ts, int64(0), ts, int64(9)).WillReturnRows(rows)
 	mock.ExpectExec(wantMarkIDs).WithArgs(pgArray([]int64{3, 5, 7})).WillReturnResult(sqlmock.NewResult(0, 3))

@@ -114,7 +114,6 @@ func (w *Watcher) rewind(ctx context.Context, why string) error {
 	}
 	w.rewindAsked.Store(false)
 	w.saved, w.hasSaved, w.savedAt = pos, true, time.Now()
-	w.setMarked(pos)
 	func() {
 		w.mu.Lock()
 		defer w.mu.Unlock() // the ring's code runs under mu: a panic in it must not leave mu held
@@ -122,6 +121,7 @@ func (w *Watcher) rewind(ctx context.Context, why string) error {
 		w.cursor = pos
 		w.savedMirror = pos
 	}()
+	w.setMarked(pos)
 	w.rewinds.Add(1)
 	w.log.Warn("the server recovered since the last read: delivering again from the saved token",
 		"why", why, "position", pos)
