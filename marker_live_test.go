@@ -14,17 +14,19 @@ import (
 // that token, and rows the token does not certify are not. The first watcher's marker is held
 // back by a row lock, then the watcher is abandoned (Start's context ends, it is never Closed,
 // so no final pass runs). Both schema states, and the existing schema with its partial resume
-// index.
+// index; and an exclusive client, whose successor catches up once it holds the lock.
 func TestLiveMarkerCatchesUpAfterCrash(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		env  func(*testing.T) *liveEnv
-	}{{"upgraded", newLive}, {"legacy", newLiveWithoutTxid}, {"existing schema", newLegacy}} {
+		name      string
+		env       func(*testing.T) *liveEnv
+		exclusive bool
+	}{{"upgraded", newLive, false}, {"legacy", newLiveWithoutTxid, false}, {"existing schema", newLegacy, false},
+		{"upgraded exclusive", newLive, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := tc.env(t)
 			cfg := e.config(ModePolling)
-			cfg.ProcessedFlag = true
+			cfg.ProcessedFlag, cfg.Exclusive = true, tc.exclusive
 			ctx, crash := context.WithCancel(context.Background())
 			first := e.startCtx(ctx, cfg)
 			waitStartSaved(t, first)
