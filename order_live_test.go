@@ -273,7 +273,7 @@ func TestLiveLargeDeltaInRowOrderAcrossRestart(t *testing.T) {
 	first := e.start(cfg)
 	waitStartSaved(t, first)
 	require.NoError(t, first.Close(context.Background()))
-	var before int64 // the rows up to it are behind the client's start: never marked by it
+	var before int64 // the rows up to it are behind the client's start: the checks are about the rows after it
 	require.NoError(t, e.db.QueryRow(`SELECT max(id) FROM datastore_changelog`).Scan(&before))
 	written := e.sameRowWriters(8, 250, rows)
 	require.Greater(t, written, 20*100, "a delta of many pages")
