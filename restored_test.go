@@ -51,27 +51,34 @@ func TestLiveRestoredDatabaseRefused(t *testing.T) {
 // for what it is and resume after the token, not refuse to start as on a restored database.
 // Every start here has such a save in between: a statement hook on the second instance's pool
 // runs, right before its token read, a write that the first instance delivers and acknowledges
-// (with MarkProcessed, or with MarkProcessedTx in a transaction committed there).
+// (with MarkProcessed, or with MarkProcessedTx in a transaction committed there). The second
+// instance is another watcher of the client, or a Shared member taking the client over (its
+// ranges start at the client's token).
 func TestLiveTokenSavedDuringStartIsNotARestore(t *testing.T) {
 	runModes(t, liveModes, newLive, func(t *testing.T, e *liveEnv, mode Mode) {
 		ctx := context.Background()
 		cfg := e.config(mode)
 		first := e.start(cfg)
 		waitStartSaved(t, first)
-		acks := map[string]func(token []byte) error{
-			"MarkProcessed": func(token []byte) error { return first.MarkProcessed(ctx, token) },
-			"MarkProcessedTx": func(token []byte) error {
-				tx, err := e.db.BeginTx(ctx, nil)
-				if err != nil {
-					return err
-				}
-				if err := first.MarkProcessedTx(ctx, tx, token); err != nil {
-					return errors.Join(err, tx.Rollback())
-				}
-				return tx.Commit()
-			},
+		byTx := func(token []byte) error {
+			tx, err := e.db.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			if err := first.MarkProcessedTx(ctx, tx, token); err != nil {
+				return errors.Join(err, tx.Rollback())
+			}
+			return tx.Commit()
 		}
-		for name, ack := range acks {
+		for _, tc := range []struct {
+			name   string
+			ack    func(token []byte) error
+			shared bool
+		}{
+			{"MarkProcessed", func(token []byte) error { return first.MarkProcessed(ctx, token) }, false},
+			{"MarkProcessedTx", byTx, false},
+			{"Shared member", func(token []byte) error { return first.MarkProcessed(ctx, token) }, true},
+		} {
 			for range 3 {
 				hook := &statementHook{sql: buildQueries(cfg.withDefaults()).loadToken, done: make(chan error, 1)}
 				hook.before = func() error { // on the second instance's reader: no t.FailNow here
@@ -80,22 +87,23 @@ func TestLiveTokenSavedDuringStartIsNotARestore(t *testing.T) {
 					}
 					select {
 					case ev := <-first.Events():
-						return ack(ev.ResumeToken)
+						return tc.ack(ev.ResumeToken)
 					case <-time.After(liveWait):
 						return errors.New("the first instance delivered nothing")
 					}
 				}
 				hook.armed.Store(true)
 				second := cfg
-				second.DB = e.hookedDB(hook)
+				second.DB, second.Shared = e.hookedDB(hook), tc.shared
 				w := e.start(second)
 				<-w.Ready()
-				require.NoError(t, <-hook.done, name)
-				require.NoError(t, w.Err(), "%s: a token saved during the start is no restored database", name)
-				saved, err := decodeToken([]byte(e.rawToken("c")))
-				require.NoError(t, err)
-				require.Zero(t, saved.Compare(w.Stats().Checkpoint), "%s: resumes after the token saved during its start", name)
+				require.NoError(t, <-hook.done, tc.name)
+				require.NoError(t, w.Err(), "%s: a token saved during the start is no restored database", tc.name)
+				saved := mustDecodeToken(t, e.rawToken("c"))
 				require.True(t, saved.inDelta(), "the token holds a snapshot")
+				if !tc.shared {
+					require.Zero(t, saved.Compare(w.Stats().Checkpoint), "%s: resumes after the token saved during its start", tc.name)
+				}
 				require.NoError(t, w.Close(ctx))
 			}
 		}
