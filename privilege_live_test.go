@@ -300,3 +300,123 @@ func TestLiveConsumerReadsOnlyItsTables(t *testing.T) {
 	ids := e.insert(1)
 	require.Equal(t, ids, receiveWithin(t, items, 1, liveWait), "the trigger still writes under row-level security")
 }
+
+// TestLiveHostileRoleCannotForgeChanges: a login role with no grant cannot attach the trigger
+// function to a table of its own (EXECUTE is not PUBLIC's); granted EXECUTE, its temporary table
+// named like a captured table, and a table of the same name in a schema of its own, are refused
+// by the function itself: inserts, updates and deletes carrying a real row's id write no
+// changelog row, and the watcher of the real table receives only real changes.
+func TestLiveHostileRoleCannotForgeChanges(t *testing.T) {
+	inEachSchemaState(t, func(t *testing.T, e *liveEnv) {
+		role, hostile := e.withRole("hostile")
+		w := e.start(e.fromBeginning(ModeHybrid))
+		ids := e.insert(1)
+		require.Equal(t, ids, receiveWithin(t, w, 1, liveWait))
+		var real string
+		require.NoError(t, e.db.QueryRow(`SELECT record_id FROM datastore_changelog WHERE id = $1`, ids[0]).Scan(&real))
+		rows := liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog`)
+
+		conn, err := hostile.Conn(t.Context())
+		require.NoError(t, err)
+		defer conn.Close()
+		exec := func(stmt string, args ...any) error {
+			_, err := conn.ExecContext(t.Context(), stmt, args...)
+			return err
+		}
+		require.NoError(t, exec(`CREATE TEMP TABLE items (id uuid, n int, doc jsonb)`), "PUBLIC may create temporary tables")
+		require.NoError(t, exec(`INSERT INTO items VALUES ($1, 0, '{}')`, real))
+		attach := `CREATE TRIGGER items_changes AFTER INSERT OR UPDATE OR DELETE ON items
+			FOR EACH ROW EXECUTE FUNCTION log_table_changes()`
+		require.ErrorContains(t, exec(attach), "permission denied for function log_table_changes")
+
+		e.grant(`GRANT EXECUTE ON FUNCTION log_table_changes() TO ` + role) // a grant some deployment made
+		e.grant(`CREATE SCHEMA hostile AUTHORIZATION ` + role)
+		require.NoError(t, exec(attach))
+		require.NoError(t, exec(`CREATE TABLE hostile.items (id uuid, n int, doc jsonb)`))
+		require.NoError(t, exec(`CREATE TRIGGER items_changes AFTER INSERT OR UPDATE OR DELETE ON hostile.items
+			FOR EACH ROW EXECUTE FUNCTION log_table_changes()`))
+		for _, forge := range []string{
+			`INSERT INTO items VALUES ($1, 666, '{}')`,
+			`UPDATE items SET n = 666 WHERE id = $1`,
+			`DELETE FROM items WHERE id = $1`,
+			`INSERT INTO hostile.items VALUES ($1, 666, '{}')`,
+		} {
+			err := exec(forge, real)
+			require.ErrorContains(t, err, "is not captured", forge)
+			require.ErrorContains(t, err, "SQLSTATE 42501", forge)
+		}
+		require.Equal(t, rows, liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog`), "no forged row")
+		requireNothingWithin(t, w, liveQuiet)
+
+		writer, wdb := e.withRole("writer")
+		e.grant(`GRANT INSERT ON items TO ` + writer)
+		_, err = wdb.Exec(`INSERT INTO items (n) VALUES (1)`)
+		require.NoError(t, err, "a writer of the captured table still writes")
+		require.Len(t, receiveWithin(t, w, 1, liveWait), 1)
+	})
+}
+
+// TestLiveTablesCapturedBeforeTheUpgradeKeepWorking: on the existing schema, triggers attached
+// by the old DDL (no arguments), one of them on a table another role owns, keep writing after
+// InstallSchema, and so do a trigger dropped and created again by the old runtime DDL and a
+// table the changelog's owner captures with a plain CREATE TRIGGER. A table of another role
+// attached after the upgrade without CaptureChanges is refused until CaptureChanges lists it.
+func TestLiveTablesCapturedBeforeTheUpgradeKeepWorking(t *testing.T) {
+	t.Parallel()
+	e := newLegacy(t)
+	owner, _ := e.withRole("app_owner")
+	liveExec(t, e.db, `CREATE TABLE app_events (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), item text);
+		ALTER TABLE app_events OWNER TO `+owner+`;
+		CREATE TRIGGER app_events_changes AFTER INSERT OR UPDATE OR DELETE ON app_events
+			FOR EACH ROW EXECUTE FUNCTION log_table_changes()`)
+	require.NoError(t, InstallSchema(t.Context(), e.db, SchemaOptions{}))
+	written := func(table string) error {
+		before := liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog WHERE table_name = $1`, table)
+		if _, err := e.db.Exec(`INSERT INTO ` + table + ` DEFAULT VALUES`); err != nil {
+			return err
+		}
+		require.Equal(t, before+1, liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog WHERE table_name = $1`, table))
+		return nil
+	}
+	for _, table := range []string{"health_events", "app_events"} {
+		require.NoError(t, written(table), table)
+	}
+	require.Equal(t, []string{"app_events", "health_events", "items"},
+		e.strings(`SELECT table_name FROM datastore_changelog_captured ORDER BY 1`), "adopted at the upgrade")
+
+	liveExec(t, e.db, `DROP TRIGGER health_events_changes ON health_events`) // the old runtime DDL, at every start
+	liveExec(t, e.db, `CREATE TRIGGER health_events_changes AFTER INSERT OR UPDATE OR DELETE ON health_events
+		FOR EACH ROW EXECUTE FUNCTION log_table_changes()`)
+	require.NoError(t, written("health_events"))
+	liveExec(t, e.db, `CREATE TABLE maintenance_events (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), item text);
+		CREATE TRIGGER maintenance_events_changes AFTER INSERT OR UPDATE OR DELETE ON maintenance_events
+			FOR EACH ROW EXECUTE FUNCTION log_table_changes()`)
+	require.NoError(t, written("maintenance_events"), "a table of the changelog's owner")
+
+	liveExec(t, e.db, `CREATE TABLE app_notes (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), item text);
+		ALTER TABLE app_notes OWNER TO `+owner+`;
+		CREATE TRIGGER app_notes_changes AFTER INSERT OR UPDATE OR DELETE ON app_notes
+			FOR EACH ROW EXECUTE FUNCTION log_table_changes()`)
+	require.ErrorContains(t, written("app_notes"), "table public.app_notes is not captured")
+	require.NoError(t, CaptureChanges(t.Context(), e.db, "app_notes", SchemaOptions{}))
+	require.NoError(t, written("app_notes"), "listed by CaptureChanges")
+
+	liveExec(t, e.db, `CREATE TEMP TABLE temp_items (id uuid)`)
+	require.ErrorContains(t, CaptureChanges(t.Context(), e.db, "temp_items", SchemaOptions{}), "is temporary")
+}
+
+// strings returns the first column of query's rows.
+func (e *liveEnv) strings(query string, args ...any) []string {
+	e.t.Helper()
+	rows, err := e.db.Query(query, args...)
+	require.NoError(e.t, err)
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		require.NoError(e.t, rows.Scan(&s))
+		out = append(out, s)
+	}
+	require.NoError(e.t, rows.Err())
+	return out
+}

@@ -149,6 +149,13 @@ func ackTable(changelog string) string {
 	return changelog + "_acks"
 }
 
+// capturedTable lists the tables captured into changelog (same schema, name "<name>_captured"):
+// the trigger function writes changelog rows for them (and for tables of the changelog's owner)
+// only.
+func capturedTable(changelog string) string {
+	return changelog + "_captured"
+}
+
 // pruneFunction is the name of the SQL retention function of the changelog (schema/prune.sql).
 func pruneFunction(changelog string) string {
 	return changelog + "_prune"
@@ -280,6 +287,7 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 		Parked, ParkedIndex, Acks                                  string
 		UnitFunction, UnitColumn, KeyPrefix                        string
 		MemberSequence, Members, Ranges                            string
+		Captured, CapturedLiteral                                  string
 	}{
 		ddlLockKey, p.changelog, quoteLiteral(p.changelog), quoteIdentifier(opts.TokenTable),
 		quoteIdentifier(opts.FunctionName), quoteLiteral(opts.NotifyChannel), inTx, txidInTx,
@@ -291,6 +299,7 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 		quoteIdentifier(unitFunction(opts.ChangelogTable)), unitColumn, keyArgPrefix,
 		quoteIdentifier(memberSequence(opts.ChangelogTable)), quoteIdentifier(memberTable(opts.ChangelogTable)),
 		quoteIdentifier(rangeTable(opts.ChangelogTable)),
+		quoteIdentifier(capturedTable(opts.ChangelogTable)), quoteLiteral(quoteIdentifier(capturedTable(opts.ChangelogTable))),
 	})
 	if err != nil {
 		return installPlan{}, err

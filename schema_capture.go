@@ -46,13 +46,16 @@ func CaptureChangesSQL(table string, opts SchemaOptions) ([]string, error) {
 		Table, TableLiteral, ChangelogLiteral, Trigger, Function string
 		TriggerLiteral, Args, PlainArgs, Key, ExplicitKey        string
 		NoNotify, KeyPrefix, UnitColumn                          string
+		Captured, CapturedLiteral                                string
 		WithoutNotify                                            bool
 	}{
 		ddlLockKey, quoteIdentifier(table), quoteLiteral(quoteIdentifier(table)),
 		quoteLiteral(quoteIdentifier(opts.ChangelogTable)), quoteIdentifier(trigger),
 		quoteIdentifier(opts.FunctionName), quoteLiteral(trigger),
 		triggerArgs(opts.WithoutNotify, key), triggerArgs(opts.WithoutNotify, ""), keyLiteral, explicitLiteral,
-		quoteLiteral(noNotifyArg), quoteLiteral(keyArgPrefix), quoteLiteral(unitColumn), opts.WithoutNotify,
+		quoteLiteral(noNotifyArg), quoteLiteral(keyArgPrefix), quoteLiteral(unitColumn),
+		quoteIdentifier(capturedTable(opts.ChangelogTable)), quoteLiteral(quoteIdentifier(capturedTable(opts.ChangelogTable))),
+		opts.WithoutNotify,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pgchangestream: capture changes of %s: %w", table, err)

@@ -72,6 +72,11 @@ func TestInstallSchemaSQLDefaults(t *testing.T) {
 		`CREATE OR REPLACE FUNCTION "log_table_changes"() RETURNS trigger`,
 		`INSERT INTO "datastore_changelog" (table_name, record_id, operation, new_values)`,
 		"VALUES (TG_TABLE_NAME, OLD.id, TG_OP, to_jsonb(OLD))",
+		`CREATE TABLE "datastore_changelog_captured" (`,
+		"WHERE fn IS NOT NULL AND t.tgfoid = fn AND c.relpersistence <> 't';",
+		`IF NOT EXISTS (SELECT FROM "datastore_changelog_captured" k WHERE k.schema_name = TG_TABLE_SCHEMA AND k.table_name = TG_TABLE_NAME)`,
+		"AND pg_has_role(c.relowner, current_user, 'USAGE')) THEN",
+		"EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', fn);",
 		"IF notify THEN\n        PERFORM pg_notify('nvsentinel_changes', json_build_object(\n" +
 			"            'id', changelog_id, 'table', TG_TABLE_NAME, 'operation', TG_OP)::text);",
 	} {
@@ -273,6 +278,7 @@ func TestCaptureChangesSQL(t *testing.T) {
 				fmt.Sprintf(`CREATE TRIGGER "%s" AFTER INSERT OR UPDATE OR DELETE ON %s`, tc.trigger, tc.on),
 				"FOR EACH ROW EXECUTE FUNCTION " + quoteIdentifier(opts.FunctionName) + "('notify');",
 				"IF quiet <> false THEN",
+				"INSERT INTO " + quoteIdentifier(capturedTable(opts.ChangelogTable)) + " (schema_name, table_name)",
 			} {
 				assert.Contains(t, stmts[0], want)
 			}

@@ -14,7 +14,11 @@ trigger without arguments, which CaptureChanges never creates, is dropped and cr
 the arguments asked for, in the same transaction (the table stays locked until the commit, a
 moment): it is what other DDL leaves (a service's start-up that drops the trigger and creates it
 again without arguments) or an earlier release made, so running CaptureChanges again with the
-options a table was captured with restores its key and no_notify.
+options a table was captured with restores its key and no_notify. The table is
+added to the captured tables (Captured), which the trigger function writes for, whether its
+trigger was there or not; a temporary table is refused (the function never writes for one). On a
+changelog InstallSchema has not upgraded yet there is no such table: the install adopts the
+tables whose triggers exist then.
 */ -}}
 DO $capture$
 DECLARE
@@ -35,6 +39,10 @@ BEGIN
     END IF;
     SELECT atttypid INTO id_type FROM pg_attribute
     WHERE attrelid = target AND attname = 'id' AND attnum > 0 AND NOT attisdropped;
+    IF (SELECT relpersistence FROM pg_class WHERE oid = target) = 't' THEN
+        RAISE EXCEPTION 'table % is temporary: its changes cannot be captured', target
+            USING ERRCODE = 'wrong_object_type';
+    END IF;
     IF id_type IS NULL THEN
         RAISE EXCEPTION 'table % has no column "id" (it is stored as the changelog record_id)',
             target USING ERRCODE = 'undefined_column';
@@ -56,6 +64,12 @@ BEGIN
         RAISE EXCEPTION 'column %.id is %, which %.record_id (%) cannot store',
             target, id_type::regtype, changelog, record_type::regtype
             USING ERRCODE = 'datatype_mismatch';
+    END IF;
+    IF to_regclass({{.CapturedLiteral}}) IS NOT NULL THEN
+        INSERT INTO {{.Captured}} (schema_name, table_name)
+        SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE c.oid = target
+        ON CONFLICT DO NOTHING;
     END IF;
     SELECT array_remove(string_to_array(encode(tgargs, 'escape'), E'\\000'), '') INTO found_args
     FROM pg_trigger WHERE tgrelid = target AND tgname = {{.TriggerLiteral}};

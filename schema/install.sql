@@ -162,6 +162,34 @@ END
 $tokens$;
 
 {{/*
+The captured tables: those CaptureChanges attached the trigger function to, by schema and name
+(names, not oids, survive a dump and restore). The trigger function writes changelog rows only for
+a table listed here or owned by a role that has the changelog owner's privileges (which could write
+the changelog itself); any other relation that fires it (a temporary table, another role's table)
+is refused. Only the owner writes this table: no role is granted anything on it. When it is
+created, on an existing installation, it adopts the tables whose triggers already execute the
+function (not temporary ones): the tables the old runtime DDL or migrations captured.
+*/ -}}
+DO $captured$
+DECLARE
+    fn regprocedure := to_regprocedure({{.FunctionLiteral}});
+BEGIN
+    IF to_regclass({{.CapturedLiteral}}) IS NULL THEN
+        CREATE TABLE {{.Captured}} (
+            schema_name name NOT NULL,
+            table_name  name NOT NULL,
+            captured_at timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (schema_name, table_name)
+        );
+        INSERT INTO {{.Captured}} (schema_name, table_name)
+        SELECT DISTINCT n.nspname, c.relname
+        FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE fn IS NOT NULL AND t.tgfoid = fn AND c.relpersistence <> 't';
+    END IF;
+END
+$captured$;
+
+{{/*
 record_id takes NEW.id / OLD.id without a cast: the assignment cast to TEXT covers uuid, integer
 and text ids, and an existing UUID record_id still takes uuid ids. A trigger created with the
 argument 'no_notify' (SchemaOptions.WithoutNotify) writes the row without the NOTIFY, which a
@@ -169,7 +197,12 @@ transaction that is to be prepared (PREPARE TRANSACTION) must not send. A trigge
 the argument 'key=<path>' (SchemaOptions.Key; the arguments come in any order) writes the unit of
 the value at that path of the row (the new one, the old one for deletes) into the unit column, or
 NULL where the path holds nothing; without it the INSERTs name no unit column, so they work on a
-changelog without one.
+changelog without one. It first refuses (raises, so the write fails) a relation that is not
+captured (see the captured table above): TG_TABLE_NAME is all the changelog records of the
+relation, so a relation of the same name elsewhere (a temporary one above all) would otherwise
+pass its rows off as the captured table's. current_user is the function's owner (SECURITY DEFINER),
+the changelog's. A listed table costs one index probe per row; another table of the owner's one
+more catalog lookup.
 */ -}}
 CREATE OR REPLACE FUNCTION {{.Function}}() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $body$
@@ -179,6 +212,14 @@ DECLARE
     key_path     text[];
     doc          jsonb;
 BEGIN
+    IF NOT EXISTS (SELECT FROM {{.Captured}} k WHERE k.schema_name = TG_TABLE_SCHEMA AND k.table_name = TG_TABLE_NAME)
+        AND NOT EXISTS (SELECT FROM pg_class c WHERE c.oid = TG_RELID AND c.relpersistence <> 't'
+                        AND pg_has_role(c.relowner, current_user, 'USAGE')) THEN
+        RAISE EXCEPTION 'table %.% is not captured (not in %, not the changelog owner''s): its changes cannot be recorded',
+            TG_TABLE_SCHEMA, TG_TABLE_NAME, {{.CapturedLiteral}}
+            USING ERRCODE = 'insufficient_privilege',
+                HINT = 'CaptureChanges (pgchangestream schema capture), run as the changelog''s owner, captures a table';
+    END IF;
     FOR i IN 0 .. TG_NARGS - 1 LOOP
         IF TG_ARGV[i] = 'no_notify' THEN
             notify := false;
@@ -227,7 +268,9 @@ $body$;
 {{/* ---- begin: trigger function privileges ----
 The trigger function runs with the rights of its owner, the changelog's owner, so writers of
 captured tables need no privilege on the changelog or its sequence, and cannot insert changelog
-rows themselves. Its search_path is pinned to pg_catalog, the changelog's schema (where the
+rows themselves. Firing a trigger needs no EXECUTE on its function, creating one does: EXECUTE is
+revoked from PUBLIC (the owner keeps it), so no other role can attach the function to a relation
+of its own (grants to named roles are left as they are). Its search_path is pinned to pg_catalog, the changelog's schema (where the
 unqualified changelog name was found at install time: the installer's search_path) and pg_temp
 last, so no writer's search_path or temporary object changes what its body refers to. The names
 come from the catalog and are quoted by format(); the function body itself runs no dynamic SQL.
@@ -245,6 +288,7 @@ BEGIN
     IF (SELECT proowner FROM pg_proc WHERE oid = fn) <> own THEN
         EXECUTE format('ALTER FUNCTION %s OWNER TO %I', fn, (SELECT rolname FROM pg_roles WHERE oid = own));
     END IF;
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', fn);
 END
 $definer$;
 {{- /* ---- end: trigger function privileges ---- */}}
