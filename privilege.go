@@ -24,6 +24,9 @@ const (
 	openPolicy = "pgchangestream_open"
 	// rolePolicyPrefix starts the name of a restricted role's policy; the role's name follows.
 	rolePolicyPrefix = "pgchangestream_role_"
+	// readPolicyPrefix starts the name of a role's RestrictReads policy on the dead-letter table,
+	// which also has its RestrictTokens policy; the role's name follows.
+	readPolicyPrefix = "pgchangestream_read_"
 )
 
 // rolePolicySQL renders a restricted role's policy, quoting every name and value on the server
@@ -43,15 +46,35 @@ func RestrictReadsSQL(ctx context.Context, db *sql.DB, role string, tables []str
 			return nil, fmt.Errorf("%w: RestrictReads table: %v", ErrInvalidConfig, err)
 		}
 	}
-	return restrictSQL(ctx, db, opts.ChangelogTable, "table_name", role, tables)
+	var stmts []string
+	for _, t := range valueTables(opts) {
+		s, err := restrictSQL(ctx, db, t.table, "table_name", t.prefix, role, tables)
+		if err != nil {
+			return nil, err
+		}
+		stmts = append(stmts, s...)
+	}
+	return stmts, nil
+}
+
+// policyTable is a table a restriction puts a policy on, and the prefix of that policy's name.
+type policyTable struct{ table, prefix string }
+
+// valueTables are the tables that hold captured tables' values, by table_name: the changelog and
+// Process's dead-letter table (each parked event in full). The dead-letter table's policy has a
+// name of its own, as RestrictTokens puts one there too.
+func valueTables(opts SchemaOptions) []policyTable {
+	return []policyTable{{opts.ChangelogTable, rolePolicyPrefix}, {parkedTable(opts.ChangelogTable), readPolicyPrefix}}
 }
 
 // RestrictReads limits role (and the roles that are members of it) to the changelog rows of
 // tables (unqualified names, as the changelog's table_name holds them): its watchers stream
-// only those tables, and it can neither read nor mark the other tables' rows. Calling it again
-// replaces the list. [RemoveRestrictions] lifts it. Other roles are unaffected. Run it as the
-// changelog's owner; it takes the changelog's ACCESS EXCLUSIVE lock for a moment, waiting at
-// most one second for it.
+// only those tables, and it can neither read nor mark the other tables' rows. The same holds for
+// the dead-letter table of [Watcher.Process], which holds parked events in full: the role reads,
+// parks, releases and drops only those tables' events there. Calling it again replaces the list.
+// [RemoveRestrictions] lifts it. Other roles are unaffected. Run it as the changelog's owner; it
+// takes the changelog's and the dead-letter table's ACCESS EXCLUSIVE locks for a moment, waiting
+// at most one second for each.
 func RestrictReads(ctx context.Context, db *sql.DB, role string, tables []string, opts SchemaOptions) error {
 	stmts, err := RestrictReadsSQL(ctx, db, role, tables, opts)
 	if err != nil {
@@ -73,7 +96,7 @@ func RestrictTokensSQL(ctx context.Context, db *sql.DB, role string, clients []s
 	}
 	var stmts []string
 	for _, table := range clientTables(opts) {
-		s, err := restrictSQL(ctx, db, table, "client_name", role, clients)
+		s, err := restrictSQL(ctx, db, table, "client_name", rolePolicyPrefix, role, clients)
 		if err != nil {
 			return nil, err
 		}
@@ -107,29 +130,33 @@ func RestrictTokens(ctx context.Context, db *sql.DB, role string, clients []stri
 	return runRestriction(ctx, db, stmts, "restrict tokens of "+role)
 }
 
-// RemoveRestrictions drops role's policies on the changelog and the client tables (see
-// [RestrictTokens]): it sees and
-// writes again what unrestricted roles do. Row-level security stays enabled, with the open
-// policy.
+// RemoveRestrictions drops role's policies on the changelog, the dead-letter table and the
+// client tables (see [RestrictReads], [RestrictTokens]): it sees and writes again what
+// unrestricted roles do. Row-level security stays enabled, with the open policy.
 func RemoveRestrictions(ctx context.Context, db *sql.DB, role string, opts SchemaOptions) error {
 	opts, err := opts.resolve()
 	if err != nil {
 		return err
 	}
-	name, err := rolePolicy(role)
-	if err != nil {
-		return err
+	var policies []policyTable
+	policies = append(policies, valueTables(opts)...)
+	for _, table := range clientTables(opts) {
+		policies = append(policies, policyTable{table, rolePolicyPrefix})
 	}
 	var stmts []string
-	for _, table := range append([]string{opts.ChangelogTable}, clientTables(opts)...) {
-		stmts = append(stmts, `DROP POLICY IF EXISTS `+pgx.Identifier{name}.Sanitize()+` ON `+quoteIdentifier(table))
+	for _, p := range policies {
+		name, err := rolePolicy(p.prefix, role)
+		if err != nil {
+			return err
+		}
+		stmts = append(stmts, `DROP POLICY IF EXISTS `+pgx.Identifier{name}.Sanitize()+` ON `+quoteIdentifier(p.table))
 	}
 	return runRestriction(ctx, db, stmts, "remove restrictions of "+role)
 }
 
-// rolePolicy returns the name of role's policy.
-func rolePolicy(role string) (string, error) {
-	name := rolePolicyPrefix + role
+// rolePolicy returns the name of role's policy whose name starts with prefix.
+func rolePolicy(prefix, role string) (string, error) {
+	name := prefix + role
 	switch {
 	case role == "" || strings.ContainsRune(role, 0):
 		return "", fmt.Errorf("%w: role: %q is not a role name", ErrInvalidConfig, role)
@@ -141,9 +168,9 @@ func rolePolicy(role string) (string, error) {
 }
 
 // restrictSQL returns the statements that restrict role to the rows of table whose column is one
-// of values.
-func restrictSQL(ctx context.Context, db *sql.DB, table, column, role string, values []string) ([]string, error) {
-	name, err := rolePolicy(role)
+// of values, by its policy named with prefix.
+func restrictSQL(ctx context.Context, db *sql.DB, table, column, prefix, role string, values []string) ([]string, error) {
+	name, err := rolePolicy(prefix, role)
 	if err != nil {
 		return nil, err
 	}

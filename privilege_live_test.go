@@ -420,3 +420,44 @@ func (e *liveEnv) strings(query string, args ...any) []string {
 	require.NoError(e.t, rows.Err())
 	return out
 }
+
+// TestLiveRestrictedReadsHideParkedEvents: a role restricted to the rows of items, holding the
+// grants of the dead-letter table, reads, parks, releases and drops only items' parked events,
+// also once it is restricted to its clients' rows too; RemoveRestrictions lifts both.
+func TestLiveRestrictedReadsHideParkedEvents(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	role, reader := e.withRole("reader")
+	name := strings.Trim(role, `"`)
+	e.grant(`GRANT SELECT, INSERT, UPDATE, DELETE ON datastore_changelog_parked TO ` + role)
+	e.grant(`GRANT USAGE ON SEQUENCE datastore_changelog_parked_id_seq TO ` + role)
+	park := `INSERT INTO datastore_changelog_parked (client_name, event_key, table_name, changelog_id, event, error, attempts, blocking)
+		VALUES ($1, 'k', $2, 1, '{"fullDocument": {"secret": 1}}', 'x', 1, TRUE)`
+	liveExec(t, e.db, park, "c", liveTable)
+	liveExec(t, e.db, park, "c", "others")
+	count := `SELECT count(*) FROM datastore_changelog_parked WHERE table_name = 'others'`
+	require.Equal(t, 1, liveScalar[int](t, reader, count), "unrestricted, it reads every table's parked events")
+
+	require.NoError(t, RestrictReads(t.Context(), e.db, name, []string{liveTable}, SchemaOptions{}))
+	for i, restrict := range []func(){func() {}, func() {
+		require.NoError(t, RestrictTokens(t.Context(), e.db, name, []string{"c"}, SchemaOptions{}))
+	}} {
+		restrict()
+		require.Zero(t, liveScalar[int](t, reader, count), "another table's parked event is hidden")
+		listed, err := ListParked(t.Context(), reader, "c", AdminOptions{})
+		require.NoError(t, err)
+		require.Len(t, listed, 1+i, "its own table's, one more parked each round")
+		for _, p := range listed {
+			require.Equal(t, liveTable, p.Table)
+		}
+		requireRefused(t, reader, `UPDATE datastore_changelog_parked SET retry_requested = TRUE WHERE table_name = 'others'`)
+		requireRefused(t, reader, `DELETE FROM datastore_changelog_parked WHERE table_name = 'others'`)
+		requireRefused(t, reader, park, "c", "others")
+		_, err = reader.Exec(park, "c", liveTable)
+		require.NoError(t, err, "it parks its own table's events")
+	}
+	requireRefused(t, reader, park, "d", liveTable)
+	require.NoError(t, RemoveRestrictions(t.Context(), e.db, name, SchemaOptions{}))
+	require.Equal(t, 1, liveScalar[int](t, reader, count), "lifted")
+	require.Equal(t, 4, liveScalar[int](t, reader, `SELECT count(*) FROM datastore_changelog_parked`))
+}

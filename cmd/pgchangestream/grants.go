@@ -126,11 +126,12 @@ again replaces ROLE's list. With --print, writes the SQL instead (it still conne
 		about = `
 Limits ROLE (and its members) to the changelog rows of the TABLEs (unqualified names, as the
 changelog's table_name holds them): its watchers stream only those, and it can neither read nor
-mark other tables' rows. It enables row-level security on the changelog with a policy open to
-every other role, so other roles, the owner, BYPASSRLS roles and the trigger are unaffected;
-reads keep their index plans. Running it again replaces ROLE's list. It takes the changelog's
-ACCESS EXCLUSIVE lock for a moment (waiting at most 1s). With --print, writes the SQL instead
-(it still connects, to quote).`
+mark other tables' rows, nor other tables' parked events in the dead-letter table. It enables
+row-level security on the changelog and the dead-letter table with a policy open to every other
+role, so other roles, the owner, BYPASSRLS roles and the trigger are unaffected; reads keep their
+index plans. Running it again replaces ROLE's list. It takes each table's ACCESS EXCLUSIVE lock
+for a moment (waiting at most 1s). With --print, writes the SQL instead (it still connects, to
+quote).`
 	}
 	c := newCommand("grants "+name, "grants "+name+" [--dsn DSN] [--print] [flags] ROLE "+what+"...", about, stdout, stderr)
 	f := addGrantsFlags(c)

@@ -64,7 +64,8 @@ func TestGrantsCommands(t *testing.T) {
 	assert.Equal(t, "datastore_changelog:pgchangestream_open,datastore_changelog:"+p+
 		",datastore_changelog_acks:pgchangestream_open,datastore_changelog_acks:"+p+
 		",datastore_changelog_members:pgchangestream_open,datastore_changelog_members:"+p+
-		",datastore_changelog_parked:pgchangestream_open,datastore_changelog_parked:"+p+
+		",datastore_changelog_parked:pgchangestream_open,datastore_changelog_parked:pgchangestream_read_"+name+
+		",datastore_changelog_parked:"+p+
 		",datastore_changelog_ranges:pgchangestream_open,datastore_changelog_ranges:"+p+
 		",resume_tokens:pgchangestream_open,resume_tokens:"+p, policies())
 	code, _, stderr = runCmd(t, "grants", "unrestrict", "--dsn", dsn, name)
