@@ -461,3 +461,28 @@ func TestLiveRestrictedReadsHideParkedEvents(t *testing.T) {
 	require.Equal(t, 1, liveScalar[int](t, reader, count), "lifted")
 	require.Equal(t, 4, liveScalar[int](t, reader, `SELECT count(*) FROM datastore_changelog_parked`))
 }
+
+// TestLivePruneFunctionRefusesRestrictedRole: the SQL retention function, called by a role that
+// RestrictTokens keeps from seeing a client's token, refuses as Prune does, instead of deleting
+// rows that client has not read; the owner's call keeps them.
+func TestLivePruneFunctionRefusesRestrictedRole(t *testing.T) {
+	t.Parallel()
+	e := newLive(t) // the function needs the upgraded schema
+	ids := e.insert(20)
+	e.saveRawToken("behind", `{"timestamp": "2000-01-01T00:00:00Z", "eventID": 0, "table": "items"}`) // read none
+	e.consumeTable("a", liveTable, 20, 100, ids[19])
+	role, pruner := e.withRole("pruner")
+	e.grant(`GRANT SELECT, DELETE ON datastore_changelog TO ` + role)
+	e.grant(`GRANT SELECT ON resume_tokens, datastore_changelog_ranges, datastore_changelog_members TO ` + role)
+	require.NoError(t, RestrictTokens(t.Context(), e.db, strings.Trim(role, `"`), []string{"a"}, SchemaOptions{}))
+
+	_, err := Prune(t.Context(), pruner, PruneOptions{})
+	require.ErrorContains(t, err, "hides other clients' tokens")
+	_, err = pruner.Exec(`SELECT datastore_changelog_prune()`)
+	require.ErrorContains(t, err, `token table "resume_tokens" hides other clients' tokens from this role (RestrictTokens)`)
+	require.ErrorContains(t, err, "SQLSTATE 42501")
+	require.Equal(t, 20, liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog`), "nothing deleted")
+
+	require.Zero(t, liveScalar[int64](t, e.db, `SELECT datastore_changelog_prune()`), "client behind holds every row")
+	require.Equal(t, 20, liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog`))
+}

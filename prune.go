@@ -157,11 +157,23 @@ func (opts PruneOptions) reach(arg func(any) string) []string {
 	return conds
 }
 
-// restrictedTokensSQL reads whether a restrictive row-level security policy of the token table
-// ($1) applies to the current role, which then does not see every client's token.
-const restrictedTokensSQL = `SELECT COALESCE(row_security_active(to_regclass($1)), false) AND EXISTS (
-	SELECT FROM pg_policy p WHERE p.polrelid = to_regclass($1) AND NOT p.polpermissive
+// restrictedTokens returns the SQL condition that a restrictive row-level security policy of the
+// token table (table, an expression of type regclass) applies to the current role, which then
+// does not see every client's token. Prune and the SQL retention function (schema/prune.sql)
+// refuse such a role ([restrictedTokensMessage]).
+func restrictedTokens(table string) string {
+	return `COALESCE(row_security_active(` + table + `), false) AND EXISTS (
+	SELECT FROM pg_policy p WHERE p.polrelid = ` + table + ` AND NOT p.polpermissive
 	AND EXISTS (SELECT FROM unnest(p.polroles) r WHERE r = 0 OR pg_has_role(current_user, r, 'USAGE')))`
+}
+
+// restrictedTokensSQL reads restrictedTokens of the token table $1.
+var restrictedTokensSQL = `SELECT ` + restrictedTokens("to_regclass($1)")
+
+// restrictedTokensMessage is the refusal of a role restricted by RestrictTokens to prune; %s is
+// the token table.
+const restrictedTokensMessage = "token table %s hides other clients' tokens from this role (RestrictTokens): " +
+	"prune as the table's owner or a BYPASSRLS role, which see every token"
 
 // pruneTokens returns the tokens that count for the rows Prune may delete: all but the ignored
 // ones and, with Table set, those of other tables. A shared client's tokens are those of its
@@ -174,8 +186,7 @@ func pruneTokens(ctx context.Context, db *sql.DB, tables adminTables, opts Prune
 		return nil, fmt.Errorf("read the policies of token table %s: %w", tables.tokens, err)
 	}
 	if restricted {
-		return nil, fmt.Errorf("token table %s hides other clients' tokens from this role (RestrictTokens): "+
-			"prune as the table's owner or a BYPASSRLS role, which see every token", tables.tokens)
+		return nil, fmt.Errorf(restrictedTokensMessage, tables.tokens)
 	}
 	saved, err := ListTokens(ctx, db, opts.AdminOptions)
 	if err != nil {

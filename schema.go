@@ -304,13 +304,18 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 	if err != nil {
 		return installPlan{}, err
 	}
+	tokenTable := quoteIdentifier(opts.TokenTable)
 	prune, err := renderSchema("prune_function", struct {
 		Function, Changelog, TokenTable, Ranges, Certified string
 		Legacy, Switchover, Snapshot, InRows               string
+		Restricted, Refusal, TokenTableLiteral             string
 		DefaultBatch                                       int
 	}{
-		quoteIdentifier(pruneFunction(opts.ChangelogTable)), p.changelog, quoteIdentifier(opts.TokenTable),
-		quoteIdentifier(rangeTable(opts.ChangelogTable)), certifiedByTokenSQL(), formLegacy, formSwitchover, formSnapshot, formInRows, DefaultPruneBatch,
+		quoteIdentifier(pruneFunction(opts.ChangelogTable)), p.changelog, tokenTable,
+		quoteIdentifier(rangeTable(opts.ChangelogTable)), certifiedByTokenSQL(), formLegacy, formSwitchover, formSnapshot, formInRows,
+		restrictedTokens("to_regclass(" + quoteLiteral(tokenTable) + ")"),
+		quoteLiteral(strings.ReplaceAll(restrictedTokensMessage, "%s", "%")), quoteLiteral(tokenTable),
+		DefaultPruneBatch,
 	})
 	if err != nil {
 		return installPlan{}, err

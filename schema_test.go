@@ -77,6 +77,7 @@ func TestInstallSchemaSQLDefaults(t *testing.T) {
 		`IF NOT EXISTS (SELECT FROM "datastore_changelog_captured" k WHERE k.schema_name = TG_TABLE_SCHEMA AND k.table_name = TG_TABLE_NAME)`,
 		"AND pg_has_role(c.relowner, current_user, 'USAGE')) THEN",
 		"EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', fn);",
+		`IF COALESCE(row_security_active(to_regclass('"resume_tokens"')), false) AND EXISTS (`,
 		"IF notify THEN\n        PERFORM pg_notify('nvsentinel_changes', json_build_object(\n" +
 			"            'id', changelog_id, 'table', TG_TABLE_NAME, 'operation', TG_OP)::text);",
 	} {

@@ -9,7 +9,10 @@ the columns of the decoded tokens. It decodes the tokens as the watcher does (to
 refuses (raises) on one it cannot read, as Prune does; a token whose row is gone (id only) holds
 every row back, so it deletes nothing. The tokens are read once, before the first batch; each
 batch is one DELETE of at most batch_size rows, in the caller's transaction. It returns the
-number of rows deleted. Its variables are named v_* so that none is mistaken for a column.
+number of rows deleted. Its variables are named v_* so that none is mistaken for a column. It
+runs with the caller's rights, and refuses, as Prune does, a caller that a restrictive policy
+(RestrictTokens) keeps from seeing every token: .Restricted is rendered from restrictedTokens
+(prune.go), .Refusal from its message.
 */ -}}
 {{define "prune_function" -}}
 CREATE OR REPLACE FUNCTION {{.Function}}(
@@ -40,6 +43,9 @@ DECLARE
     v_deleted bigint := 0;
     v_n       bigint;
 BEGIN
+    IF {{.Restricted}} THEN
+        RAISE EXCEPTION {{.Refusal}}, {{.TokenTableLiteral}} USING ERRCODE = 'insufficient_privilege';
+    END IF;
     IF older_than IS NULL OR older_than < interval '0' THEN
         RAISE EXCEPTION 'older_than must be 0 or more, got %', older_than;
     END IF;
