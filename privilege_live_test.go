@@ -486,3 +486,41 @@ func TestLivePruneFunctionRefusesRestrictedRole(t *testing.T) {
 	require.Zero(t, liveScalar[int64](t, e.db, `SELECT datastore_changelog_prune()`), "client behind holds every row")
 	require.Equal(t, 20, liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog`))
 }
+
+// TestLiveSchemaGrantsNoOtherRoleAnything: a login role with no grant reads, writes and runs
+// nothing the schema creates but the incarnation row (SELECT, INSERT of a new one), the unit function (a
+// pure computation) and the retention function, which runs with its caller's rights and so
+// reads no token and deletes no row for it.
+func TestLiveSchemaGrantsNoOtherRoleAnything(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	role, other := e.withRole("other")
+	for _, table := range []string{"datastore_changelog", "datastore_changelog_captured", "resume_tokens",
+		"datastore_changelog_parked", "datastore_changelog_acks", "datastore_changelog_members", "datastore_changelog_ranges"} {
+		_, err := other.Exec(`SELECT FROM ` + table)
+		require.ErrorContains(t, err, "permission denied for table "+table)
+		_, err = other.Exec(`DELETE FROM ` + table)
+		require.ErrorContains(t, err, "permission denied for table "+table)
+	}
+	for _, seq := range []string{"datastore_changelog_id_seq", "datastore_changelog_parked_id_seq", "datastore_changelog_member_seq"} {
+		_, err := other.Exec(`SELECT nextval($1)`, seq)
+		require.ErrorContains(t, err, "permission denied for sequence "+seq)
+	}
+	_, err := other.Exec(`SELECT incarnation FROM datastore_changelog_incarnation`)
+	require.NoError(t, err, "any watcher reads the incarnation")
+	_, err = other.Exec(`UPDATE datastore_changelog_incarnation SET incarnation = gen_random_uuid()`)
+	require.ErrorContains(t, err, "permission denied")
+	liveExec(t, e.db, `INSERT INTO datastore_changelog_incarnation DEFAULT VALUES ON CONFLICT DO NOTHING`) // a watcher's
+	seen := liveScalar[string](t, other, `SELECT incarnation::text FROM datastore_changelog_incarnation`)
+	liveExec(t, e.db, `DELETE FROM datastore_changelog_incarnation`) // what crash recovery does
+	_, err = other.Exec(`INSERT INTO datastore_changelog_incarnation (incarnation) VALUES ($1)`, seen)
+	require.ErrorContains(t, err, "permission denied", "it cannot put back the value watchers saw before the crash")
+	_, err = other.Exec(`INSERT INTO datastore_changelog_incarnation DEFAULT VALUES ON CONFLICT DO NOTHING`)
+	require.NoError(t, err, "it inserts a new one, as a watcher does")
+	require.NotEqual(t, seen, liveScalar[string](t, e.db, `SELECT incarnation::text FROM datastore_changelog_incarnation`))
+	require.Equal(t, UnitOf("k"), liveScalar[int](t, other, `SELECT datastore_changelog_unit('k')`))
+	_, err = other.Exec(`SELECT datastore_changelog_prune()`)
+	require.ErrorContains(t, err, "permission denied for table resume_tokens")
+	require.False(t, liveScalar[bool](t, e.db, `SELECT has_function_privilege($1, 'log_table_changes()', 'EXECUTE')`,
+		strings.Trim(role, `"`)), "no EXECUTE on the trigger function")
+}

@@ -68,12 +68,15 @@ BEGIN
         -- One row, which crash recovery empties (the table is unlogged) and a promoted standby or
         -- a restored backup does not have: watchers compare its value with the one they saw, to
         -- notice that the transaction counter may have gone back below ids they saw finish.
-        -- Any watcher role reads it and inserts it again after a crash.
+        -- Any watcher role reads it and inserts it again after a crash, with its default value
+        -- only (INSERT on the column one): a role that chose the value could put back the one
+        -- watchers saw before the crash, and hide the crash from them.
         CREATE UNLOGGED TABLE IF NOT EXISTS {{.Incarnation}} (
             one         boolean PRIMARY KEY DEFAULT TRUE CHECK (one),
             incarnation uuid NOT NULL DEFAULT gen_random_uuid()
         );
-        GRANT SELECT, INSERT ON {{.Incarnation}} TO PUBLIC;
+        REVOKE INSERT ON {{.Incarnation}} FROM PUBLIC;
+        GRANT SELECT, INSERT (one) ON {{.Incarnation}} TO PUBLIC;
 {{- range .TxidIndexes}}
         IF created THEN
             {{.}};
