@@ -335,9 +335,11 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 //     [Watcher.Process] ("<changelog>_parked"), the acknowledgement rows of [Watcher.ProcessTx]
 //     ("<changelog>_acks"), and the members ("<changelog>_members", ids from
 //     "<changelog>_member_seq") and ranges ("<changelog>_ranges") of [Config.Shared] clients if
-//     missing; CREATE OR REPLACE of the trigger function as SECURITY DEFINER, then its
-//     search_path pinned to pg_catalog, the changelog's schema and pg_temp, and its owner set to
-//     the changelog's; CREATE OR REPLACE of the retention function "<changelog>_prune"
+//     missing; the captured tables ("<changelog>_captured") if missing, adopting, when it creates
+//     them, the tables whose triggers already execute the trigger function; CREATE OR REPLACE of
+//     the trigger function as SECURITY DEFINER, writing only for captured tables, then its
+//     search_path pinned to pg_catalog, the changelog's schema and pg_temp, its owner set to the
+//     changelog's, and EXECUTE revoked from PUBLIC; CREATE OR REPLACE of the retention function "<changelog>_prune"
 //     (schema/prune.sql, the SQL form of [Prune]);
 //  2. CREATE INDEX CONCURRENTLY IF NOT EXISTS for the read index (table_name, changed_at, id),
 //     named "<changelog>_stream_idx";
@@ -364,7 +366,10 @@ func InstallSchemaSQL(opts SchemaOptions) ([]string, error) {
 // (including a UUID record_id), only adding missing indexes, which it builds without blocking
 // writes. Concurrent calls wait for each other; a call that has to build an index on a large
 // changelog takes as long as the build. The trigger function runs as the changelog's owner, so
-// writers of captured tables need no privilege on the changelog ([RevokeWriterGrantsSQL]).
+// writers of captured tables need no privilege on the changelog ([RevokeWriterGrantsSQL]). It writes
+// only for the tables [CaptureChanges] listed (or that the install adopted) and for tables of the
+// changelog's owner: another relation that fires it, such as a temporary table named like a
+// captured one, makes the write fail with SQLSTATE 42501.
 func InstallSchema(ctx context.Context, db *sql.DB, opts SchemaOptions) error {
 	p, err := newInstallPlan(opts)
 	if err != nil {

@@ -65,13 +65,15 @@ func CaptureChangesSQL(table string, opts SchemaOptions) ([]string, error) {
 
 // CaptureChanges attaches the trigger function to table ("name" or "schema.name") if it is not
 // attached yet, as a trigger named "<name>_changes" that fires after every inserted, updated
-// or deleted row. The table must have a column named id, whose value becomes the changelog's
-// record_id; CaptureChanges fails if the table does not exist, has no id column, or has one
-// the changelog's record_id cannot store (an existing changelog's UUID record_id takes only
-// uuid ids), or if the trigger exists and notifies while [SchemaOptions.WithoutNotify] is set
-// (or the other way round), or exists with another key than a [SchemaOptions.Key] given: drop
-// it first to change. Without a Key an existing trigger is kept whatever its key. Run
-// [InstallSchema] first.
+// or deleted row, and lists it among the captured tables ("<changelog>_captured"), for which
+// alone (and for tables of the changelog's owner) the trigger function writes, even when the
+// trigger existed already. Run it as the changelog's owner. The table must have a column named
+// id, whose value becomes the changelog's record_id; CaptureChanges fails if the table does not
+// exist, is temporary, has no id column, or has one the changelog's record_id cannot store (an
+// existing changelog's UUID record_id takes only uuid ids), or if the trigger exists and
+// notifies while [SchemaOptions.WithoutNotify] is set (or the other way round), or exists with
+// another key than a [SchemaOptions.Key] given: drop it first to change. Without a Key an
+// existing trigger is kept whatever its key. Run [InstallSchema] first.
 func CaptureChanges(ctx context.Context, db *sql.DB, table string, opts SchemaOptions) error {
 	stmts, err := CaptureChangesSQL(table, opts)
 	if err != nil {
