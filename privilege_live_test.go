@@ -488,14 +488,14 @@ func TestLivePruneFunctionRefusesRestrictedRole(t *testing.T) {
 }
 
 // TestLiveSchemaGrantsNoOtherRoleAnything: a login role with no grant reads, writes and runs
-// nothing the schema creates but the incarnation row (SELECT, INSERT of a new one), the unit function (a
+// nothing the schema creates but the list of captured tables (SELECT), the incarnation row (SELECT, INSERT of a new one), the unit function (a
 // pure computation) and the retention function, which runs with its caller's rights and so
 // reads no token and deletes no row for it.
 func TestLiveSchemaGrantsNoOtherRoleAnything(t *testing.T) {
 	t.Parallel()
 	e := newLive(t)
 	role, other := e.withRole("other")
-	for _, table := range []string{"datastore_changelog", "datastore_changelog_captured", "resume_tokens",
+	for _, table := range []string{"datastore_changelog", "resume_tokens",
 		"datastore_changelog_parked", "datastore_changelog_acks", "datastore_changelog_members", "datastore_changelog_ranges"} {
 		_, err := other.Exec(`SELECT FROM ` + table)
 		require.ErrorContains(t, err, "permission denied for table "+table)
@@ -506,7 +506,11 @@ func TestLiveSchemaGrantsNoOtherRoleAnything(t *testing.T) {
 		_, err := other.Exec(`SELECT nextval($1)`, seq)
 		require.ErrorContains(t, err, "permission denied for sequence "+seq)
 	}
-	_, err := other.Exec(`SELECT incarnation FROM datastore_changelog_incarnation`)
+	_, err := other.Exec(`SELECT FROM datastore_changelog_captured`)
+	require.NoError(t, err, "the captured tables are no secret: the catalog lists the triggers")
+	requireRefused(t, other, `INSERT INTO datastore_changelog_captured (schema_name, table_name) VALUES ('pg_temp_3', 'items')`)
+	requireRefused(t, other, `DELETE FROM datastore_changelog_captured`)
+	_, err = other.Exec(`SELECT incarnation FROM datastore_changelog_incarnation`)
 	require.NoError(t, err, "any watcher reads the incarnation")
 	_, err = other.Exec(`UPDATE datastore_changelog_incarnation SET incarnation = gen_random_uuid()`)
 	require.ErrorContains(t, err, "permission denied")

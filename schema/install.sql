@@ -169,7 +169,10 @@ The captured tables: those CaptureChanges attached the trigger function to, by s
 (names, not oids, survive a dump and restore). The trigger function writes changelog rows only for
 a table listed here or owned by a role that has the changelog owner's privileges (which could write
 the changelog itself); any other relation that fires it (a temporary table, another role's table)
-is refused. Only the owner writes this table: no role is granted anything on it. When it is
+is refused. Only the owner writes this table. Every role may read it (the catalog shows every
+role which tables have a trigger on the function anyway): while an installation is upgraded, a
+writer's statement that began before the upgrade committed may run the new body without
+SECURITY DEFINER, as the writer, which still holds its old grants on the changelog. When it is
 created, on an existing installation, it adopts the tables whose triggers already execute the
 function (not temporary ones): the tables the old runtime DDL or migrations captured.
 */ -}}
@@ -184,6 +187,7 @@ BEGIN
             captured_at timestamptz NOT NULL DEFAULT now(),
             PRIMARY KEY (schema_name, table_name)
         );
+        GRANT SELECT ON {{.Captured}} TO PUBLIC;
         INSERT INTO {{.Captured}} (schema_name, table_name)
         SELECT DISTINCT n.nspname, c.relname
         FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
