@@ -166,10 +166,10 @@ $tokens$;
 
 {{/*
 The captured tables: those CaptureChanges attached the trigger function to, by schema and name
-(names, not oids, survive a dump and restore). The trigger function writes changelog rows only for
-a table listed here or owned by a role that has the changelog owner's privileges (which could write
-the changelog itself); any other relation that fires it (a temporary table, another role's table)
-is refused. Only the owner writes this table. Every role may read it (the catalog shows every
+(names, not oids, survive a dump and restore). The trigger function writes changelog rows only
+for a table listed here or owned by a role that has the changelog owner's privileges (which could
+write the changelog itself); any other relation that fires it (a temporary table, another role's
+table) is refused. Only the owner writes this table. Every role may read it (the catalog shows every
 role which tables have a trigger on the function anyway): while an installation is upgraded, a
 writer's statement that began before the upgrade committed may run the new body without
 SECURITY DEFINER, as the writer, which still holds its old grants on the changelog. When it is
@@ -207,9 +207,9 @@ NULL where the path holds nothing; without it the INSERTs name no unit column, s
 changelog without one. It first refuses (raises, so the write fails) a relation that is not
 captured (see the captured table above): TG_TABLE_NAME is all the changelog records of the
 relation, so a relation of the same name elsewhere (a temporary one above all) would otherwise
-pass its rows off as the captured table's. current_user is the function's owner (SECURITY DEFINER),
-the changelog's. A listed table costs one index probe per row; another table of the owner's one
-more catalog lookup.
+pass its rows off as the captured table's. current_user is the function's owner (SECURITY
+DEFINER), the changelog's. A listed table costs one index probe per row; another table of the
+owner's one more catalog lookup.
 */ -}}
 CREATE OR REPLACE FUNCTION {{.Function}}() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $body$
@@ -277,9 +277,10 @@ The trigger function runs with the rights of its owner, the changelog's owner, s
 captured tables need no privilege on the changelog or its sequence, and cannot insert changelog
 rows themselves. Firing a trigger needs no EXECUTE on its function, creating one does: EXECUTE is
 revoked from PUBLIC (the owner keeps it), so no other role can attach the function to a relation
-of its own (grants to named roles are left as they are). Its search_path is pinned to pg_catalog, the changelog's schema (where the
-unqualified changelog name was found at install time: the installer's search_path) and pg_temp
-last, so no writer's search_path or temporary object changes what its body refers to. The names
+of its own (grants to named roles are left as they are). Its search_path is pinned to
+pg_catalog, the changelog's schema (where the unqualified changelog name was found at install
+time: the installer's search_path) and pg_temp last, so no writer's search_path or temporary
+object changes what its body refers to. The names
 come from the catalog and are quoted by format(); the function body itself runs no dynamic SQL.
 */ -}}
 DO $definer$
