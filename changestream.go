@@ -222,7 +222,9 @@ func (w *Watcher) Events() <-chan EventWithToken { return w.events }
 
 // Start loads the saved token and starts the reader (and, in notify and hybrid modes, the LISTEN
 // connection) in the background. Cancelling ctx stops the watcher as Close does, but without the
-// final checkpoint save. Calling Start again, or after Close, does nothing.
+// final checkpoint save; a [Config.Shared] member still renews its lease until a running Process
+// returns (or Close), so that the events Process finishes meanwhile are saved under it. Calling
+// Start again, or after Close, does nothing.
 func (w *Watcher) Start(ctx context.Context) {
 	if !w.start(ctx) {
 		w.log.Warn("Start called twice, or after Close: ignored")
@@ -286,6 +288,9 @@ func (w *Watcher) Close(ctx context.Context) error {
 		return nil
 	}
 	cancel()
+	if w.sh != nil {
+		w.sh.closeRenewal() // the renewals that outlive Start's context end here
+	}
 	done := make(chan struct{})
 	go func() {
 		w.wg.Wait()

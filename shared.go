@@ -194,6 +194,10 @@ type sharedMember struct {
 	// membership gone; its handlers' contexts end with it.
 	lost     context.Context
 	markLost context.CancelFunc
+	// closing is cancelled (by Close, before it waits for the goroutines) to end the renewals
+	// that go on after Start's context ended while Process finishes (see renewWhileProcessing).
+	closing      context.Context
+	closeRenewal context.CancelFunc
 
 	mu sync.Mutex // guards target and claimable
 	// target: the ranges the split gives this member; claimable: those of them it may claim,
@@ -209,6 +213,7 @@ func newSharedMember(cfg Config) *sharedMember {
 	}
 	s := &sharedMember{q: buildSharedQueries(cfg), lease: cfg.SharedLease, name: name, base: time.Now()}
 	s.lost, s.markLost = context.WithCancel(context.Background())
+	s.closing, s.closeRenewal = context.WithCancel(context.Background())
 	s.view.Store(&sharedView{})
 	return s
 }
@@ -268,7 +273,8 @@ func (w *Watcher) join(ctx context.Context) error {
 // coordinate is the member's coordinator goroutine: it renews the lease, deletes the rows of
 // members whose lease ran out, and asks the reader to hand over when the split changed. It
 // stops the watcher when its membership is gone (its lease ran out and another member deleted
-// it).
+// it). Renewals are paced from the start of the previous one, whatever the rest of a look
+// took. Once ctx ends it only renews, while Process finishes (renewWhileProcessing).
 func (w *Watcher) coordinate(ctx context.Context) {
 	defer w.wg.Done()
 	defer w.recoverPanic(opMember, "shared coordinator", w.stopWith)
@@ -278,44 +284,88 @@ func (w *Watcher) coordinate(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			w.renewWhileProcessing()
 			return
 		case <-t.C:
 		}
+		start := time.Now()
 		busy, err := w.coordinateOnce(ctx)
-		switch {
-		case ctx.Err() != nil:
+		if ctx.Err() != nil {
+			w.renewWhileProcessing()
 			return
-		case errors.Is(err, ErrFenced):
-			w.stopOwning(err, "the member's lease ran out and another member removed it; stopping")
+		}
+		if !w.coordinateFailed(err) {
 			return
-		case err != nil:
-			w.health.fail(opMember, err)
-			w.log.Warn("shared membership: cannot renew or look at the split; retrying", "error", err)
 		}
 		next := tick
 		if busy {
 			next = min(tick, sharedBusyTick)
 		}
-		t.Reset(next)
+		t.Reset(next - time.Since(start))
 	}
+}
+
+// coordinateFailed handles the error of a renewal or a look at the split: it stops the watcher
+// when the membership is gone (false: the coordinator stops too), or reports the failure and
+// goes on (true).
+func (w *Watcher) coordinateFailed(err error) bool {
+	switch {
+	case errors.Is(err, ErrFenced):
+		w.stopOwning(err, "the member's lease ran out and another member removed it; stopping")
+		return false
+	case err != nil:
+		w.health.fail(opMember, err)
+		w.log.Warn("shared membership: cannot renew or look at the split; retrying", "error", err)
+	}
+	return true
+}
+
+// renewWhileProcessing keeps renewing the lease after Start's context ended while a Process
+// still runs: it finishes the events it took (its grace period) and saves them, which needs the
+// member to keep its ranges until then, however long a busy machine makes it; otherwise the
+// lease could run out, another member take the ranges over and replay events whose handlers
+// finished. It ends when Process returns, when the member lost its ranges, or at Close.
+func (w *Watcher) renewWhileProcessing() {
+	tick := w.sh.lease / sharedTicksPerLease
+	for w.processing.Load() && w.excl.lostErr() == nil {
+		start := time.Now()
+		renewCtx, cancel := context.WithTimeout(w.sh.closing, w.sh.lease)
+		err := w.renew(renewCtx)
+		cancel()
+		if w.sh.closing.Err() != nil || !w.coordinateFailed(err) {
+			return
+		}
+		if !sleepCtx(w.sh.closing, tick-time.Since(start)) {
+			return
+		}
+	}
+}
+
+// renew renews the member's lease and moves its deadline.
+func (w *Watcher) renew(ctx context.Context) error {
+	id := w.sh.id.Load()
+	start := time.Now()
+	res, err := w.cfg.DB.ExecContext(ctx, w.sh.q.renew, w.cfg.ClientName, id, w.sh.lease.Milliseconds())
+	if err != nil {
+		return fmt.Errorf("renew the lease of member %d: %w", id, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return err
+	} else if n == 0 {
+		return fmt.Errorf("%w: member %d's lease ran out and its row was removed", ErrFenced, id)
+	}
+	w.sh.renewed(start)
+	w.health.ok(opMember)
+	return nil
 }
 
 // coordinateOnce renews the lease and looks at the split; busy reports a hand-over under way
 // (ranges to release or to claim).
 func (w *Watcher) coordinateOnce(ctx context.Context) (busy bool, err error) {
-	id := w.sh.id.Load()
-	start := time.Now()
-	res, err := w.cfg.DB.ExecContext(ctx, w.sh.q.renew, w.cfg.ClientName, id, w.sh.lease.Milliseconds())
-	if err != nil {
-		return false, fmt.Errorf("renew the lease of member %d: %w", id, err)
-	}
-	if n, err := res.RowsAffected(); err != nil {
+	if err := w.renew(ctx); err != nil {
 		return false, err
-	} else if n == 0 {
-		return false, fmt.Errorf("%w: member %d's lease ran out and its row was removed", ErrFenced, id)
 	}
-	w.sh.renewed(start)
-	w.health.ok(opMember)
+	id := w.sh.id.Load()
 	if _, err := w.cfg.DB.ExecContext(ctx, w.sh.q.expire, w.cfg.ClientName, id, w.sh.lease.Milliseconds()); err != nil {
 		return false, fmt.Errorf("remove expired members: %w", err)
 	}

@@ -711,3 +711,62 @@ func startSplitPair(t *testing.T, e *liveEnv, cfg Config, consume func(*Watcher,
 	}, liveWait, 10*time.Millisecond, "the two members did not split the ranges")
 	return a, b
 }
+
+// A member stopped by cancelling its context keeps its lease while Process finishes the events
+// it took (its grace period) and saves them, however long that takes: a handler still running
+// when a lease has passed since the stop finds its context valid, its event is saved, and the
+// member that takes the ranges over after Close does not run it again.
+func TestLiveSharedProcessKeepsItsLeaseWhileItStops(t *testing.T) {
+	for _, mode := range allModes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			e := newLive(t)
+			cfg := e.config(mode)
+			cfg.Shared, cfg.SharedLease, cfg.StartFromBeginning = true, time.Second, true
+			ctx, stop := context.WithCancel(context.Background())
+			defer stop()
+			a := e.startCtx(ctx, cfg)
+			waitFor(t, func() bool { return len(a.Stats().Shared.Ranges) == SharedRanges }, "the member did not take every range")
+			first := e.insert(1)[0]
+			started, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			processed := make(chan error, 1)
+			go func() {
+				processed <- a.Process(ctx, ProcessOptions{GracePeriod: time.Minute}, func(hctx context.Context, ev EventWithToken) error {
+					once.Do(func() { close(started) })
+					<-release
+					_, err := e.db.ExecContext(hctx, `SELECT 1`)
+					return err
+				})
+			}()
+			select {
+			case <-started:
+			case <-time.After(liveWait):
+				t.Fatalf("the handler did not start: %v", a.Err())
+			}
+			stop()
+
+			// Wait, on the server's clock, until the lease the member held at the stop ran out
+			// twice over: its lease must still hold, renewed.
+			member := a.Stats().Shared.Member
+			until := liveScalar[time.Time](t, e.db, `SELECT lease_until FROM datastore_changelog_members WHERE member = $1`, member)
+			waitFor(t, func() bool {
+				var past bool
+				err := e.db.QueryRow(`SELECT now() > $1::timestamptz + $2 * interval '1 millisecond'`, until, cfg.SharedLease.Milliseconds()).Scan(&past)
+				return err == nil && past
+			}, "the server's clock did not pass the lease")
+			require.Equal(t, 1, liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog_members WHERE member = $1 AND lease_until > now()`, member),
+				"the member's lease ran out while Process was finishing its events")
+			close(release)
+			require.NoError(t, <-processed, "Process did not finish the event it took")
+			require.NoError(t, a.Close(context.Background()))
+
+			// The next member starts after the finished event: its first delivery is a later one.
+			later := e.insert(1)
+			next := e.start(cfg)
+			got := receiveWithin(t, next, 1, liveWait)
+			require.NotEqual(t, first, got[0], "the event finished before Close was delivered again")
+			require.Equal(t, later, got)
+		})
+	}
+}
