@@ -190,13 +190,22 @@ func NewPostgreSQLChangeStreamWatcher(db *sql.DB, clientName, tableName, connStr
 	return w
 }
 
+// eventsCapacity is the capacity of the Events channel: BufferSize, but none for a Shared member,
+// whose sends complete only when the consumer takes the event (see Watcher.send).
+func eventsCapacity(cfg Config) int {
+	if cfg.Shared {
+		return 0
+	}
+	return cfg.BufferSize
+}
+
 func newWatcher(cfg Config) *Watcher {
 	w := &Watcher{
 		cfg:      cfg,
 		log:      cfg.Logger.With("client", cfg.ClientName, "table", cfg.TableName),
 		q:        buildQueries(cfg),
 		instance: newInstanceID(),
-		events:   make(chan EventWithToken, cfg.BufferSize),
+		events:   make(chan EventWithToken, eventsCapacity(cfg)),
 		wake:     make(chan struct{}, 1),
 		ready:    make(chan struct{}),
 		mark:     marker{wake: make(chan struct{}, 1)},

@@ -98,6 +98,8 @@ type Config struct {
 	// BatchSize is the number of rows per read. Default 100; at most [MaxBatchSize].
 	BatchSize int
 	// BufferSize is the capacity of the Events channel. Default 100; at most [MaxBufferSize].
+	// A Shared member's Events channel has no buffer: a paused member must not have events
+	// waiting for its consumer when it wakes (docs/operations.md, "Shared consumers").
 	BufferSize int
 	// MaxPending bounds the deliveries tracked until acknowledged; beyond it the oldest is
 	// folded into a floor the saved token cannot pass. Default 4096; at most [MaxMaxPending].

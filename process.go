@@ -209,9 +209,9 @@ func (w *Watcher) runProcess(ctx context.Context, opts ProcessOptions, refuse er
 		return errProcessRunning
 	}
 	defer w.processing.Store(false)
-	if opts.MaxInFlight+w.cfg.BufferSize > w.cfg.MaxPending {
+	if opts.MaxInFlight+cap(w.events) > w.cfg.MaxPending {
 		w.log.Warn("ProcessOptions.MaxInFlight and Config.BufferSize exceed Config.MaxPending: the oldest deliveries may be evicted into the floor, which holds the checkpoint until a later acknowledgement",
-			"max_in_flight", opts.MaxInFlight, "buffer_size", w.cfg.BufferSize, "max_pending", w.cfg.MaxPending)
+			"max_in_flight", opts.MaxInFlight, "buffer_size", cap(w.events), "max_pending", w.cfg.MaxPending)
 	}
 	err := w.process(ctx, w.events, opts, step)
 	if ctx.Err() == nil && err == nil { // Events closed: the watcher stopped

@@ -300,12 +300,46 @@ func (w *Watcher) deliver(ctx context.Context, row *changelogRow, pos Position, 
 			w.log.Warn("cannot move the saved token back behind a late row; the next save retries", "id", row.ID, "error", err)
 		}
 	}
-	select {
-	case w.events <- EventWithToken{Event: ev, ResumeToken: formatToken(row.ID), raw: raw}:
-		w.delivered.Add(1)
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := w.send(ctx, EventWithToken{Event: ev, ResumeToken: formatToken(row.ID), raw: raw}); err != nil {
+		return err
+	}
+	w.delivered.Add(1)
+	return nil
+}
+
+// send hands ev to the consumer, or gives up when ctx ends. A Shared member's Events channel has
+// no buffer (eventsCapacity): the send completes when the consumer takes the event, and the
+// event is offered only while the lease holds; at the lease's deadline the offer is withdrawn
+// until a renewal, so a member paused past its lease hands out, when it wakes, at most the one
+// event it was offering when it stopped.
+func (w *Watcher) send(ctx context.Context, ev EventWithToken) error {
+	if w.sh == nil {
+		select {
+		case w.events <- ev:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	for {
+		if err := w.waitLease(ctx); err != nil {
+			return err
+		}
+		select {
+		case w.events <- ev: // the consumer is waiting
+			return nil
+		default:
+		}
+		t := time.NewTimer(w.sh.leaseLeft())
+		select {
+		case w.events <- ev:
+			t.Stop()
+			return nil
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C: // the lease may have run out: offer it again once renewed
+		}
 	}
 }
 

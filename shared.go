@@ -47,8 +47,9 @@ func UnitOf(key string) int {
 // own only once its deliveries are acknowledged (the reader's hand-over, shared_read.go), and
 // claims a range only while it is free or its owner's lease ran out. A member keeps delivering
 // only until a local deadline that ends before its lease, counted from the start of its last
-// successful renewal on its monotonic clock, so a member paused past its lease delivers nothing
-// when it wakes; every save of a range is fenced to its owner, so its saves are then refused.
+// successful renewal on its monotonic clock, and its Events channel has no buffer, so a member
+// paused past its lease delivers nothing when it wakes but the one event it was offering (see
+// Watcher.send); every save of a range is fenced to its owner, so its saves are then refused.
 
 // ErrSharedSchema is returned through [Watcher.Err] by a Shared watcher whose changelog lacks
 // what shared members need: the txid column (skip-free reads) and the unit column, the
@@ -219,8 +220,11 @@ func newSharedMember(cfg Config) *sharedMember {
 }
 
 // leaseValid reports whether deliveries may go on: the local deadline has not passed.
-func (s *sharedMember) leaseValid() bool {
-	return time.Since(s.base).Nanoseconds() < s.deadline.Load()
+func (s *sharedMember) leaseValid() bool { return s.leaseLeft() > 0 }
+
+// leaseLeft is the time until the deadline (negative once passed).
+func (s *sharedMember) leaseLeft() time.Duration {
+	return time.Duration(s.deadline.Load() - time.Since(s.base).Nanoseconds())
 }
 
 // renewed moves the deadline to the lease, less its margin, after a renewal that started at

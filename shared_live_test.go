@@ -25,15 +25,18 @@ import (
 
 // sharedChildDSN and sharedChildName, set in the environment, make TestLiveSharedMembers run
 // as one member: a child process that the test starts, stops, kills and pauses. With
-// sharedChildMode set to sharedModeTx the member runs ProcessTx (see runSharedChild).
+// sharedChildMode set to sharedModeTx the member runs ProcessTx, with sharedModeEvents it reads
+// Events() (see runSharedChild); sharedChildRead sets its Config.Mode (default hybrid).
 const (
-	sharedChildDSN  = "PGCHANGESTREAM_SHARED_CHILD_DSN"
-	sharedChildName = "PGCHANGESTREAM_SHARED_CHILD_NAME"
-	sharedChildMode = "PGCHANGESTREAM_SHARED_CHILD_MODE"
-	sharedModeTx    = "tx"
-	sharedClient    = "shared"
-	sharedLease     = 2 * time.Second
-	sharedKeys      = 200
+	sharedChildDSN   = "PGCHANGESTREAM_SHARED_CHILD_DSN"
+	sharedChildName  = "PGCHANGESTREAM_SHARED_CHILD_NAME"
+	sharedChildMode  = "PGCHANGESTREAM_SHARED_CHILD_MODE"
+	sharedChildRead  = "PGCHANGESTREAM_SHARED_CHILD_READ"
+	sharedModeTx     = "tx"
+	sharedModeEvents = "events"
+	sharedClient     = "shared"
+	sharedLease      = 2 * time.Second
+	sharedKeys       = 200
 )
 
 // sharedMemberProc is a member running in a child process.
@@ -113,8 +116,10 @@ func (m *sharedMemberProc) stop(t *testing.T) {
 // per event, the member, the key, the changelog id and when the handler started and ended; or,
 // in sharedModeTx, ProcessTx with 8 workers and a handler that inserts the event's effect row
 // (its changelog id and the member) in the transaction and keeps it open up to 2 ms more, so
-// that kills and pauses land inside transactions. It runs until its standard input ends (then
-// closes the watcher) or until the watcher stops.
+// that kills and pauses land inside transactions; or, in sharedModeEvents, a loop over Events()
+// that records each event as Process's handler does, as received (started and finished) right
+// after the receive, and acknowledges it, reading on after a failure until Events is closed. It runs until its standard input ends (then closes the
+// watcher) or until the watcher stops.
 func runSharedChild(t *testing.T, dsn, name string) {
 	db, err := sql.Open("pgx", dsn+"&application_name="+name)
 	require.NoError(t, err)
@@ -125,8 +130,12 @@ func runSharedChild(t *testing.T, dsn, name string) {
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		cancel()
 	}()
+	mode := ModeHybrid
+	if m := os.Getenv(sharedChildRead); m != "" {
+		mode = Mode(m)
+	}
 	cfg := Config{
-		DB: db, ConnString: dsn, ClientName: sharedClient, TableName: liveTable, Mode: ModeHybrid,
+		DB: db, ConnString: dsn, ClientName: sharedClient, TableName: liveTable, Mode: mode,
 		Shared: true, SharedLease: sharedLease, MemberName: name, StartFromBeginning: true,
 		FallbackPollInterval: 200 * time.Millisecond, Logger: quietLogger,
 	}
@@ -137,7 +146,24 @@ func runSharedChild(t *testing.T, dsn, name string) {
 	w, err := New(cfg)
 	require.NoError(t, err)
 	w.Start(ctx)
-	if tx {
+	record := func(ctx context.Context, ev EventWithToken, start, end time.Time) error {
+		id, _, err := parseToken(ev.ResumeToken)
+		if err != nil {
+			return err
+		}
+		_, err = db.ExecContext(ctx, `INSERT INTO shared_handled (member, key, changelog_id, started, finished)
+			VALUES ($1, $2, $3, $4, $5)`, name, DocumentKey(ev), id, start, end)
+		return err
+	}
+	switch {
+	case os.Getenv(sharedChildMode) == sharedModeEvents:
+		var errs []error // a refused acknowledgement does not stop the reading: Events says when to
+		for ev := range w.Events() {
+			received := time.Now()
+			errs = append(errs, record(ctx, ev, received, received), w.MarkProcessed(context.Background(), ev.ResumeToken))
+		}
+		err = errors.Join(errs...)
+	case tx:
 		err = w.ProcessTx(ctx, ProcessOptions{Workers: 8}, func(ctx context.Context, tx *sql.Tx, ev EventWithToken) error {
 			id, _, err := parseToken(ev.ResumeToken)
 			if err != nil {
@@ -149,17 +175,11 @@ func runSharedChild(t *testing.T, dsn, name string) {
 			time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond)
 			return nil
 		})
-	} else {
+	default:
 		err = w.Process(ctx, ProcessOptions{Workers: 8}, func(ctx context.Context, ev EventWithToken) error {
 			start := time.Now()
 			time.Sleep(2 * time.Millisecond)
-			id, _, err := parseToken(ev.ResumeToken)
-			if err != nil {
-				return err
-			}
-			_, err = db.ExecContext(ctx, `INSERT INTO shared_handled (member, key, changelog_id, started, finished)
-			VALUES ($1, $2, $3, $4, $5)`, name, DocumentKey(ev), id, start, time.Now())
-			return err
+			return record(ctx, ev, start, time.Now())
 		})
 	}
 	if errors.Is(err, ErrFenced) || errors.Is(w.Err(), ErrFenced) {
@@ -185,40 +205,7 @@ func TestLiveSharedMembers(t *testing.T) {
 		return
 	}
 	e := newLive(t)
-	_, err := e.db.Exec(`CREATE TABLE shared_handled (
-		member text NOT NULL, key text NOT NULL, changelog_id bigint NOT NULL,
-		started timestamptz NOT NULL, finished timestamptz NOT NULL)`)
-	require.NoError(t, err)
-	keys := make([]string, sharedKeys)
-	for i := range keys {
-		require.NoError(t, e.db.QueryRow(`INSERT INTO items (n) VALUES (0) RETURNING id::text`).Scan(&keys[i]))
-	}
-
-	// Writers: updates of random keys and inserts, in small transactions, until stopped.
-	writeCtx, stopWriters := context.WithCancel(context.Background())
-	var writers sync.WaitGroup
-	var written atomic.Int64
-	for i := range 3 {
-		writers.Add(1)
-		go func() {
-			defer writers.Done()
-			rng := rand.New(rand.NewPCG(uint64(i), 18))
-			for writeCtx.Err() == nil {
-				var err error
-				if rng.IntN(10) == 0 {
-					_, err = e.db.ExecContext(writeCtx, `INSERT INTO items (n) VALUES (0)`)
-				} else {
-					_, err = e.db.ExecContext(writeCtx, `UPDATE items SET n = n + 1 WHERE id = $1`, keys[rng.IntN(len(keys))])
-				}
-				if err == nil {
-					written.Add(1)
-				}
-				time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
-			}
-		}()
-	}
-	defer func() { stopWriters(); writers.Wait() }()
-
+	stopWriters := startSharedWriters(t, e)
 	m1 := startSharedMember(t, e, "m1")
 	waitSharedOwners(t, e, "one member", "m1")
 	time.Sleep(2 * time.Second)
@@ -246,9 +233,8 @@ func TestLiveSharedMembers(t *testing.T) {
 	time.Sleep(2 * sharedLease)
 	waitSharedOwners(t, e, "m5's sessions terminated", "m5", "m6")
 
-	stopWriters()
-	writers.Wait()
-	require.Positive(t, written.Load())
+	written := stopWriters()
+	require.Positive(t, written)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		var missing int
@@ -324,8 +310,53 @@ func TestLiveSharedMembers(t *testing.T) {
 		}
 	}
 	require.NoError(t, rows.Err())
-	t.Logf("%d rows written; %d key moves between members, %d replays after a kill or pause", written.Load(), moves, replays)
+	t.Logf("%d rows written; %d key moves between members, %d replays after a kill or pause", written, moves, replays)
 	require.Positive(t, moves, "no key moved between members")
+}
+
+// startSharedWriters creates the members' table shared_handled and sharedKeys rows of items,
+// then starts writers that update random keys and insert rows, in small transactions, until
+// the returned stop (also called at the end of the test), which returns how many writes
+// committed.
+func startSharedWriters(t *testing.T, e *liveEnv) (stop func() int64) {
+	t.Helper()
+	_, err := e.db.Exec(`CREATE TABLE shared_handled (
+		member text NOT NULL, key text NOT NULL, changelog_id bigint NOT NULL,
+		started timestamptz NOT NULL, finished timestamptz NOT NULL)`)
+	require.NoError(t, err)
+	keys := make([]string, sharedKeys)
+	for i := range keys {
+		require.NoError(t, e.db.QueryRow(`INSERT INTO items (n) VALUES (0) RETURNING id::text`).Scan(&keys[i]))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var writers sync.WaitGroup
+	var written atomic.Int64
+	for i := range 3 {
+		writers.Add(1)
+		go func() {
+			defer writers.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 18))
+			for ctx.Err() == nil {
+				var err error
+				if rng.IntN(10) == 0 {
+					_, err = e.db.ExecContext(ctx, `INSERT INTO items (n) VALUES (0)`)
+				} else {
+					_, err = e.db.ExecContext(ctx, `UPDATE items SET n = n + 1 WHERE id = $1`, keys[rng.IntN(len(keys))])
+				}
+				if err == nil {
+					written.Add(1)
+				}
+				time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
+			}
+		}()
+	}
+	stop = func() int64 {
+		cancel()
+		writers.Wait()
+		return written.Load()
+	}
+	t.Cleanup(func() { stop() })
+	return stop
 }
 
 // sharedOwners returns how many ranges of the shared client each member (by name) owns.
@@ -767,6 +798,35 @@ func TestLiveSharedProcessKeepsItsLeaseWhileItStops(t *testing.T) {
 			got := receiveWithin(t, next, 1, liveWait)
 			require.NotEqual(t, first, got[0], "the event finished before Close was delivered again")
 			require.Equal(t, later, got)
+		})
+	}
+}
+
+// A paused member whose consumer reads Events() hands out nothing when it wakes past its lease
+// but the one event it was offering when it stopped (its Events channel has no buffer), while
+// the other member owns its ranges; then it stops, fenced off.
+func TestLiveSharedPausedConsumerGetsNothing(t *testing.T) {
+	for _, mode := range allModes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			e := newLive(t)
+			startSharedWriters(t, e)
+			env := []string{sharedChildMode + "=" + sharedModeEvents, sharedChildRead + "=" + string(mode)}
+			m1 := startSharedMember(t, e, "m1", env...)
+			waitSharedOwners(t, e, "one member", "m1")
+			startSharedMember(t, e, "m2", env...)
+			waitSharedOwners(t, e, "two members", "m1", "m2")
+			split := time.Now()
+			waitFor(t, func() bool {
+				var n int
+				err := e.db.QueryRow(`SELECT count(*) FROM shared_handled WHERE member = 'm1' AND started > $1`, split).Scan(&n)
+				return err == nil && n > 0
+			}, "m1 received nothing after the split")
+			_, resumedAt := m1.pausePastItsLease(t, e, "m2")
+			var late int
+			require.NoError(t, e.db.QueryRow(`SELECT count(*) FROM shared_handled WHERE member = 'm1' AND started > $1`, resumedAt).Scan(&late))
+			t.Logf("the paused member's consumer received %d events after it woke up", late)
+			require.LessOrEqual(t, late, 1, "the paused member's consumer received events after it woke up")
 		})
 	}
 }
