@@ -133,6 +133,10 @@ type Watcher struct {
 	// the running engine, read by Stats.
 	processing atomic.Bool
 	procStats  procrun.Stats
+	// ownGen grows each time the watcher gains events to own (the exclusive lock taken, a Shared
+	// member's ranges loaded), before it delivers any of them: Process loads its held keys again
+	// (see ownership). Added to by the reader goroutine; read by Process's dispatcher.
+	ownGen atomic.Uint64
 	// noStats: the changelog had no statistics when last looked for (plans.go). Set by the
 	// reader; read by its reads and prefetches.
 	noStats atomic.Bool

@@ -250,7 +250,12 @@ func RetryParked(ctx context.Context, db *sql.DB, client string, id int64, opts 
 	if err != nil {
 		return err
 	}
-	res, err := db.ExecContext(ctx, `UPDATE `+s.table+` SET retry_requested = TRUE WHERE client_name = $1 AND id = $2`, client, id)
+	return s.request(ctx, id)
+}
+
+// request asks for the parked event id to run again.
+func (s *sqlParkedStore) request(ctx context.Context, id int64) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE `+s.table+` SET retry_requested = TRUE WHERE client_name = $1 AND id = $2`, s.client, id)
 	return s.found("retry parked event", id, res, err)
 }
 

@@ -137,6 +137,7 @@ func (w *Watcher) becomeActive(ctx context.Context) bool {
 	w.excl.mu.Lock()
 	w.excl.active = true
 	w.excl.mu.Unlock()
+	w.ownGen.Add(1)
 	w.takeHints() // ids notified while a standby: the read after the saved token covers them
 	w.log.Info("holding the exclusive lock: active")
 	w.wg.Add(1)

@@ -2,6 +2,10 @@ package pgchangestream
 
 import (
 	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
@@ -86,4 +90,91 @@ func toParked(ps []ParkedEvent) []procrun.Parked[EventWithToken] {
 			Ev: EventWithToken{Event: p.Event, ResumeToken: formatToken(p.ChangelogID)}}
 	}
 	return out
+}
+
+// ownership is Process's view of whether the watcher owns its events now, and the generation of
+// that ownership (procrun.Hooks.Owner): a watcher owns them while it delivers (an exclusive one
+// while it holds the lock, not as a standby nor once it lost it); a Shared member also only while
+// its lease holds and it has not stopped owning its ranges (fenced off, or left).
+func (w *Watcher) ownership() (gen uint64, owns bool) {
+	gen, owns = w.ownGen.Load(), w.excl.isActive()
+	if w.sh != nil {
+		owns = owns && w.sh.leaseValid() && w.sh.lost.Err() == nil
+	}
+	return gen, owns
+}
+
+// gateReruns wraps run so that a rerun of a parked event runs only on the owner of its event
+// (startRerun); deliveries run as they are. A rerun of a released held key's event that is not
+// the watcher's to run asks again for its run, so the owner goes on with the release where this
+// watcher stopped.
+func (w *Watcher) gateReruns(run func(context.Context, *procrun.Job[EventWithToken]) error) func(context.Context, *procrun.Job[EventWithToken]) error {
+	return func(ctx context.Context, j *procrun.Job[EventWithToken]) error {
+		if j.Parked == 0 {
+			return run(ctx, j)
+		}
+		end, err := w.startRerun(ctx, j.Ev)
+		if errors.Is(err, procrun.ErrNotOwned) && j.Blocking {
+			// One of a held key's parked events, loaded by its release: the key stays held
+			// until the owner goes on with the release from this event.
+			if err := newParkedStore(w.cfg.DB, w.cfg.ChangelogTable, w.cfg.ClientName).request(ctx, j.Parked); err != nil && !errors.Is(err, ErrNotParked) {
+				return err
+			}
+		}
+		if err != nil {
+			return err
+		}
+		defer end()
+		return run(ctx, j)
+	}
+}
+
+// startRerun lets a rerun of a parked event start only while the watcher owns the event (see
+// ownership); a Shared member also only while no hand-over is under way and it owns the range of
+// the event's changelog row (any member may run an event whose row is gone). Otherwise it
+// returns procrun.ErrNotOwned: the rerun is dropped, the parked event stays released, and its
+// owner runs it. A Shared member's rerun counts as running until end is called: a hand-over
+// waits for it before it gives ranges up.
+func (w *Watcher) startRerun(ctx context.Context, ev EventWithToken) (end func(), err error) {
+	if _, owns := w.ownership(); !owns {
+		return nil, procrun.ErrNotOwned
+	}
+	if w.sh == nil {
+		return func() {}, nil
+	}
+	id, _, err := parseToken(ev.ResumeToken)
+	if err != nil {
+		return nil, err
+	}
+	rangeNo := -1
+	if err := w.cfg.DB.QueryRowContext(ctx, w.sh.q.rangeOfRow, id).Scan(&rangeNo); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("pgchangestream: find the range of parked event %d: %w", id, err)
+	}
+	s := w.sh
+	s.rerunMu.Lock()
+	defer s.rerunMu.Unlock()
+	if s.handing || !s.leaseValid() || (rangeNo >= 0 && !slices.Contains(s.view.Load().owned, rangeNo)) {
+		return nil, procrun.ErrNotOwned
+	}
+	s.reruns++
+	return func() {
+		s.rerunMu.Lock()
+		s.reruns--
+		s.rerunMu.Unlock()
+	}, nil
+}
+
+// holdReruns starts (on) or ends a hand-over for the reruns of parked events: while it is under
+// way none starts. Reader goroutine only.
+func (s *sharedMember) holdReruns(on bool) {
+	s.rerunMu.Lock()
+	s.handing = on
+	s.rerunMu.Unlock()
+}
+
+// rerunsIdle reports whether no rerun of a parked event runs.
+func (s *sharedMember) rerunsIdle() bool {
+	s.rerunMu.Lock()
+	defer s.rerunMu.Unlock()
+	return s.reruns == 0
 }

@@ -239,7 +239,7 @@ func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o Proc
 		defer step.background(ctx)()
 	}
 	s := w.startAckSaver(ctx, step.saveGap)
-	err := w.runEngine(ctx, src, o, step.run, store, s.ack, w.restoreEvent)
+	err := w.runEngine(ctx, src, o, w.gateReruns(step.run), store, s.ack, w.restoreEvent, w.ownership)
 	s.stop()
 	saveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backgroundSaveTimeout)
 	defer cancel()
@@ -249,12 +249,14 @@ func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o Proc
 
 // runEngine runs the engine over src with o (defaults filled in), the per-event step run, the
 // dead-letter store (nil under StopOnFailure), advance, told of each advance of the mark, and
-// restore, which reads a deferred event again (nil, or MaxDeferred 0: no event is deferred).
+// restore, which reads a deferred event again (nil, or MaxDeferred 0: no event is deferred), and
+// owner, which says whether the watcher owns its events (procrun.Hooks.Owner; nil: always).
 // It counts into w.procStats and logs through w.log only, so the test kit's fake runs its
 // Process on it too.
 func (w *Watcher) runEngine(ctx context.Context, src <-chan EventWithToken, o ProcessOptions,
 	run func(context.Context, *procrun.Job[EventWithToken]) error, store procrun.Store[EventWithToken],
-	advance func(EventWithToken), restore func(context.Context, EventWithToken) (EventWithToken, error)) error {
+	advance func(EventWithToken), restore func(context.Context, EventWithToken) (EventWithToken, error),
+	owner func() (uint64, bool)) error {
 	po := procrun.Options{Workers: o.Workers, MaxInFlight: o.MaxInFlight, MaxKeyQueue: o.MaxKeyQueue,
 		MaxDeferred: o.MaxDeferred, MaxAttempts: o.MaxAttempts,
 		Policy: procrun.Policy(o.OnFailure), Grace: o.GracePeriod, PollInterval: o.ParkedPollInterval,
@@ -265,6 +267,7 @@ func (w *Watcher) runEngine(ctx context.Context, src <-chan EventWithToken, o Pr
 		Advance: advance,
 		Store:   store,
 		Stats:   &w.procStats,
+		Owner:   owner,
 		StoreFailed: func(err error) {
 			w.log.Warn("dead-letter table call failed; trying again", "error", err)
 		},

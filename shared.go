@@ -94,6 +94,8 @@ type sharedQueries struct {
 	// parkFence fences the insert of client $1's parked event $4 (deadletter.go) to member $9
 	// owning its range, locking the range row FOR KEY SHARE.
 	parkFence string
+	// rangeOfRow is the range of changelog row $1 (no row when it is gone).
+	rangeOfRow string
 	// releasedOwned restricts the parked events an operator released (client $1, limit $2) to
 	// those of the ranges member $3 owns, so that one member runs each again, and those whose
 	// changelog row is gone (their range is unknown: any member may run them).
@@ -158,6 +160,7 @@ func buildSharedQueries(cfg Config) sharedQueries {
 		parkFence: ` FROM ` + rt + ` AS r WHERE r.client_name = $1 AND r.owner = $9
 		AND r.range_no = ` + rangeOf("$4::bigint") + `
 	FOR KEY SHARE OF r`,
+		rangeOfRow: `SELECT ` + unitExpression(cl) + ` / ` + strconv.Itoa(unitsPerRange) + ` FROM ` + qcl + ` WHERE id = $1`,
 		releasedOwned: ` AND (NOT EXISTS (SELECT FROM ` + qcl + ` c WHERE c.id = ` + parked + `.changelog_id)
 		OR EXISTS (SELECT FROM ` + rt + ` AS r WHERE r.client_name = $1 AND r.owner = $3
 			AND r.range_no = ` + rangeOf(parked+`.changelog_id`) + `))`,
@@ -204,6 +207,12 @@ type sharedMember struct {
 	// target: the ranges the split gives this member; claimable: those of them it may claim,
 	// from the coordinator's last look.
 	target, claimable []int
+
+	rerunMu sync.Mutex // guards reruns and handing (parked.go)
+	// reruns: the reruns of parked events running (from startRerun to its end); handing: a
+	// hand-over is under way (set and cleared by the reader), so no rerun starts.
+	reruns  int
+	handing bool
 }
 
 func newSharedMember(cfg Config) *sharedMember {
@@ -480,6 +489,7 @@ func (w *Watcher) leave(ctx context.Context) error {
 	if _, err := w.cfg.DB.ExecContext(ctx, w.sh.q.leave, w.cfg.ClientName, id); err != nil {
 		return fmt.Errorf("pgchangestream: leave the shared members (the others take over after the lease): %w", err)
 	}
+	w.sh.markLost() // the ranges are free: a handler still running (a rerun) finds its context done
 	w.log.Info("left the shared members", "member", id)
 	return nil
 }

@@ -323,6 +323,7 @@ func (w *Watcher) loadOwned(ctx context.Context, now pgSnapshot, inc string) (Po
 		x.span = &s
 	}
 	w.sh.view.Store(newSharedView(owned, floors))
+	w.ownGen.Add(1)
 	if len(owned) > 0 {
 		w.rq = sharedReadQueries(w.cfg, owned)
 	}
@@ -398,14 +399,17 @@ func (w *Watcher) writeShared(ctx context.Context, p Position, tok, inc string) 
 }
 
 // handOver releases and claims ranges as the split asks, between two batches: it waits until
-// every delivery is acknowledged, saves, and reads on from the saved positions of the ranges
-// it then owns. It does nothing yet while floors remain after the save. Reader goroutine only.
+// every delivery is acknowledged and no rerun of a parked event runs (none starts until it
+// returns), saves, and reads on from the saved positions of the ranges it then owns. It does
+// nothing yet while floors remain after the save. Reader goroutine only.
 func (w *Watcher) handOver(ctx context.Context) error {
 	if p := w.takePrefetch(); p != nil {
 		w.spare = p.rows
 	}
+	w.sh.holdReruns(true)
+	defer w.sh.holdReruns(false)
 	for {
-		if _, _, _, busy := w.checkpoint(); !busy {
+		if _, _, _, busy := w.checkpoint(); !busy && w.sh.rerunsIdle() {
 			break
 		}
 		if err := w.excl.lostErr(); err != nil {

@@ -42,7 +42,7 @@ type kitEngine struct{ w *Watcher }
 
 func (e kitEngine) Run(ctx context.Context, src <-chan EventWithToken, o ProcessOptions, handle Handler,
 	store procrun.Store[EventWithToken], advance func(EventWithToken)) error {
-	return e.w.runEngine(ctx, src, o, e.w.handlerStep(handle).run, store, advance, nil)
+	return e.w.runEngine(ctx, src, o, e.w.handlerStep(handle).run, store, advance, nil, nil)
 }
 
 func (e kitEngine) Stats() ProcessStats { return e.w.processStats() }

@@ -100,6 +100,11 @@ type dispatcher[E any] struct {
 	stopping    bool           // no more events are taken, no retries and no polls (set by loop or by complete)
 	graceOver   bool           // stopping and the grace period is over: nothing more runs
 	err         error
+
+	// heldLoaded: under Block, the held keys were loaded, at ownership generation heldGen
+	// (Hooks.Owner). Dispatcher goroutine only (Run's, before and in loop).
+	heldLoaded bool
+	heldGen    uint64
 }
 
 func newDispatcher[E any](o Options, h Hooks[E], jobCtx context.Context) *dispatcher[E] {
@@ -174,7 +179,9 @@ func (d *dispatcher[E]) loop(ctx context.Context, src <-chan E, cancelJobs, stop
 		select {
 		case ev, ok := <-in:
 			var name string
+			held := true
 			if ok {
+				held = d.heldCurrent(ctx)
 				name = d.h.Key(ev) // the caller's function: not under mu
 			}
 			// A worker may have stopped the run (a failure) since this select began: what
@@ -183,7 +190,7 @@ func (d *dispatcher[E]) loop(ctx context.Context, src <-chan E, cancelJobs, stop
 			// poll starts after the stop.
 			d.mu.Lock()
 			switch {
-			case !ok:
+			case !ok || !held: // the source closed, or ctx ended while loading the held keys
 				d.stop(nil)
 			case !d.stopping:
 				d.take(name, ev)
@@ -226,6 +233,47 @@ func (d *dispatcher[E]) loop(ctx context.Context, src <-chan E, cancelJobs, stop
 			cancelJobs()
 		}
 	}
+}
+
+// heldCurrent makes sure, under Block, that the held keys were loaded under the run's current
+// ownership (Hooks.Owner) before an event is taken: a key held by an event parked by another
+// owner, whose events this run gained, holds them here too. It returns false when ctx ended
+// first. Dispatcher goroutine only.
+func (d *dispatcher[E]) heldCurrent(ctx context.Context) bool {
+	if d.o.Policy != Block {
+		return true
+	}
+	if gen, _ := d.h.Owner(); d.heldLoaded && gen == d.heldGen {
+		return true
+	}
+	return d.loadHeld(ctx)
+}
+
+// loadHeld reads the held keys from the store, trying again while it fails, and holds each (see
+// hold); it returns false when ctx ended first. Dispatcher goroutine only.
+func (d *dispatcher[E]) loadHeld(ctx context.Context) bool {
+	gen, _ := d.h.Owner() // before the read: a later gain loads again
+	keys, ok := retry(ctx, d.o.Delay, d.h.StoreFailed, func() ([]string, error) { return d.h.Store.BlockedKeys(ctx) })
+	if !ok {
+		return false
+	}
+	d.mu.Lock()
+	for _, name := range keys {
+		d.hold(d.key(name))
+	}
+	d.mu.Unlock()
+	d.heldLoaded, d.heldGen = true, gen
+	return true
+}
+
+// hold blocks k, a key the store holds, unless it is blocked already or being released here (a
+// release job, or the reruns it loaded, are queued or running): the release unblocks it, and its
+// parked rows stay blocking until their reruns end. mu must be held.
+func (d *dispatcher[E]) hold(k *keyState[E]) {
+	if k.blocked || k.releasing || slices.ContainsFunc(k.queue, func(j *Job[E]) bool { return j.Parked > 0 }) {
+		return
+	}
+	k.blocked, k.blockEpoch = true, d.epoch
 }
 
 // stop stops the run with err (nil: ctx ended or the source closed), unless it is stopping
@@ -531,10 +579,13 @@ func (d *dispatcher[E]) pollLoop(ctx context.Context) {
 		}
 		p := pollResult[E]{epoch: epoch}
 		var err error
-		if p.released, err = d.h.Store.Released(ctx, d.o.MaxInFlight); err == nil {
-			p.blocked, err = d.h.Store.BlockedKeys(ctx)
+		_, owns := d.h.Owner() // a standby, or an owner no more, looks at nothing
+		if owns {
+			if p.released, err = d.h.Store.Released(ctx, d.o.MaxInFlight); err == nil {
+				p.blocked, err = d.h.Store.BlockedKeys(ctx)
+			}
 		}
-		if err != nil { // the next tick looks again; epoch 0 unblocks nothing
+		if err != nil || !owns { // the next tick looks again; epoch 0 unblocks nothing
 			p = pollResult[E]{}
 		}
 		d.polled <- p // never blocks: one poll at a time, and its answer is taken before the next

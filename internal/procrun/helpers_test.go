@@ -47,6 +47,7 @@ type rig struct {
 	advanced []int            // every Advance, in order
 	fail     func(ev tev, attempt int) error
 	handle   func(ctx context.Context, ev tev) // extra work inside the handler
+	owner    func() (uint64, bool)             // Hooks.Owner; set before start
 }
 
 func newRig(t *testing.T) *rig {
@@ -59,6 +60,7 @@ func (r *rig) hooks(store Store[tev]) Hooks[tev] {
 		Run:   r.run,
 		Store: store,
 		Stats: &r.stats,
+		Owner: r.owner,
 		Advance: func(last tev) {
 			r.mu.Lock()
 			defer r.mu.Unlock()

@@ -106,6 +106,14 @@ type Hooks[E any] struct {
 	Defer         func(E) E
 	Restore       func(ctx context.Context, compact E) (E, error)
 	RestoreFailed func(key string, err error)
+	// Owner, if set, says whether the run owns its events now (owns) and the generation of that
+	// ownership (gen), which must grow each time the run gains events to own, before any of
+	// them is in src. The engine looks at the dead-letter store for released events only while
+	// owns. Under Block it loads the held keys when it starts (if it owns its events then), and
+	// again before it takes an event while gen differs from the generation of its last load, so
+	// that a key another owner held stays held when its events come to this run. Without Owner
+	// the run always owns its events and loads the held keys once, when it starts.
+	Owner func() (gen uint64, owns bool)
 }
 
 // Failure is the error of a run stopped by an event that failed under Stop.
@@ -139,15 +147,12 @@ func Run[E any](ctx context.Context, o Options, src <-chan E, h Hooks[E]) error 
 	}
 	jobCtx, cancelJobs := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelJobs()
+	if h.Owner == nil {
+		h.Owner = func() (uint64, bool) { return 0, true }
+	}
 	d := newDispatcher(o, h, jobCtx)
-	if o.Policy == Block {
-		keys, ok := retry(ctx, o.Delay, h.StoreFailed, func() ([]string, error) { return h.Store.BlockedKeys(ctx) })
-		if !ok {
-			return nil
-		}
-		for _, k := range keys {
-			d.key(k).blocked = true
-		}
+	if _, owns := h.Owner(); o.Policy == Block && owns && !d.loadHeld(ctx) {
+		return nil
 	}
 	var wg sync.WaitGroup
 	for range o.Workers {

@@ -70,6 +70,12 @@ func (d *dispatcher[E]) do(ctx context.Context, t task[E]) result[E] {
 	s.HandlerTime.Add(int64(time.Since(start)))
 	var fatal fatalError
 	switch {
+	case j.Parked > 0 && errors.Is(err, ErrNotOwned):
+		r.outcome = finished
+		if j.Blocking {
+			r.outcome = blockKey
+		}
+		return r
 	case errors.As(err, &fatal):
 		j.Attempts++
 		j.LastErr = fatal.err
@@ -113,6 +119,12 @@ func (d *dispatcher[E]) do(ctx context.Context, t task[E]) result[E] {
 	}
 	return r
 }
+
+// ErrNotOwned, returned (wrapped or not) by Run for a rerun, says the run no longer owns the
+// parked event (another owner runs it): the rerun is dropped without running and its parked
+// event is left as it is. A blocking rerun's key is held again, its other reruns dropped too, so
+// that none of them runs ahead of it.
+var ErrNotOwned = errors.New("procrun: the run does not own the parked event")
 
 // ErrDone, returned (wrapped or not) by Run, says the event was done already, without running
 // its handler: it finishes as a success does, and counts in Stats.Done instead of Handled.
