@@ -12,8 +12,8 @@ import (
 
 // ownedRow is one row of items whose events the tests of this file follow: its first event (the
 // insert) fails while the row is poisoned; every successful run of one of its events is
-// recorded with the watcher that ran it. With a gate, a successful run first says it entered and
-// waits for the gate to open.
+// recorded with the watcher that ran it. With a gate, a run first says it entered and waits for
+// the gate to open (it fails if its context ends first).
 type ownedRow struct {
 	t       *testing.T
 	e       *liveEnv
@@ -82,15 +82,22 @@ func (r *ownedRow) handler(name string) Handler {
 		}
 		gate, entered := r.gate, r.entered
 		r.mu.Unlock()
+		var err error
 		if gate != nil {
 			entered <- name
-			<-gate
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
 		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.running--
-		r.ran = append(r.ran, rowRun{by: name, id: tokenID(r.t, ev)})
-		return nil
+		if err == nil {
+			r.ran = append(r.ran, rowRun{by: name, id: tokenID(r.t, ev)})
+		}
+		return err
 	}
 }
 
@@ -321,4 +328,31 @@ func receiveName(t *testing.T, ch <-chan string) string {
 		t.Fatal("no handler entered")
 		return ""
 	}
+}
+
+// TestLiveSharedLeaveEndsARunningRerun: member a runs a released parked event again when it is
+// closed and leaves the members: the rerun's context ends at once (not after Process's grace
+// period), the event is not parked again, and member b, which takes the range over, runs it,
+// never while a still does.
+func TestLiveSharedLeaveEndsARunningRerun(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	r := newOwnedRow(t, e, 0, SharedRanges/2)
+	opts := ProcessOptions{OnFailure: ParkOnFailure, MaxAttempts: 1, ParkedPollInterval: 20 * time.Millisecond, GracePeriod: time.Hour}
+	a, b := sharedPairProcess(t, e, []*ownedRow{r}, opts)
+	first := r.write(0)
+	waitFor(t, func() bool { return len(e.listParked()) == 1 }, "the event is parked")
+	r.cure(true)
+	require.NoError(t, RetryParked(context.Background(), e.db, "c", e.listParked()[0].ID, AdminOptions{}))
+	require.Equal(t, "a", receiveName(t, r.entered), "the range owner runs the released event")
+	require.NoError(t, a.w.Close(context.Background()))
+	require.Equal(t, "b", receiveName(t, r.entered), "the member taking the range over runs the released event")
+	r.openGate()
+	waitFor(t, func() bool { return len(e.listParked()) == 0 }, "b's rerun ends")
+	require.Equal(t, []rowRun{{"b", first}}, r.runs())
+	r.mu.Lock()
+	require.Zero(t, r.overlaps, "b ran the event while a still did")
+	r.mu.Unlock()
+	a.stop()
+	b.stop()
 }

@@ -113,7 +113,7 @@ func (w *Watcher) gateReruns(run func(context.Context, *procrun.Job[EventWithTok
 		if j.Parked == 0 {
 			return run(ctx, j)
 		}
-		end, err := w.startRerun(ctx, j.Ev)
+		err := w.rerun(ctx, j, run)
 		if errors.Is(err, procrun.ErrNotOwned) && j.Blocking {
 			// One of a held key's parked events, loaded by its release: the key stays held
 			// until the owner goes on with the release from this event.
@@ -121,12 +121,26 @@ func (w *Watcher) gateReruns(run func(context.Context, *procrun.Job[EventWithTok
 				return err
 			}
 		}
-		if err != nil {
-			return err
-		}
-		defer end()
-		return run(ctx, j)
+		return err
 	}
+}
+
+// rerun runs j, a rerun of a parked event, with run if the watcher owns its event (startRerun).
+// One that fails after the watcher stopped owning the event (its context ended then) is not
+// parked again either: procrun.ErrNotOwned leaves it released for its owner.
+func (w *Watcher) rerun(ctx context.Context, j *procrun.Job[EventWithToken], run func(context.Context, *procrun.Job[EventWithToken]) error) error {
+	end, err := w.startRerun(ctx, j.Ev)
+	if err != nil {
+		return err
+	}
+	defer end()
+	if err := run(ctx, j); err != nil {
+		if _, owns := w.ownership(); !owns {
+			return procrun.ErrNotOwned
+		}
+		return err
+	}
+	return nil
 }
 
 // startRerun lets a rerun of a parked event start only while the watcher owns the event (see
