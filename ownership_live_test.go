@@ -2,6 +2,7 @@ package pgchangestream
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"testing"
@@ -355,4 +356,48 @@ func TestLiveSharedLeaveEndsARunningRerun(t *testing.T) {
 	r.mu.Unlock()
 	a.stop()
 	b.stop()
+}
+
+// TestLiveExOwnerStartsNoHandler: an exclusive watcher whose lock session ends while a handler
+// runs and two more events wait for a worker starts no handler once it knows it lost the lock:
+// its successor delivers those events again.
+func TestLiveExOwnerStartsNoHandler(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	cfg := e.config(ModePolling)
+	cfg.Exclusive, cfg.StartFromBeginning = true, true
+	w := e.start(cfg)
+	waitFor(t, func() bool { return w.Stats().Active }, "the watcher takes the lock")
+	var (
+		mu      sync.Mutex
+		started []int64
+	)
+	entered, gate := make(chan struct{}), make(chan struct{})
+	errc, cancel := startProcess(t, w, ProcessOptions{Workers: 1}, func(ctx context.Context, ev EventWithToken) error {
+		mu.Lock()
+		started = append(started, tokenID(t, ev))
+		first := len(started) == 1
+		mu.Unlock()
+		if first {
+			close(entered)
+			<-gate
+		}
+		return nil
+	})
+	defer cancel()
+	ids := e.insert(3)
+	<-entered
+	waitFor(t, func() bool { return w.Stats().Process.InFlight == len(ids) }, "Process takes the other events")
+	e.terminate(e.lockHolder())
+	waitFor(t, func() bool { return errors.Is(w.Err(), ErrExclusiveLost) }, "the watcher finds its lock lost")
+	close(gate)
+	select {
+	case err := <-errc:
+		require.ErrorIs(t, err, ErrExclusiveLost)
+	case <-time.After(liveWait):
+		t.Fatal("Process did not stop")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, ids[:1], started, "a watcher that lost its lock started handlers")
 }

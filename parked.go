@@ -104,13 +104,17 @@ func (w *Watcher) ownership() (gen uint64, owns bool) {
 	return gen, owns
 }
 
-// gateReruns wraps run so that a rerun of a parked event runs only on the owner of its event
-// (startRerun); deliveries run as they are. A rerun of a released held key's event that is not
-// the watcher's to run asks again for its run, so the owner goes on with the release where this
-// watcher stopped.
-func (w *Watcher) gateReruns(run func(context.Context, *procrun.Job[EventWithToken]) error) func(context.Context, *procrun.Job[EventWithToken]) error {
+// gateOwnership wraps run so that an event runs only on its owner. A delivery does not start
+// once the watcher stopped owning its events (it lost its lock or was fenced off: its successor
+// delivers it again), which stops the run. A rerun of a parked event runs only while the watcher
+// owns the event (startRerun); one of a released held key's events that is not the watcher's to
+// run asks again for its run, so the owner goes on with the release where this watcher stopped.
+func (w *Watcher) gateOwnership(run func(context.Context, *procrun.Job[EventWithToken]) error) func(context.Context, *procrun.Job[EventWithToken]) error {
 	return func(ctx context.Context, j *procrun.Job[EventWithToken]) error {
 		if j.Parked == 0 {
+			if err := w.excl.lostErr(); err != nil {
+				return procrun.Fatal(err)
+			}
 			return run(ctx, j)
 		}
 		err := w.rerun(ctx, j, run)

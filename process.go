@@ -239,7 +239,7 @@ func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o Proc
 		defer step.background(ctx)()
 	}
 	s := w.startAckSaver(ctx, step.saveGap)
-	err := w.runEngine(ctx, src, o, w.gateReruns(step.run), store, s.ack, w.restoreEvent, w.ownership)
+	err := w.runEngine(ctx, src, o, w.gateOwnership(step.run), store, s.ack, w.restoreEvent, w.ownership)
 	s.stop()
 	saveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backgroundSaveTimeout)
 	defer cancel()
