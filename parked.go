@@ -149,7 +149,9 @@ func (w *Watcher) rerun(ctx context.Context, j *procrun.Job[EventWithToken], run
 
 // startRerun lets a rerun of a parked event start only while the watcher owns the event (see
 // ownership); a Shared member also only while no hand-over is under way and it owns the range of
-// the event's changelog row (any member may run an event whose row is gone). Otherwise it
+// the event's changelog row, in its view and in the range table (where another member may have
+// claimed it while this one's lease had run out); any member may run an event whose row is
+// gone. Otherwise it
 // returns procrun.ErrNotOwned: the rerun is dropped, the parked event stays released, and its
 // owner runs it. A Shared member's rerun counts as running until end is called: a hand-over
 // waits for it before it gives ranges up.
@@ -164,14 +166,15 @@ func (w *Watcher) startRerun(ctx context.Context, ev EventWithToken) (end func()
 	if err != nil {
 		return nil, err
 	}
-	rangeNo := -1
-	if err := w.cfg.DB.QueryRowContext(ctx, w.sh.q.rangeOfRow, id).Scan(&rangeNo); err != nil && !errors.Is(err, sql.ErrNoRows) {
+	rangeNo, owned := -1, true
+	err = w.cfg.DB.QueryRowContext(ctx, w.sh.q.rerunOwned, w.cfg.ClientName, w.sh.id.Load(), id).Scan(&rangeNo, &owned)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("pgchangestream: find the range of parked event %d: %w", id, err)
 	}
 	s := w.sh
 	s.rerunMu.Lock()
 	defer s.rerunMu.Unlock()
-	if s.handing || !s.leaseValid() || (rangeNo >= 0 && !slices.Contains(s.view.Load().owned, rangeNo)) {
+	if s.handing || !s.leaseValid() || !owned || (rangeNo >= 0 && !slices.Contains(s.view.Load().owned, rangeNo)) {
 		return nil, procrun.ErrNotOwned
 	}
 	s.reruns++

@@ -94,8 +94,9 @@ type sharedQueries struct {
 	// parkFence fences the insert of client $1's parked event $4 (deadletter.go) to member $9
 	// owning its range, locking the range row FOR KEY SHARE.
 	parkFence string
-	// rangeOfRow is the range of changelog row $1 (no row when it is gone).
-	rangeOfRow string
+	// rerunOwned: the range of changelog row $3 and whether member $2 owns it (no row when the
+	// changelog row is gone).
+	rerunOwned string
 	// releasedOwned restricts the parked events an operator released (client $1, limit $2) to
 	// those of the ranges member $3 owns, so that one member runs each again, and those whose
 	// changelog row is gone (their range is unknown: any member may run them).
@@ -160,7 +161,8 @@ func buildSharedQueries(cfg Config) sharedQueries {
 		parkFence: ` FROM ` + rt + ` AS r WHERE r.client_name = $1 AND r.owner = $9
 		AND r.range_no = ` + rangeOf("$4::bigint") + `
 	FOR KEY SHARE OF r`,
-		rangeOfRow: `SELECT ` + unitExpression(cl) + ` / ` + strconv.Itoa(unitsPerRange) + ` FROM ` + qcl + ` WHERE id = $1`,
+		rerunOwned: `SELECT r.range_no, r.owner IS NOT DISTINCT FROM $2 FROM ` + rt + ` AS r
+	WHERE r.client_name = $1 AND r.range_no = ` + rangeOf("$3::bigint"),
 		releasedOwned: ` AND (NOT EXISTS (SELECT FROM ` + qcl + ` c WHERE c.id = ` + parked + `.changelog_id)
 		OR EXISTS (SELECT FROM ` + rt + ` AS r WHERE r.client_name = $1 AND r.owner = $3
 			AND r.range_no = ` + rangeOf(parked+`.changelog_id`) + `))`,
