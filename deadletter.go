@@ -240,7 +240,9 @@ func ListParked(ctx context.Context, db *sql.DB, client string, opts AdminOption
 }
 
 // RetryParked asks the running Process of client to run the parked event id again, at its next
-// look at the dead-letter table ([ProcessOptions].ParkedPollInterval). For an event parked
+// look at the dead-letter table ([ProcessOptions].ParkedPollInterval): the Process of the watcher
+// that owns the event (not an exclusive standby; with [Config.Shared], the member owning its
+// range). For an event parked
 // under [BlockOnFailure] it releases the event's key: every parked event of the key runs again,
 // in the order they were parked, and the key's new events run after them; if one fails again it
 // is parked again and holds the key. It returns an error wrapping [ErrNotParked] when the client

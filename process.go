@@ -13,8 +13,9 @@ import (
 // a panic, recovered as an error wrapping [ErrPanic]) is retried. ctx is cancelled when Process
 // stops and the grace period is over: a handler must return then. A [Config.Shared] member's
 // handlers also find ctx done once its lease may have run out (checked at each Done or Err,
-// so a process frozen past its lease finds it done when it wakes): use ctx in the handler's
-// calls so they fail rather than act after another member took the key over.
+// so a process frozen past its lease finds it done when it wakes), and once the member left the
+// members at Close: use ctx in the handler's calls so they fail rather than act after another
+// member took the key over.
 type Handler func(ctx context.Context, ev EventWithToken) error
 
 // FailurePolicy says what Process does with an event whose handler failed
@@ -32,7 +33,9 @@ const (
 	// event unfinished (its new owner runs it).
 	ParkOnFailure
 	// BlockOnFailure parks the event and every later event of its key (without running them)
-	// until an operator releases the key; the key's parked events then run again, in order.
+	// until an operator releases the key; the key's parked events then run again, in order. The
+	// key stays held on the watcher that takes its events over (exclusive fail-over, Shared
+	// hand-over).
 	BlockOnFailure
 )
 
