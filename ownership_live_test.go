@@ -401,3 +401,34 @@ func TestLiveExOwnerStartsNoHandler(t *testing.T) {
 	defer mu.Unlock()
 	require.Equal(t, ids[:1], started, "a watcher that lost its lock started handlers")
 }
+
+// TestLiveSharedHandOverInTheMiddleOfARelease: member a releases a held key (its two parked
+// events run again, in order) and the key's range is to move to member b while the first runs:
+// the hand-over waits for it, a leaves the rest of the release to b, and b runs the key's other
+// parked event, then its new one, in order.
+func TestLiveSharedHandOverInTheMiddleOfARelease(t *testing.T) {
+	t.Parallel()
+	e := newLive(t)
+	r := newOwnedRow(t, e, SharedRanges/3, SharedRanges/2)
+	opts := ProcessOptions{OnFailure: BlockOnFailure, MaxAttempts: 1, ParkedPollInterval: 20 * time.Millisecond}
+	a, b := sharedPairProcess(t, e, []*ownedRow{r}, opts)
+	want := []int64{r.write(0), r.write(1)}
+	waitFor(t, func() bool { return len(e.listParked()) == 2 }, "the key's events are parked")
+	r.cure(true)
+	require.NoError(t, RetryParked(context.Background(), e.db, "c", e.listParked()[0].ID, AdminOptions{}))
+	require.Equal(t, "a", receiveName(t, r.entered), "the range owner releases the key")
+	joinThird(t, e)
+	waitFor(t, func() bool {
+		a.w.sh.rerunMu.Lock()
+		defer a.w.sh.rerunMu.Unlock()
+		return a.w.sh.handing
+	}, "a starts handing the range over")
+	r.openGate()
+	waitFor(t, func() bool { return ownsRange(b.w, r.rangeNo) }, "the range moves to b")
+	want = append(want, r.write(2))
+	waitFor(t, func() bool { return len(r.runs()) == len(want) }, "the key's events run")
+	require.Equal(t, []rowRun{{"a", want[0]}, {"b", want[1]}, {"b", want[2]}}, r.runs())
+	require.Empty(t, e.listParked())
+	a.stop()
+	b.stop()
+}
