@@ -254,7 +254,7 @@ func TestLiveHeldKeyFollowsItsEvents(t *testing.T) {
 
 // TestLiveExclusiveStandbyRunsNoRerun: a parked event released while the active watcher's
 // Process is stopped is not run by a standby's Process, which polls nothing; the active
-// watcher runs it once its Process runs again.
+// watcher runs it, once, when its Process runs again.
 func TestLiveExclusiveStandbyRunsNoRerun(t *testing.T) {
 	t.Parallel()
 	e := newLive(t)
@@ -280,7 +280,13 @@ func TestLiveExclusiveStandbyRunsNoRerun(t *testing.T) {
 	waitFor(t, func() bool { return len(e.listParked()) == 0 }, "the active watcher runs the released event")
 	cancel()
 	require.NoError(t, <-errc)
-	require.Equal(t, []rowRun{{"active", first}}, r.runs())
+	// Once, by the watcher holding the lock (the standby only if a lock check of the active one
+	// timed out on a loaded machine and it took over).
+	owner := "active"
+	if standby.w.Stats().Active {
+		owner = "standby"
+	}
+	require.Equal(t, []rowRun{{owner, first}}, r.runs(), "active: %v; standby: %v", active.Err(), standby.w.Err())
 	standby.stop()
 }
 

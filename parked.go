@@ -151,10 +151,9 @@ func (w *Watcher) rerun(ctx context.Context, j *procrun.Job[EventWithToken], run
 // ownership); a Shared member also only while no hand-over is under way and it owns the range of
 // the event's changelog row, in its view and in the range table (where another member may have
 // claimed it while this one's lease had run out); any member may run an event whose row is
-// gone. Otherwise it
-// returns procrun.ErrNotOwned: the rerun is dropped, the parked event stays released, and its
-// owner runs it. A Shared member's rerun counts as running until end is called: a hand-over
-// waits for it before it gives ranges up.
+// gone. Otherwise it returns procrun.ErrNotOwned: the rerun is dropped, the parked event stays
+// released, and its owner runs it. A Shared member's rerun counts as running until end is
+// called: a hand-over waits for it before it gives ranges up.
 func (w *Watcher) startRerun(ctx context.Context, ev EventWithToken) (end func(), err error) {
 	if _, owns := w.ownership(); !owns {
 		return nil, procrun.ErrNotOwned
