@@ -223,6 +223,7 @@ func newWatcher(cfg Config) *Watcher {
 		schemaEvery: schemaCheckInterval,
 	}
 	w.rq = &w.q.readQueries
+	w.excl.gone, w.excl.markGone = context.WithCancel(context.Background())
 	if cfg.Shared {
 		w.sh = newSharedMember(cfg)
 	}

@@ -71,6 +71,11 @@ type exclusive struct {
 	warned  atomic.Bool // the second-watcher warning was logged
 
 	boundWarned atomic.Bool // the warning that the lock session cannot be bounded was logged
+
+	// gone is cancelled (once, by stopOwning) when the watcher stops owning its events: the
+	// contexts of an exclusive watcher's handlers end with it. Set by newWatcher.
+	gone     context.Context
+	markGone context.CancelFunc
 }
 
 func (x *exclusive) isActive() bool {
@@ -276,6 +281,7 @@ func (w *Watcher) stopOwning(err error, msg string) {
 	}
 	w.excl.mu.Unlock()
 	w.excl.release()
+	w.excl.markGone()
 	if w.sh != nil {
 		w.sh.markLost()
 	}

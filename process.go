@@ -14,8 +14,8 @@ import (
 // stops and the grace period is over: a handler must return then. A [Config.Shared] member's
 // handlers also find ctx done once its lease may have run out (checked at each Done or Err,
 // so a process frozen past its lease finds it done when it wakes), and once the member left the
-// members at Close: use ctx in the handler's calls so they fail rather than act after another
-// member took the key over.
+// members at Close; an exclusive watcher's find it done once the watcher lost its lock: use ctx
+// in the handler's calls so they fail rather than act after another watcher took the key over.
 type Handler func(ctx context.Context, ev EventWithToken) error
 
 // FailurePolicy says what Process does with an event whose handler failed
@@ -316,15 +316,25 @@ func (w *Watcher) restoreEvent(ctx context.Context, c EventWithToken) (EventWith
 
 // runHandler runs handle, recovering a panic into an error wrapping ErrPanic. A Shared member
 // first waits for its lease (one paused past it handles nothing when it wakes), and runs handle
-// with a context that ends when the lease may have run out (see leaseContext).
+// with a context that ends when the lease may have run out (see leaseContext); an exclusive
+// watcher runs it with a context that ends when it loses its lock.
 func (w *Watcher) runHandler(ctx context.Context, handle Handler, ev EventWithToken) (err error) {
-	if w.sh != nil {
+	switch {
+	case w.sh != nil:
 		if err := w.waitLease(ctx); err != nil {
 			return err
 		}
 		lc, release := w.sh.handlerContext(ctx)
 		defer release()
 		ctx = lc
+	case w.cfg.Exclusive:
+		hc, cancel := context.WithCancel(ctx)
+		stop := context.AfterFunc(w.excl.gone, cancel)
+		defer func() {
+			stop()
+			cancel()
+		}()
+		ctx = hc
 	}
 	defer func() {
 		if r := recover(); r != nil {
