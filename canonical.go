@@ -11,7 +11,7 @@ import (
 // same input as decoding json.Marshal of the map it decodes to after the changes
 // unmarshalDocumentMap makes, except for white space and the order of members:
 //   - every string and number is written as json.Marshal writes it (so a json.Number, an int
-//     field or a time.Time sees the same bytes; "1.0", "1e2", 2^53+1, "\u00e9" or "<" do not pass);
+//     field or a time.Time sees the same bytes; "1.0", "1e2", "\u00e9" or "<" do not pass);
 //   - every member name is printable ASCII without escapes, and no two names of one object are
 //     equal ignoring case (so each name reaches the same struct field, whatever the order);
 //   - no name is "createdat" (renamed by the round trip) and the top level has no "document"
@@ -184,8 +184,8 @@ func asciiEqualFold(a, b []byte) bool {
 	return true
 }
 
-// canonicalNumber reports whether json.Marshal writes the float64 the JSON number b decodes
-// to as b.
+// canonicalNumber reports whether json.Marshal writes the float64 or the json.Number the JSON
+// number b decodes to (see numberKept) as b.
 func canonicalNumber(b []byte) bool {
 	digits := 0
 	for _, c := range b {
@@ -195,8 +195,8 @@ func canonicalNumber(b []byte) bool {
 		}
 		digits++
 	}
-	if digits <= 15 { // an integer that float64 holds exactly, written back digit for digit
-		return true
+	if digits <= 15 || numberKept(b) { // an integer that float64 holds exactly, or a json.Number,
+		return true // written back byte for byte
 	}
 	f, err := strconv.ParseFloat(string(b), 64)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -260,11 +261,40 @@ func jsonEqual(a, b any) bool {
 			}
 		}
 		return true
+	case json.Number:
+		b, ok := b.(json.Number)
+		return ok && decimalForm(a) == decimalForm(b)
 	default:
 		// Decoded scalars (nil, bool, float64, string) are comparable; differing dynamic
-		// types compare unequal without panicking.
+		// types compare unequal without panicking (a float64 and a json.Number are never the
+		// same number written the way jsonb writes numbers).
 		return a == b
 	}
+}
+
+// decimalForm returns the valid JSON number n written so that numbers of equal value give
+// the same text: the sign, the significant digits without leading or trailing zeros, and the
+// exponent of the last digit ("1.50e2", "150" and "150.0" all give "+15e1").
+func decimalForm(n json.Number) string {
+	s := string(n)
+	sign := "+"
+	if strings.HasPrefix(s, "-") {
+		sign, s = "-", s[1:]
+	}
+	mantissa, exponent, _ := strings.Cut(strings.ToLower(s), "e")
+	exp, err := strconv.ParseInt(exponent, 10, 64)
+	if err != nil && exponent != "" {
+		return string(n) // an exponent beyond int64: compared as written
+	}
+	whole, fraction, _ := strings.Cut(mantissa, ".")
+	exp -= int64(len(fraction))
+	digits := strings.TrimLeft(whole+fraction, "0")
+	if digits == "" {
+		return "0"
+	}
+	trimmed := strings.TrimRight(digits, "0")
+	exp += int64(len(digits) - len(trimmed))
+	return sign + trimmed + "e" + strconv.FormatInt(exp, 10)
 }
 
 // formatToken returns the resume token for a changelog id: the id in decimal, e.g.

@@ -378,3 +378,33 @@ func TestLegacyConstructorUnwrapsHealthEvents(t *testing.T) {
 	require.Empty(t, NewPostgreSQLChangeStreamWatcher(db, "c", "public.health_events", "", ModePolling).cfg.DocumentField,
 		"the replaced watcher compared the bare name")
 }
+
+// Numbers a float64 cannot hold are kept in every document of an event, and the diff compares
+// them by value.
+func TestBuildEventKeepsNumbersFloat64CannotHold(t *testing.T) {
+	ev, _, err := buildEvent(evRow("INSERT", "", `{"huge": 1e400, "label": "keep me"}`), "t", "")
+	require.NoError(t, err)
+	require.Equal(t, evObj{"huge": json.Number("1e400"), "label": "keep me"}, ev["fullDocument"])
+
+	ev, _, err = buildEvent(evRow("DELETE", `{"id": 123456789012345678901234567890}`, ""), "t", "")
+	require.NoError(t, err)
+	require.Equal(t, evObj{"id": json.Number("123456789012345678901234567890")}, ev["fullDocumentBeforeChange"])
+
+	ev, _, err = buildEvent(evRow("UPDATE",
+		`{"same": 1e400, "scale": 1.0e-400, "big": 9007199254740993, "n": 1}`,
+		`{"same": 1e400, "scale": 1.00e-400, "big": 9007199254740995, "n": 1e400}`), "t", "")
+	require.NoError(t, err)
+	require.Equal(t, evObj{"updatedFields": evObj{"big": json.Number("9007199254740995"), "n": json.Number("1e400")}},
+		ev["updateDescription"])
+}
+
+func TestDecimalForm(t *testing.T) {
+	for _, same := range [][]json.Number{{"150", "1.50e2", "150.0", "15E1", "1500e-1"}, {"0", "-0", "0.000", "0e400"},
+		{"-1e400", "-10e399", "-0.1e401"}} {
+		for _, n := range same {
+			require.Equal(t, decimalForm(same[0]), decimalForm(n), n)
+		}
+	}
+	require.NotEqual(t, decimalForm("1e400"), decimalForm("-1e400"))
+	require.NotEqual(t, decimalForm("9007199254740993"), decimalForm("9007199254740992"))
+}

@@ -2,8 +2,10 @@ package pgchangestream
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -19,7 +21,9 @@ import (
 // to it ignoring case. A field's value is:
 //
 //   - a plain value (nil, bool, number, string, time.Time, array, object): equality. Numbers
-//     compare by value whatever their Go type; arrays and objects compare whole. A missing
+//     compare by value whatever their Go type (json.Number included), as float64s: a number
+//     beyond float64's range compares as an infinity, and integers beyond 2^53 compare at
+//     float64 precision; arrays and objects compare whole. A missing
 //     field, or a null one, equals nil and false (a false protobuf field is often omitted).
 //   - an object of operators, all of which must hold: $eq, $ne (the negation of equality),
 //     $in (an array; a missing or null field never matches), $gt, $gte, $lt, $lte (between
@@ -392,8 +396,9 @@ func toFloat(v any) (float64, bool) {
 	case uint64:
 		return float64(n), true
 	case json.Number:
-		f, err := n.Float64()
-		return f, err == nil
+		// A number beyond float64's range compares as an infinity.
+		f, err := strconv.ParseFloat(string(n), 64)
+		return f, err == nil || errors.Is(err, strconv.ErrRange)
 	}
 	return 0, false
 }

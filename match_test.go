@@ -199,3 +199,18 @@ func FuzzMatchFilterJSON(f *testing.F) {
 		filter(nil)
 	})
 }
+
+// A number beyond float64's range, as documents hold it, compares as an infinity.
+func TestMatchFilterNumbersFloat64CannotHold(t *testing.T) {
+	ev, _, err := buildEvent(evRow("INSERT", "", `{"huge": 1e400, "low": -1e400, "long": 123456789012345678901234567890}`), "t", "")
+	require.NoError(t, err)
+	for cond, want := range map[string]bool{
+		`{"fullDocument.huge": {"$gt": 1e300}}`: true, `{"fullDocument.huge": {"$lt": 5}}`: false,
+		`{"fullDocument.low": {"$lt": -1e300}}`: true, `{"fullDocument.huge": {"$exists": true}}`: true,
+		`{"fullDocument.long": {"$gt": 1.2e29, "$lt": 1.3e29}}`: true, `{"fullDocument.huge": 5}`: false,
+	} {
+		filter, err := MatchFilterJSON([]byte(`[{"$match": ` + cond + `}]`))
+		require.NoError(t, err)
+		require.Equal(t, want, filter(ev), cond)
+	}
+}

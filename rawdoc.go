@@ -5,7 +5,6 @@ import (
 	"encoding"
 	"encoding/json"
 	"reflect"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -34,8 +33,8 @@ type rawDocument struct {
 // lazyEvent returns the event of row without its documents and what is kept to decode them
 // on demand (Config.RawDocuments), or nil when the row's documents must be decoded now: a
 // delete (fullDocumentBeforeChange is published as today), an unknown operation, or a column
-// that may fail to decode (not valid JSON, not an object, a number beyond float64), whose
-// error must be reported when the row is read. missed is what buildEvent would report.
+// that fails to decode (not valid JSON, not an object), whose error must be reported when the
+// row is read. missed is what buildEvent would report.
 func lazyEvent(row *changelogRow, table string, docs documentOptions) (ev Event, raw *rawDocument, missed bool) {
 	if row.Operation != "INSERT" && row.Operation != "UPDATE" || row.NewValues == nil {
 		return nil, nil, false
@@ -45,7 +44,7 @@ func lazyEvent(row *changelogRow, table string, docs documentOptions) (ev Event,
 		columns = append(columns, row.OldValues)
 	}
 	for _, data := range columns {
-		if !fastDecodable(data) || !floatsInRange(data) {
+		if object, _ := scanObject(data); !object {
 			return nil, nil, false
 		}
 		if docs.field == "" {
@@ -249,28 +248,6 @@ func objectMembers(data []byte, a, b string) (va, vb []byte, ok bool) {
 			i++
 		}
 	}
-}
-
-// floatsInRange reports whether every number of data, valid JSON, fits a float64, as decoding
-// it into a map[string]any requires.
-func floatsInRange(data []byte) bool {
-	for i := 0; i < len(data); {
-		switch c := data[i]; {
-		case c == '"':
-			i = skipValidString(data, i)
-		case c == '-' || isDigit(c):
-			end := skipNumber(data, i)
-			if bytes.ContainsAny(data[i:end], "eE") || end-i > 300 {
-				if _, err := strconv.ParseFloat(string(data[i:end]), 64); err != nil {
-					return false
-				}
-			}
-			i = end
-		default:
-			i++
-		}
-	}
-	return true
 }
 
 // skipValue returns the index after the JSON value starting at data[i], which must be valid.

@@ -308,7 +308,7 @@ func TestUnmarshalDocumentDecodesTheText(t *testing.T) {
 		require.Equal(t, int64(1741964966), v.HealthEvent.GeneratedTimestamp.Seconds)
 	}
 	// Each text decodes into docStruct otherwise than its map round trip does.
-	for _, doc := range []string{`{"n": 1.0}`, `{"u": 12345678901234567890}`, `{"num": 1.50}`,
+	for _, doc := range []string{`{"n": 1.0}`, `{"num": 1.50}`,
 		`{"t": "2025\u002d03-14T15:09:26Z"}`, `{"nodename": "a", "NodeName": "b"}`, `{"a": {"n": 1}, "a": {"s": "x"}}`,
 		`{"document": {"n": 1}}`} {
 		var direct, viaMap docStruct
@@ -317,6 +317,20 @@ func TestUnmarshalDocumentDecodesTheText(t *testing.T) {
 		require.False(t, directErr == nil && mapErr == nil && reflect.DeepEqual(direct, viaMap), doc)
 		require.False(t, canonicalJSON([]byte(doc)), doc)
 	}
+	// A number a float64 cannot hold is a json.Number in the map, and decodes from the text as
+	// through the map, digit for digit.
+	for _, doc := range []string{`{"u": 12345678901234567890}`, `{"num": 1e400}`, `{"num": -123456789012345678901234567890}`} {
+		var direct, viaMap docStruct
+		decoded, err := decodeBytes([]byte(doc), &direct)
+		require.True(t, decoded, doc)
+		require.NoError(t, err, doc)
+		require.NoError(t, unmarshalDocumentMap(Event{"fullDocument": mustDecode(t, doc)}, &viaMap), doc)
+		require.Equal(t, viaMap, direct, doc)
+	}
+	var exact docStruct
+	require.NoError(t, unmarshalDocumentMap(Event{"fullDocument": mustDecode(t, `{"u": 12345678901234567890, "num": 1e400}`)}, &exact))
+	require.Equal(t, uint64(12345678901234567890), exact.U)
+	require.Equal(t, json.Number("1e400"), exact.Num)
 	decoded, _ := decodeBytes([]byte(`{"a": {"x": 1}}`), new(rawTarget))
 	require.False(t, decoded, "a json.RawMessage sees the spacing")
 	prefilled := docStruct{Any: new(json.RawMessage)}
