@@ -127,7 +127,7 @@ func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, e
 			pos, err = w.tokenRowPosition(ctx, pos.ID)
 		}
 		if err != nil {
-			return Position{}, fmt.Errorf("load saved token: %w", err)
+			return Position{}, fmt.Errorf("load saved token of client %q: %w", w.cfg.ClientName, err)
 		}
 		if pos, save, err = w.resumePosition(ctx, pos, skipFree, now); err != nil {
 			return Position{}, err

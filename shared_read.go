@@ -234,7 +234,7 @@ func (w *Watcher) initRanges(ctx context.Context, now pgSnapshot, inc string) er
 			pos, err = w.tokenRowPosition(ctx, pos.ID)
 		}
 		if err != nil {
-			return fmt.Errorf("load saved token: %w", err)
+			return fmt.Errorf("load saved token of client %q: %w", w.cfg.ClientName, err)
 		}
 		if pos, _, err = w.resumePosition(ctx, pos, true, now); err != nil {
 			return err
@@ -302,7 +302,7 @@ func (w *Watcher) loadOwned(ctx context.Context, now pgSnapshot, inc string) (Po
 			}
 			p, err := decodeToken([]byte(raw))
 			if err != nil {
-				return fmt.Errorf("range %d: %w", r, err)
+				return fmt.Errorf("client %q range %d: %w", w.cfg.ClientName, r, err)
 			}
 			owned, ps = append(owned, r), append(ps, p)
 		}

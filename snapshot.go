@@ -35,7 +35,8 @@ type pgSnapshot struct {
 // emptySnapshot sees no transaction: reading from it delivers every row.
 var emptySnapshot = pgSnapshot{xmin: firstNormalXid, xmax: firstNormalXid}
 
-// parseSnapshot parses the text form of a pg_snapshot ("xmin:xmax:xip,xip,...").
+// parseSnapshot parses the text form of a pg_snapshot ("xmin:xmax:xip,xip,..."), refusing one
+// PostgreSQL cannot write: xmin below firstNormalXid, xmin above xmax, an xip outside [xmin, xmax).
 func parseSnapshot(s string) (pgSnapshot, error) {
 	parts := strings.Split(s, ":")
 	if len(parts) != 3 {
@@ -50,6 +51,10 @@ func parseSnapshot(s string) (pgSnapshot, error) {
 	}
 	if snap.xmax, err = strconv.ParseUint(parts[1], 10, 64); err != nil {
 		return pgSnapshot{}, fmt.Errorf("snapshot %q: xmax: %w", s, err)
+	}
+	if snap.xmin < firstNormalXid {
+		// PostgreSQL never writes one; reading from it would compute ranges below id 0.
+		return pgSnapshot{}, fmt.Errorf("snapshot %q: xmin %d is below %d, the first transaction id", s, snap.xmin, firstNormalXid)
 	}
 	if snap.xmin > snap.xmax {
 		return pgSnapshot{}, fmt.Errorf("snapshot %q: xmin is above xmax", s)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"time"
 )
@@ -97,6 +98,9 @@ func decodeTableToken(data []byte) (Position, string, error) {
 	if err := dec.Decode(&t); err != nil {
 		return Position{}, "", fmt.Errorf("saved token %q is not valid JSON: %w", data, err)
 	}
+	if _, err := dec.Token(); err != io.EOF {
+		return Position{}, t.Table, fmt.Errorf("saved token %q has data after its JSON object", data)
+	}
 	p, err := t.position(data)
 	return p, t.Table, err
 }
@@ -106,7 +110,7 @@ func (t savedToken) position(data []byte) (Position, error) {
 	if t.EventID == "" {
 		return Position{}, fmt.Errorf("saved token %q has no eventID", data)
 	}
-	id, err := tokenInt(t.EventID)
+	id, err := savedID(t.EventID)
 	if err != nil {
 		return Position{}, fmt.Errorf("saved token %q: eventID: %w", data, err)
 	}
@@ -131,8 +135,8 @@ func (t savedToken) position(data []byte) (Position, error) {
 func (t savedToken) decodeSpan(p *Position) error {
 	switch {
 	case t.Switchover != "":
-		if t.Snapshot != "" || t.DeltaEnd != "" {
-			return errors.New("switchover goes with no other snapshot")
+		if t.Snapshot != "" || t.hasDelta() {
+			return errors.New("switchover goes with no snapshot, deltaEnd, deltaAfterID, deltaXid or deltaID")
 		}
 		s, err := parseSnapshot(t.Switchover)
 		if err != nil {
@@ -146,10 +150,15 @@ func (t savedToken) decodeSpan(p *Position) error {
 		}
 		p.span = &span{seq: 1, base: s}
 		return t.decodeDelta(p)
-	case t.DeltaEnd != "" || t.DeltaAfter != "" || t.DeltaXid != "" || t.DeltaID != "":
+	case t.hasDelta():
 		return errors.New("deltaEnd, deltaAfterID, deltaXid and deltaID need a snapshot")
 	}
 	return nil
+}
+
+// hasDelta reports whether the token has a field of a position inside a delta.
+func (t savedToken) hasDelta() bool {
+	return t.DeltaEnd != "" || t.DeltaAfter != "" || t.DeltaXid != "" || t.DeltaID != ""
 }
 
 // decodeDelta sets the position inside a delta, if the token has one.
@@ -176,7 +185,7 @@ func (t savedToken) decodeDelta(p *Position) error {
 	if t.DeltaAfter == "" {
 		return errors.New("deltaEnd needs deltaAfterID")
 	}
-	id, err := tokenInt(t.DeltaAfter)
+	id, err := savedID(t.DeltaAfter)
 	if err != nil {
 		return fmt.Errorf("deltaAfterID: %w", err)
 	}
@@ -201,7 +210,7 @@ func (t savedToken) checkOlderDelta(b, e pgSnapshot) error {
 	if err != nil {
 		return fmt.Errorf("deltaXid: %w", err)
 	}
-	if _, err := tokenInt(t.DeltaID); err != nil {
+	if _, err := savedID(t.DeltaID); err != nil {
 		return fmt.Errorf("deltaID: %w", err)
 	}
 	if x < firstNormalXid || e.running(x) || !b.running(x) {
@@ -210,17 +219,21 @@ func (t savedToken) checkOlderDelta(b, e pgSnapshot) error {
 	return nil
 }
 
-// tokenInt parses an integer of a saved token, accepting the float form JSON writers produce.
-func tokenInt(n json.Number) (int64, error) {
+// savedID parses a changelog id of a saved token, accepting the float form JSON writers
+// produce, and refusing a negative one (ids count from 1; 0 is before every row).
+func savedID(n json.Number) (int64, error) {
 	id, err := strconv.ParseInt(n.String(), 10, 64)
-	if err == nil {
-		return id, nil
+	if err != nil {
+		f, ferr := n.Float64()
+		if ferr != nil || f != float64(int64(f)) {
+			return 0, errors.New("not an integer")
+		}
+		id = int64(f)
 	}
-	f, ferr := n.Float64()
-	if ferr != nil || f != float64(int64(f)) {
-		return 0, errors.New("not an integer")
+	if id < 0 {
+		return 0, fmt.Errorf("%d is negative", id)
 	}
-	return int64(f), nil
+	return id, nil
 }
 
 // ErrInvalidToken is wrapped by the error MarkProcessed returns for a token that is not a

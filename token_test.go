@@ -1,6 +1,7 @@
 package pgchangestream
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -86,6 +87,81 @@ func TestDecodeTokenRejectsBadSnapshots(t *testing.T) {
 		_, err := decodeToken([]byte(bad))
 		require.Error(t, err, bad)
 	}
+}
+
+// Every field of a token that PostgreSQL or the watcher cannot have written is refused, with
+// the token and what is wrong in the error: a snapshot below the first transaction id (from
+// which a read would skip the rows after it), a negative id, data after the object, fields
+// that do not go together.
+func TestDecodeTokenRefusesCorruptTokens(t *testing.T) {
+	const ts = `"timestamp":"2025-05-06T07:08:09Z"`
+	for bad, why := range map[string]string{
+		`{` + ts + `,"eventID":0,"snapshot":"0:0:"}`:                                                    `xmin 0 is below 3`,
+		`{` + ts + `,"eventID":5,"snapshot":"2:10:"}`:                                                   `xmin 2 is below 3`,
+		`{` + ts + `,"eventID":5,"switchover":"0:0:"}`:                                                  `xmin 0 is below 3`,
+		`{` + ts + `,"eventID":5,"snapshot":"10:20:","deltaEnd":"0:30:","deltaAfterID":5}`:              `xmin 0 is below 3`,
+		`{` + ts + `,"eventID":-1}`:                                                                     `eventID: -1 is negative`,
+		`{"eventID":-7}`:                                                                                `eventID: -7 is negative`,
+		`{` + ts + `,"eventID":-5,"snapshot":"10:20:"}`:                                                 `eventID: -5 is negative`,
+		`{` + ts + `,"eventID":5,"snapshot":"10:20:","deltaEnd":"10:30:","deltaXid":"15","deltaID":-1}`: `deltaID: -1 is negative`,
+		`{` + ts + `,"eventID":5} {}`:                                                                   `has data after its JSON object`,
+		`{` + ts + `,"eventID":5}x`:                                                                     `has data after its JSON object`,
+		`{` + ts + `,"eventID":5,"switchover":"10:20:","deltaAfterID":5}`:                               `switchover goes with no snapshot`,
+		`{` + ts + `,"eventID":5,"switchover":"10:20:","deltaXid":"12"}`:                                `switchover goes with no snapshot`,
+		`{"timestamp":"yesterday","eventID":5}`:                                                         `timestamp`,
+		`{` + ts + `,"eventID":1.5}`:                                                                    `eventID: not an integer`,
+		`{` + ts + `,"eventID":1e30}`:                                                                   `eventID: not an integer`,
+	} {
+		_, err := decodeToken([]byte(bad))
+		require.ErrorContains(t, err, why, bad)
+		require.ErrorContains(t, err, fmt.Sprintf("%q", bad), "the error quotes the token")
+	}
+	for _, good := range []string{
+		`{"timestamp":"0001-01-01T00:00:00Z","eventID":0,"snapshot":"3:3:"}`,       // a new client of an empty table
+		`{"timestamp":"0001-01-01T00:00:00Z","eventID":0,"switchover":"700:700:"}`, // from the beginning
+		`{` + ts + `,"eventID":5} `,
+	} {
+		_, err := decodeToken([]byte(good))
+		require.NoError(t, err, good)
+	}
+}
+
+// A token decodeToken accepts is one the watcher can write: it survives encodeToken unchanged
+// in order and snapshots, its ids are not negative and its snapshots start at a real
+// transaction id.
+func FuzzDecodeToken(f *testing.F) {
+	const ts = `"timestamp":"2025-05-06T07:08:09Z"`
+	for _, seed := range []string{
+		`{` + ts + `,"eventID":0,"snapshot":"0:0:"}`, `{` + ts + `,"eventID":7,"snapshot":"100:105:100,103"}`,
+		`{` + ts + `,"eventID":41,"snapshot":"100:105:100,103","deltaEnd":"103:120:103,110","deltaAfterID":41}`,
+		`{` + ts + `,"eventID":7,"switchover":"100:105:100,103"}`, `{"eventID":7}`, `{` + ts + `,"eventID":-1}`,
+		`{` + ts + `,"eventID":41,"snapshot":"100:105:100","deltaEnd":"103:120:110","deltaXid":"107","deltaID":41}`,
+		`{` + ts + `,"eventID":5,"table":"items"}`, `{` + ts + `,"eventID":5}x`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p, err := decodeToken(data)
+		if err != nil {
+			return
+		}
+		require.GreaterOrEqual(t, p.ID, int64(0), "%q", data)
+		if p.span == nil {
+			again, err := decodeToken(encodeToken(p, ""))
+			require.NoError(t, err)
+			require.Equal(t, p, again)
+			return
+		}
+		for _, s := range []pgSnapshot{p.span.base, p.span.end} {
+			if s.xmax != 0 || s.xmin != 0 { // end is zero without hasEnd
+				require.GreaterOrEqual(t, s.xmin, uint64(firstNormalXid), "%q", data)
+			}
+		}
+		again, err := decodeToken(encodeToken(p, ""))
+		require.NoError(t, err, "%q re-encoded as %q", data, encodeToken(p, ""))
+		require.Equal(t, 0, p.Compare(again), "%q", data)
+		require.True(t, p.span.base.equal(again.span.base), "%q", data)
+	})
 }
 
 // A token saved inside a delta by an earlier release, which read deltas in (txid, id) order,
