@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
@@ -145,12 +147,23 @@ func (s *sqlParkedStore) park(ctx context.Context, p ParkedEvent) (int64, error)
 
 // insert inserts p, unless fence, a FROM clause with a condition (its arguments from $9 on),
 // selects no row: inserted is then false.
+//
+// A key PostgreSQL's text cannot hold (a NUL byte, invalid UTF-8) is refused as a Fatal error:
+// stored changed, it would no longer find its parked events, and retrying cannot succeed. The
+// event then stops Process as under StopOnFailure, unacknowledged. The error text, a message
+// only, is stored with such bytes replaced.
 func (s *sqlParkedStore) insert(ctx context.Context, p ParkedEvent, fence string, fenceArgs ...any) (id int64, inserted bool, err error) {
+	what := fmt.Sprintf("park event %d of key %q", p.ChangelogID, p.Key)
+	if !storableText(p.Key) {
+		return 0, false, procrun.Fatal(fmt.Errorf("pgchangestream: %s: the key holds a NUL byte or invalid UTF-8, "+
+			"which the dead-letter table's text column cannot store", what))
+	}
 	doc, err := json.Marshal(p.Event)
 	if err != nil {
-		return 0, false, fmt.Errorf("pgchangestream: park event %d: encode its document: %w", p.ChangelogID, err)
+		return 0, false, fmt.Errorf("pgchangestream: %s: encode its document: %w", what, err)
 	}
-	args := append([]any{s.client, p.Key, p.Table, p.ChangelogID, string(doc), p.Error, p.Attempts, p.Blocking}, fenceArgs...)
+	errText := strings.ReplaceAll(strings.ToValidUTF8(p.Error, "\ufffd"), "\x00", `\x00`)
+	args := append([]any{s.client, p.Key, p.Table, p.ChangelogID, string(doc), errText, p.Attempts, p.Blocking}, fenceArgs...)
 	err = s.db.QueryRowContext(ctx, `INSERT INTO `+s.table+
 		` (client_name, event_key, table_name, changelog_id, event, error, attempts, blocking)
 		SELECT $1::text, $2::text, $3::text, $4::bigint, $5::text::jsonb, $6::text, $7::int, $8::boolean`+fence+` RETURNING id`,
@@ -158,7 +171,12 @@ func (s *sqlParkedStore) insert(ctx context.Context, p ParkedEvent, fence string
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, false, nil
 	}
-	return id, err == nil, s.check("park event", err)
+	return id, err == nil, s.check(what, err)
+}
+
+// storableText reports whether PostgreSQL's text type can hold s: valid UTF-8 without NUL.
+func storableText(s string) bool {
+	return utf8.ValidString(s) && !strings.Contains(s, "\x00")
 }
 
 func (s *sqlParkedStore) blockedKeys(ctx context.Context) ([]string, error) {

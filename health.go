@@ -19,6 +19,7 @@ const (
 	opMark   = "set processed flag" // the changelog's legacy flag, after saves
 	opSave   = "save checkpoint"    // the token table, inline or in the background
 	opSchema = "capture trigger"    // the table's capture trigger and its function (schema_check.go)
+	opPark   = "dead-letter table"  // Process's parks, reruns and polls of released events
 )
 
 // firstReadTimeout is how long a watcher may work (after Start, or after taking over as the
@@ -48,13 +49,49 @@ type health struct {
 	loadDone   bool      // the start position was loaded since working
 	readDone   bool      // a read completed since working
 	caughtUp   bool      // the last read found no more rows
+	// retrying counts, per operation, the retry loops failing now (failRetry, endRetry): the
+	// operation's failure lasts until the last of them ends.
+	retrying map[string]int
 }
 
 // fail records that op failed with err. The failure lasts until ok(op).
 func (h *health) fail(op string, err error) {
-	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.failLocked(op, err)
+}
+
+// failRetry records that op failed with err in one of several retry loops that may run at
+// once; first says the loop had not failed before. The failure lasts until every loop that
+// failed called endRetry.
+func (h *health) failRetry(op string, err error, first bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if first {
+		if h.retrying == nil {
+			h.retrying = map[string]int{}
+		}
+		h.retrying[op]++
+	}
+	h.failLocked(op, err)
+}
+
+// endRetry records that a retry loop of op that failed ended (it succeeded or gave up).
+func (h *health) endRetry(op string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.retrying[op]--; h.retrying[op] > 0 {
+		return
+	}
+	delete(h.retrying, op)
+	if i := h.index(op); i >= 0 {
+		h.failing = slices.Delete(h.failing, i, i+1)
+	}
+}
+
+// failLocked is fail with h.mu held.
+func (h *health) failLocked(op string, err error) {
+	now := time.Now()
 	h.lastErr, h.lastErrAt = err, now
 	switch op {
 	case opLoad:
@@ -166,7 +203,11 @@ func roundAge(d time.Duration) time.Duration {
 // other DDL changed after [InstallSchema] and [CaptureChanges] made them ("capture trigger: trigger
 // function public.log_table_changes() is not the one InstallSchema installs: ..."; the message
 // says what to re-apply): the watcher checks its table's trigger and function at Start and then
-// every 30s, so such a change shows within 40s, until a check finds the schema re-applied.
+// every 30s, so such a change shows within 40s, until a check finds the schema re-applied. A
+// call of [Watcher.Process] to its dead-letter table (a park, a rerun's read, the poll of
+// released events) that fails is a failure ("dead-letter table") from its first failed try
+// until it succeeds: a park that keeps failing, which holds the checkpoint behind its event,
+// shows at once and as long as it lasts. Every failure is also [Stats].LastError.
 // When nothing failed, it also reports a watcher that has not completed a read within 30s of
 // starting (or of taking over as the exclusive watcher), naming the step it is stuck in. In
 // hybrid and polling modes a lost LISTEN connection is not a failure (reads go on;

@@ -271,9 +271,11 @@ func (w *Watcher) runEngine(ctx context.Context, src <-chan EventWithToken, o Pr
 		Store:   store,
 		Stats:   &w.procStats,
 		Owner:   owner,
-		StoreFailed: func(err error) {
+		StoreFailed: func(err error, failures int) {
+			w.health.failRetry(opPark, fmt.Errorf("%s: %w", opPark, err), failures == 1)
 			w.log.Warn("dead-letter table call failed; trying again", "error", err)
 		},
+		StoreRecovered: func() { w.health.endRetry(opPark) },
 	}
 	if restore != nil && o.MaxDeferred > 0 {
 		h.Defer, h.Restore = deferEvent, restore

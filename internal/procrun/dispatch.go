@@ -253,7 +253,7 @@ func (d *dispatcher[E]) heldCurrent(ctx context.Context) bool {
 // hold); it returns false when ctx ended first. Dispatcher goroutine only.
 func (d *dispatcher[E]) loadHeld(ctx context.Context) bool {
 	gen, _ := d.h.Owner() // before the read: a later gain loads again
-	keys, ok := retry(ctx, d.o.Delay, d.h.StoreFailed, func() ([]string, error) { return d.h.Store.BlockedKeys(ctx) })
+	keys, ok := retry(ctx, d.o.Delay, d.h, func() ([]string, error) { return d.h.Store.BlockedKeys(ctx) })
 	if !ok {
 		return false
 	}
@@ -570,6 +570,8 @@ func (d *dispatcher[E]) applyPoll(p pollResult[E]) {
 
 // pollLoop is the poller goroutine: it looks at the store when the dispatcher asks.
 func (d *dispatcher[E]) pollLoop(ctx context.Context) {
+	failures := 0 // polls failed in a row
+	defer func() { d.h.storeRecovered(failures) }()
 	for {
 		var epoch uint64
 		select {
@@ -587,6 +589,11 @@ func (d *dispatcher[E]) pollLoop(ctx context.Context) {
 		}
 		if err != nil || !owns { // the next tick looks again; epoch 0 unblocks nothing
 			p = pollResult[E]{}
+			failures++
+			d.h.storeFailed(err, failures)
+		} else {
+			d.h.storeRecovered(failures)
+			failures = 0
 		}
 		d.polled <- p // never blocks: one poll at a time, and its answer is taken before the next
 	}

@@ -94,9 +94,13 @@ type Hooks[E any] struct {
 	// come in the mark's order. It must not block (acknowledge in memory, wake a saver).
 	Advance func(last E)
 	Store   Store[E] // required by Park and Block
-	// StoreFailed, if set, is told of each failed store call (it is tried again after Delay).
-	StoreFailed func(err error)
-	Stats       *Stats // counters; may be shared across runs
+	// StoreFailed, if set, is told of each failed store call (it is tried again after Delay, or,
+	// for the poll of released events, at the next poll), with the number of calls of that
+	// retry loop failed in a row; StoreRecovered, if set, once such a loop ends after failing
+	// (its call succeeded, or the run stopped), so that failures can be shown while they last.
+	StoreFailed    func(err error, failures int)
+	StoreRecovered func()
+	Stats          *Stats // counters; may be shared across runs
 	// Defer, if set, returns the compact form of an event taken while its key holds
 	// MaxKeyQueue full events (or deferred ones): the mark and the key's queue keep that form
 	// until Restore, called on a worker when the event is next of its key, gives the full event
@@ -176,20 +180,34 @@ func Run[E any](ctx context.Context, o Options, src <-chan E, h Hooks[E]) error 
 	return err
 }
 
-// retry calls f until it succeeds or ctx ends, waiting delay between tries and telling failed
-// (if set) of each error.
-func retry[T any](ctx context.Context, delay func(int) time.Duration, failed func(error), f func() (T, error)) (T, bool) {
+// retry calls f until it succeeds or ctx ends, waiting delay between tries and telling h's
+// StoreFailed and StoreRecovered (if set) of its failures.
+func retry[T, E any](ctx context.Context, delay func(int) time.Duration, h Hooks[E], f func() (T, error)) (T, bool) {
 	for n := 1; ; n++ {
 		v, err := f()
 		if err == nil {
+			h.storeRecovered(n - 1)
 			return v, true
 		}
-		if failed != nil {
-			failed(err)
-		}
+		h.storeFailed(err, n)
 		if !sleep(ctx, delay(n)) {
+			h.storeRecovered(n)
 			return v, false
 		}
+	}
+}
+
+// storeFailed tells StoreFailed, if set, of the failures-th failure in a row of a store call.
+func (h Hooks[E]) storeFailed(err error, failures int) {
+	if h.StoreFailed != nil {
+		h.StoreFailed(err, failures)
+	}
+}
+
+// storeRecovered tells StoreRecovered, if set, that a loop with failures failed calls ended.
+func (h Hooks[E]) storeRecovered(failures int) {
+	if failures > 0 && h.StoreRecovered != nil {
+		h.StoreRecovered()
 	}
 }
 

@@ -17,7 +17,7 @@ func (d *dispatcher[E]) do(ctx context.Context, t task[E]) result[E] {
 	// wrapped by Fatal is not retried: it fails the event, as under Stop.
 	store := func(f func() error) bool {
 		var fatal fatalError
-		_, ok := retry(ctx, d.o.Delay, d.h.StoreFailed, func() (struct{}, error) {
+		_, ok := retry(ctx, d.o.Delay, d.h, func() (struct{}, error) {
 			err := f()
 			if errors.As(err, &fatal) {
 				return struct{}{}, nil
@@ -54,7 +54,7 @@ func (d *dispatcher[E]) do(ctx context.Context, t task[E]) result[E] {
 	switch t.kind {
 	case releaseJob:
 		var ok bool
-		if r.reruns, ok = retry(ctx, d.o.Delay, d.h.StoreFailed, func() ([]Parked[E], error) { return d.h.Store.KeyEvents(ctx, j.Key) }); ok {
+		if r.reruns, ok = retry(ctx, d.o.Delay, d.h, func() ([]Parked[E], error) { return d.h.Store.KeyEvents(ctx, j.Key) }); ok {
 			r.outcome = loaded
 		}
 		return r
