@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 )
@@ -14,9 +15,11 @@ import (
 // database is refused at once.
 func (w *Watcher) loadWithRetry(ctx context.Context) error {
 	retry := backoff{min: loadRetryMin, max: loadRetryMax}
+	failed := newRepeatLog(w.log, slog.LevelError, "cannot load the start position; retrying")
 	for {
 		err := w.load(ctx)
 		if err == nil {
+			failed.ok()
 			w.health.ok(opLoad)
 			return nil
 		}
@@ -33,7 +36,7 @@ func (w *Watcher) loadWithRetry(ctx context.Context) error {
 			return err
 		}
 		wait := retry.next()
-		w.log.Error("cannot load the start position; retrying", "error", err, "retry_in", wait)
+		failed.fail("error", err, "retry_in", wait)
 		if !sleepCtx(ctx, wait) {
 			return ctx.Err()
 		}
@@ -430,6 +433,7 @@ func (w *Watcher) saveLoop(ctx context.Context) {
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	failed := newRepeatLog(w.log, slog.LevelError, "background checkpoint save failed")
 	for {
 		select {
 		case <-ctx.Done():
@@ -445,9 +449,10 @@ func (w *Watcher) saveLoop(ctx context.Context) {
 			continue
 		}
 		if err == nil {
+			failed.ok()
 			continue
 		}
-		w.log.Error("background checkpoint save failed", "error", err)
+		failed.fail("error", err)
 		if batched {
 			w.errMu.Lock()
 			w.bgErr = err

@@ -2,6 +2,7 @@ package pgchangestream
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -261,5 +262,40 @@ func TestCaughtUpWatcherRefreshesItsToken(t *testing.T) {
 		synctest.Wait()
 		require.Len(t, f.savedPositions(), 2)
 		closeWatcher(t, w)
+	})
+}
+
+// Background saves failing on every tick for 65 s (an outage) write the first failure, a
+// summary every 30 s and one line when saves succeed again, not a line per attempt.
+func TestBackgroundSaveFailuresAreLoggedWithACount(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeDB(testConfig(Config{}))
+		f.insert("t", t0, 3)
+		h := &recordHandler{}
+		w := startOn(t, t.Context(), f, Config{StartFromBeginning: true, CheckpointInterval: 100 * time.Millisecond,
+			Logger: slog.New(h)})
+		receive(t, w, 3)
+		synctest.Wait()
+		f.mu.Lock()
+		f.failSaves = 650 // 65 s of ticks
+		f.mu.Unlock()
+		require.NoError(t, w.MarkProcessed(t.Context(), tok(3)))
+		time.Sleep(70 * time.Second)
+		synctest.Wait()
+		require.Equal(t, rowPos(f, 3), f.token(t, "c"), "saved once the outage ended")
+		var failed, recovered []map[string]any
+		for _, l := range h.lines() {
+			switch l["msg"] {
+			case "background checkpoint save failed":
+				failed = append(failed, l)
+			case "background checkpoint save failed: recovered":
+				recovered = append(recovered, l)
+			}
+		}
+		require.Len(t, failed, 3, "the first failure and two summaries")
+		require.Equal(t, int64(300), failed[1]["repeated"])
+		require.Len(t, recovered, 1)
+		require.Equal(t, int64(650), recovered[0]["failures"])
+		require.ErrorIs(t, w.Close(context.Background()), f.readErr, "the failure not yet reported is Close's error")
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -190,6 +191,7 @@ func (w *Watcher) checkHeld(ctx context.Context, s lockSession) error {
 func (w *Watcher) waitForLock(ctx context.Context) lockSession {
 	key := lockKey(w.cfg.TokenTable, w.cfg.ClientName)
 	retry := backoff{min: lockRetryMin, max: lockRetryMax}
+	failed := newRepeatLog(w.log, slog.LevelWarn, "cannot try the exclusive lock; retrying")
 	var s lockSession
 	standby := false
 	for {
@@ -217,11 +219,13 @@ func (w *Watcher) waitForLock(ctx context.Context) lockSession {
 		case err != nil:
 			w.health.fail(opLock, fmt.Errorf("%s: %w", opLock, err))
 			wait = retry.next()
-			w.log.Warn("cannot try the exclusive lock; retrying", "error", err, "retry_in", wait)
+			failed.fail("error", err, "retry_in", wait)
 		case got:
+			failed.ok()
 			w.health.ok(opLock)
 			return s
 		default:
+			failed.ok()
 			w.health.ok(opLock)
 			retry.reset()
 			if !standby {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -53,6 +54,7 @@ func (w *Watcher) listenLoop(ctx context.Context) {
 	defer firstAttemptDone()
 	defer w.recoverPanic(opPanic, "LISTEN connection", w.stopWith)
 	retry := backoff{min: listenRetryMin, max: listenRetryMax}
+	failed := newRepeatLog(w.log, slog.LevelWarn, "LISTEN connection failed; retrying")
 	for {
 		conn, err := w.connectListener(ctx)
 		if ctx.Err() != nil {
@@ -62,13 +64,14 @@ func (w *Watcher) listenLoop(ctx context.Context) {
 			w.health.fail(opListen, fmt.Errorf("%s: %w", opListen, err))
 			firstAttemptDone()
 			wait := retry.next()
-			w.log.Warn("LISTEN connection failed; retrying", "error", err, "retry_in", wait)
+			failed.fail("error", err, "retry_in", wait)
 			if !sleepCtx(ctx, wait) {
 				return
 			}
 			continue
 		}
 		retry.reset()
+		failed.ok()
 		w.health.ok(opListen)
 		firstAttemptDone()
 		w.wakeReader()

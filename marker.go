@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"sync"
@@ -67,6 +68,7 @@ func (w *Watcher) markLoop(ctx context.Context) {
 	defer w.wg.Done()
 	defer w.mark.running.Store(false) // set by start
 	retry := backoff{min: markRetryMin, max: markRetryMax}
+	failed := newRepeatLog(w.log, slog.LevelWarn, "cannot set the processed flag; retrying")
 	for {
 		select {
 		case <-ctx.Done():
@@ -76,6 +78,7 @@ func (w *Watcher) markLoop(ctx context.Context) {
 		err := w.markPass(ctx)
 		if err == nil {
 			retry.reset()
+			failed.ok()
 			if !sleepCtx(ctx, markInterval) { // saves meanwhile wake the next pass
 				return
 			}
@@ -85,7 +88,7 @@ func (w *Watcher) markLoop(ctx context.Context) {
 			return
 		}
 		wait := retry.next()
-		w.log.Warn("cannot set the processed flag; retrying", "error", err, "retry_in", wait)
+		failed.fail("error", err, "retry_in", wait)
 		if !sleepCtx(ctx, wait) {
 			return
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
@@ -264,6 +265,8 @@ func (w *Watcher) runEngine(ctx context.Context, src <-chan EventWithToken, o Pr
 		MaxDeferred: o.MaxDeferred, MaxAttempts: o.MaxAttempts,
 		Policy: procrun.Policy(o.OnFailure), Grace: o.GracePeriod, PollInterval: o.ParkedPollInterval,
 		Delay: retryDelay(o.RetryMinBackoff, o.RetryMaxBackoff)}
+	storeLog := newRepeatLog(w.log, slog.LevelWarn, "dead-letter table call failed; trying again")
+	restoreLog := newRepeatLog(w.log, slog.LevelWarn, "cannot read a deferred event's changelog row again; trying again")
 	h := procrun.Hooks[EventWithToken]{
 		Key:     w.safeKey(o.Key),
 		Run:     run,
@@ -273,14 +276,17 @@ func (w *Watcher) runEngine(ctx context.Context, src <-chan EventWithToken, o Pr
 		Owner:   owner,
 		StoreFailed: func(err error, failures int) {
 			w.health.failRetry(opPark, fmt.Errorf("%s: %w", opPark, err), failures == 1)
-			w.log.Warn("dead-letter table call failed; trying again", "error", err)
+			storeLog.fail("error", err)
 		},
-		StoreRecovered: func() { w.health.endRetry(opPark) },
+		StoreRecovered: func() {
+			w.health.endRetry(opPark)
+			storeLog.ok()
+		},
 	}
 	if restore != nil && o.MaxDeferred > 0 {
 		h.Defer, h.Restore = deferEvent, restore
 		h.RestoreFailed = func(key string, err error) {
-			w.log.Warn("cannot read a deferred event's changelog row again; trying again", "key", key, "error", err)
+			restoreLog.fail("key", key, "error", err)
 		}
 	}
 	err := procrun.Run(ctx, po, src, h)

@@ -2,6 +2,7 @@ package pgchangestream
 
 import (
 	"context"
+	"log/slog"
 	"time"
 )
 
@@ -46,6 +47,7 @@ func (s *ackSaver) ack(last EventWithToken) {
 func (s *ackSaver) loop(ctx context.Context) {
 	defer close(s.done)
 	b := backoff{min: loadRetryMin, max: loadRetryMax}
+	failed := newRepeatLog(s.w.log, slog.LevelWarn, "checkpoint save after Process acknowledgements failed; trying again")
 	for {
 		select {
 		case <-ctx.Done():
@@ -56,9 +58,10 @@ func (s *ackSaver) loop(ctx context.Context) {
 			err := s.w.saveInBackground(ctx, saveChanged)
 			if err == nil {
 				b.reset()
+				failed.ok()
 				break
 			}
-			s.w.log.Warn("checkpoint save after Process acknowledgements failed; trying again", "error", err)
+			failed.fail("error", err)
 			if !sleepCtx(ctx, b.next()) {
 				return
 			}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
@@ -132,12 +133,14 @@ func (w *Watcher) startAckCompactor(ctx context.Context) (stop func()) {
 		tick := time.NewTicker(ackCompactInterval)
 		defer tick.Stop()
 		compacted, first := uint64(0), true // ckWrites at the last compaction
+		failed := newRepeatLog(w.log, slog.LevelWarn, "deleting certified acknowledgement rows failed; trying again later")
 		for {
 			if n := w.ckWrites.Load(); first || n != compacted {
 				if _, err := w.compactAcks(ctx); err == nil {
 					compacted, first = n, false
+					failed.ok()
 				} else if ctx.Err() == nil {
-					w.log.Warn("deleting certified acknowledgement rows failed; trying again later", "error", err)
+					failed.fail("error", err)
 				}
 			}
 			select {

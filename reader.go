@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 )
 
@@ -39,6 +40,7 @@ func (w *Watcher) run(ctx context.Context) {
 		return
 	}
 	retry := backoff{min: readRetryMin, max: readRetryMax}
+	failed := newRepeatLog(w.log, slog.LevelWarn, "changelog read failed; retrying from the same position")
 	for {
 		full, err := w.readOnce(ctx)
 		if ctx.Err() != nil {
@@ -46,6 +48,7 @@ func (w *Watcher) run(ctx context.Context) {
 		}
 		if err == nil {
 			w.primed.fire()
+			failed.ok()
 		}
 		var wait time.Duration
 		switch {
@@ -59,7 +62,7 @@ func (w *Watcher) run(ctx context.Context) {
 		case err != nil:
 			w.health.fail(opRead, err)
 			wait = retry.next()
-			w.log.Warn("changelog read failed; retrying from the same position", "error", err, "retry_in", wait)
+			failed.fail("error", err, "retry_in", wait)
 		case full:
 			w.health.readOK(true)
 			retry.reset()

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"strconv"
@@ -296,20 +297,21 @@ func (w *Watcher) coordinate(ctx context.Context) {
 	tick := w.sh.lease / sharedTicksPerLease
 	t := time.NewTimer(tick)
 	defer t.Stop()
+	failed := newRepeatLog(w.log, slog.LevelWarn, "shared membership: cannot renew or look at the split; retrying")
 	for {
 		select {
 		case <-ctx.Done():
-			w.renewWhileProcessing()
+			w.renewWhileProcessing(failed)
 			return
 		case <-t.C:
 		}
 		start := time.Now()
 		busy, err := w.coordinateOnce(ctx)
 		if ctx.Err() != nil {
-			w.renewWhileProcessing()
+			w.renewWhileProcessing(failed)
 			return
 		}
-		if !w.coordinateFailed(err) {
+		if !w.coordinateFailed(err, failed) {
 			return
 		}
 		next := tick
@@ -321,16 +323,18 @@ func (w *Watcher) coordinate(ctx context.Context) {
 }
 
 // coordinateFailed handles the error of a renewal or a look at the split: it stops the watcher
-// when the membership is gone (false: the coordinator stops too), or reports the failure and
-// goes on (true).
-func (w *Watcher) coordinateFailed(err error) bool {
+// when the membership is gone (false: the coordinator stops too), or reports the failure (logged
+// through failed, once with a count while it repeats) and goes on (true).
+func (w *Watcher) coordinateFailed(err error, failed *repeatLog) bool {
 	switch {
 	case errors.Is(err, ErrFenced):
 		w.stopOwning(err, "the member's lease ran out and another member removed it; stopping")
 		return false
 	case err != nil:
 		w.health.fail(opMember, err)
-		w.log.Warn("shared membership: cannot renew or look at the split; retrying", "error", err)
+		failed.fail("error", err)
+	default:
+		failed.ok()
 	}
 	return true
 }
@@ -340,14 +344,14 @@ func (w *Watcher) coordinateFailed(err error) bool {
 // member to keep its ranges until then, however long a busy machine makes it; otherwise the
 // lease could run out, another member take the ranges over and replay events whose handlers
 // finished. It ends when Process returns, when the member lost its ranges, or at Close.
-func (w *Watcher) renewWhileProcessing() {
+func (w *Watcher) renewWhileProcessing(failed *repeatLog) {
 	tick := w.sh.lease / sharedTicksPerLease
 	for w.processing.Load() && w.excl.lostErr() == nil {
 		start := time.Now()
 		renewCtx, cancel := context.WithTimeout(w.sh.closing, w.sh.lease)
 		err := w.renew(renewCtx)
 		cancel()
-		if w.sh.closing.Err() != nil || !w.coordinateFailed(err) {
+		if w.sh.closing.Err() != nil || !w.coordinateFailed(err, failed) {
 			return
 		}
 		if !sleepCtx(w.sh.closing, tick-time.Since(start)) {
