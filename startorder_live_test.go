@@ -1,0 +1,136 @@
+package pgchangestream
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Contract rule 21: every start path that reads existing history delivers one row's changes in
+// commit order. changed_at is the writing transaction's start, so a transaction that began
+// first and committed its change of a row last puts that change first in (changed_at, id)
+// order; the changelog id still follows commit order for one row.
+
+// raceRow writes rounds of the start-order race on items row r, setting n from next on: tx A
+// begins, tx B begins later, B sets n and commits, then A sets n+1 and commits. A's changelog
+// row has the earlier changed_at and the higher id. It checks that the race happened, and
+// returns the next n.
+func (e *liveEnv) raceRow(r string, next, rounds int) int {
+	e.t.Helper()
+	for range rounds {
+		a := e.openTx()
+		var began time.Time
+		require.NoError(e.t, a.QueryRow(`SELECT now()`).Scan(&began)) // A's changed_at
+		b := e.openTx()
+		_, err := b.Exec(`UPDATE items SET n = $2 WHERE id = $1`, r, next)
+		require.NoError(e.t, err)
+		require.NoError(e.t, b.Commit())
+		_, err = a.Exec(`UPDATE items SET n = $2 WHERE id = $1`, r, next+1)
+		require.NoError(e.t, err)
+		require.NoError(e.t, a.Commit())
+		var aFirst bool
+		require.NoError(e.t, e.db.QueryRow(`SELECT (SELECT changed_at FROM datastore_changelog WHERE record_id::text = $1
+			ORDER BY id DESC LIMIT 1) < (SELECT changed_at FROM datastore_changelog WHERE record_id::text = $1
+			ORDER BY id DESC OFFSET 1 LIMIT 1)`, r).Scan(&aFirst))
+		require.True(e.t, aFirst, "the change that committed last has the earlier changed_at")
+		next += 2
+	}
+	return next
+}
+
+// rowChanges takes n deliveries of w, acknowledging each, and returns the n each set.
+func rowChanges(t *testing.T, w *Watcher, n int) []int {
+	t.Helper()
+	var got []int
+	timeout := time.After(liveWait)
+	for len(got) < n {
+		select {
+		case ev, ok := <-w.Events():
+			require.True(t, ok, "Events closed after %v (Err: %v)", got, w.Err())
+			got = append(got, changeOf(t, ev.Event).n)
+			require.NoError(t, w.MarkProcessed(context.Background(), ev.ResumeToken))
+		case <-timeout:
+			t.Fatalf("received %v of %d changes in %v", got, n, liveWait)
+		}
+	}
+	return got
+}
+
+// upTo returns the integers from lo to hi, both included.
+func upTo(lo, hi int) []int {
+	var out []int
+	for n := lo; n <= hi; n++ {
+		out = append(out, n)
+	}
+	return out
+}
+
+// TestLiveStartPathsDeliverInCommitOrder proves rule 21 in every mode: one row's history holds
+// three rounds of the start-order race, and each start path that reads it delivers the row's
+// changes in commit order: a new client starting from the beginning, a client reset to the
+// beginning, to a row's id and to a time, and a new Shared member's first claim. On the
+// "switched" changelog the row's first changes were written before the upgrade (no txid): they
+// come first, in legacy order, and the race after the upgrade follows.
+func TestLiveStartPathsDeliverInCommitOrder(t *testing.T) {
+	t.Parallel()
+	for _, history := range []struct {
+		name   string
+		newEnv func(*testing.T) *liveEnv
+	}{{"upgraded", newLive}, {"switched", newLegacy}} {
+		t.Run(history.name, func(t *testing.T) {
+			runModes(t, allModes, history.newEnv, func(t *testing.T, e *liveEnv, mode Mode) {
+				ctx := context.Background()
+				r := e.newItem() // n = 0
+				next := 1
+				if history.name == "switched" {
+					for ; next <= 2; next++ {
+						_, err := e.db.Exec(`UPDATE items SET n = $2 WHERE id = $1`, r, next)
+						require.NoError(t, err)
+					}
+					require.NoError(t, InstallSchema(ctx, e.db, SchemaOptions{}))
+				}
+				var before int64 // the last changelog row before the race
+				require.NoError(t, e.db.QueryRow(`SELECT max(id) FROM datastore_changelog`).Scan(&before))
+				first := next
+				last := e.raceRow(r, next, 3) - 1
+				var raceBegan time.Time
+				require.NoError(t, e.db.QueryRow(`SELECT min(changed_at) FROM datastore_changelog WHERE id > $1`, before).Scan(&raceBegan))
+				all, race := upTo(0, last), upTo(first, last)
+
+				client := func(name string) Config {
+					cfg := e.config(mode)
+					cfg.ClientName = name
+					return cfg
+				}
+				cfg := client("new")
+				cfg.StartFromBeginning = true
+				require.Equal(t, all, rowChanges(t, e.start(cfg), len(all)), "a new client starting from the beginning")
+
+				cfg = client("shared")
+				cfg.StartFromBeginning, cfg.Shared = true, true
+				require.Equal(t, all, rowChanges(t, e.start(cfg), len(all)), "a new Shared member's first claim")
+
+				for _, reset := range []struct {
+					name   string
+					target ResetTarget
+					want   []int
+				}{
+					{"reset to the beginning", ResetTarget{Beginning: true}, all},
+					{"reset after a row", ResetTarget{AfterID: before}, race},
+					{"reset to a time", ResetTarget{Time: raceBegan}, race},
+				} {
+					cfg := client(reset.name)
+					w := e.start(cfg)
+					waitStartSaved(t, w)
+					require.NoError(t, w.Close(ctx))
+					pos, err := ResetPosition(ctx, e.db, reset.target, AdminOptions{})
+					require.NoError(t, err)
+					require.NoError(t, ResetToken(ctx, e.db, cfg.ClientName, pos, AdminOptions{}))
+					require.Equal(t, reset.want, rowChanges(t, e.start(cfg), len(reset.want)), reset.name)
+				}
+			})
+		})
+	}
+}
