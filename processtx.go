@@ -26,6 +26,25 @@ const ackCompactInterval = time.Second
 // commit, and its WAL flush, to every event for nothing.
 const txSaveGap = 100 * time.Millisecond
 
+// ErrLegacyChangelog is returned by [Watcher.ProcessTx] and [Watcher.MarkProcessedTx] on a
+// legacy changelog (one without the txid column: not upgraded, or on PostgreSQL 12). There a row
+// that commits behind the saved token moves the token back (late-row recovery), so a restart
+// would deliver again events whose effects already committed, after their acknowledgement rows
+// were deleted as certified: exactly-once cannot be kept. Nothing is claimed or written.
+var ErrLegacyChangelog = errors.New("pgchangestream: ProcessTx and MarkProcessedTx need an upgraded changelog " +
+	"(a txid column, PostgreSQL 13 or later): on a legacy one a row that commits behind the saved token moves it back " +
+	"and events already done would run again; upgrade the changelog with InstallSchema, or the statements of " +
+	"InstallSchemaSQL (a running watcher switches over by itself)")
+
+// readsLegacy reports whether the watcher reads a legacy changelog: its token is loaded and its
+// read position is a legacy one. The reader switches it over only while nothing is pending, so
+// it stays legacy while any event delivered on it is being handled.
+func (w *Watcher) readsLegacy() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.loaded && w.cursor.span == nil
+}
+
 // ProcessTx is [Watcher.Process] with a transaction of its own per event, so that each event's
 // effects in the database commit exactly once, with parallel handlers: for each attempt it
 // begins a transaction on Config.DB, claims the event in it (an acknowledgement row in
@@ -57,8 +76,9 @@ const txSaveGap = 100 * time.Millisecond
 // holds the range row until the transaction ends; another member takes a range over only once
 // its former owner's claims in flight have ended (committed, rolled back, or ended by the idle
 // timeout above), and every later claim of the former owner fails with [ErrFenced]. An
-// [Config.Ephemeral] watcher saves no token and refuses. Legacy changelogs work as upgraded ones
-// do. The watcher's role needs SELECT, INSERT and DELETE on "<changelog>_acks" and SELECT on
+// [Config.Ephemeral] watcher saves no token and refuses. So does a watcher of a legacy changelog,
+// with [ErrLegacyChangelog] (at once when its token is loaded, else at the first event, which it
+// leaves pending and unclaimed): exactly-once needs the upgraded changelog. The watcher's role needs SELECT, INSERT and DELETE on "<changelog>_acks" and SELECT on
 // "<changelog>_parked".
 func (w *Watcher) ProcessTx(ctx context.Context, opts ProcessOptions, handle TxHandler) error {
 	var refuse error
@@ -67,6 +87,8 @@ func (w *Watcher) ProcessTx(ctx context.Context, opts ProcessOptions, handle TxH
 		refuse = fmt.Errorf("%w: ProcessTx: the handler is nil", ErrInvalidConfig)
 	case w.cfg.Ephemeral:
 		refuse = errors.New("pgchangestream: ProcessTx: an ephemeral watcher saves no token, so a replay could not tell what committed; use Process")
+	case w.readsLegacy():
+		refuse = ErrLegacyChangelog
 	}
 	return w.runProcess(ctx, opts, refuse, processStep{
 		run: func(ctx context.Context, j *procrun.Job[EventWithToken]) error {
@@ -82,6 +104,9 @@ func (w *Watcher) runTx(ctx context.Context, handle TxHandler, j *procrun.Job[Ev
 	id, ok, err := parseToken(j.Ev.ResumeToken)
 	if err != nil || !ok {
 		return fmt.Errorf("pgchangestream: ProcessTx: event without a changelog id (token %q): %v", j.Ev.ResumeToken, err)
+	}
+	if w.readsLegacy() { // loaded after ProcessTx began
+		return procrun.Fatal(ErrLegacyChangelog)
 	}
 	tx, err := w.cfg.DB.BeginTx(ctx, nil)
 	if err != nil {

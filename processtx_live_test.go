@@ -68,37 +68,89 @@ func runProcessTx(w *Watcher, opts ProcessOptions, h TxHandler) (stop func() err
 
 // An event whose claim finds it committed before is finished without calling the handler; the
 // others commit their effect and claim, and once the token certifies them their rows are
-// deleted, also the rows a previous run left, at the start of the next run. Both schema states.
+// deleted, also the rows a previous run left, at the start of the next run. On the upgraded
+// changelog: a legacy one refuses (TestLiveProcessTxRefusesALegacyChangelog).
 func TestLiveProcessTxSkipsCommittedAndCompacts(t *testing.T) {
-	inEachSchemaState(t, func(t *testing.T, e *liveEnv) {
-		e.createEffects()
-		ids := e.insert(4)
-		_, err := e.db.Exec(`INSERT INTO datastore_changelog_acks (client_name, changelog_id) VALUES ('c', $1)`, ids[1])
-		require.NoError(t, err) // a transaction of an earlier run committed ids[1]
-		cfg := e.config(ModePolling)
-		cfg.StartFromBeginning = true
-		w := e.start(cfg)
-		rec := &txRecorder{t: t}
-		stop := runProcessTx(w, ProcessOptions{Workers: 4}, rec.handle)
-		waitFor(t, func() bool { return w.Stats().Checkpoint.ID == ids[3] }, "the token certifies every event")
-		waitFor(t, func() bool { return len(e.ackRows("c")) == 0 }, "the certified rows are deleted")
-		require.NoError(t, stop())
-		got := rec.called()
-		slices.Sort(got)
-		require.Equal(t, []int64{ids[0], ids[2], ids[3]}, got, "the committed event's handler is not called")
-		require.Equal(t, []int64{ids[0], ids[2], ids[3]}, e.effectIDs())
-		st := w.Stats().Process
-		require.Equal(t, uint64(1), st.AlreadyDone)
-		require.Equal(t, uint64(3), st.Handled)
+	t.Parallel()
+	e := newLive(t)
+	e.createEffects()
+	ids := e.insert(4)
+	_, err := e.db.Exec(`INSERT INTO datastore_changelog_acks (client_name, changelog_id) VALUES ('c', $1)`, ids[1])
+	require.NoError(t, err) // a transaction of an earlier run committed ids[1]
+	cfg := e.config(ModePolling)
+	cfg.StartFromBeginning = true
+	w := e.start(cfg)
+	rec := &txRecorder{t: t}
+	stop := runProcessTx(w, ProcessOptions{Workers: 4}, rec.handle)
+	waitFor(t, func() bool { return w.Stats().Checkpoint.ID == ids[3] }, "the token certifies every event")
+	waitFor(t, func() bool { return len(e.ackRows("c")) == 0 }, "the certified rows are deleted")
+	require.NoError(t, stop())
+	got := rec.called()
+	slices.Sort(got)
+	require.Equal(t, []int64{ids[0], ids[2], ids[3]}, got, "the committed event's handler is not called")
+	require.Equal(t, []int64{ids[0], ids[2], ids[3]}, e.effectIDs())
+	st := w.Stats().Process
+	require.Equal(t, uint64(1), st.AlreadyDone)
+	require.Equal(t, uint64(3), st.Handled)
 
-		// A row left behind (a claim committed after the last save of a run, say) is deleted
-		// when the next run starts.
-		_, err = e.db.Exec(`INSERT INTO datastore_changelog_acks (client_name, changelog_id) VALUES ('c', $1)`, ids[2])
-		require.NoError(t, err)
-		stop = runProcessTx(w, ProcessOptions{}, rec.handle)
-		waitFor(t, func() bool { return len(e.ackRows("c")) == 0 }, "the next run deletes the certified row")
-		require.NoError(t, stop())
-	})
+	// A row left behind (a claim committed after the last save of a run, say) is deleted
+	// when the next run starts.
+	_, err = e.db.Exec(`INSERT INTO datastore_changelog_acks (client_name, changelog_id) VALUES ('c', $1)`, ids[2])
+	require.NoError(t, err)
+	stop = runProcessTx(w, ProcessOptions{}, rec.handle)
+	waitFor(t, func() bool { return len(e.ackRows("c")) == 0 }, "the next run deletes the certified row")
+	require.NoError(t, stop())
+}
+
+// On a legacy changelog ProcessTx and MarkProcessedTx refuse with ErrLegacyChangelog, whose text
+// says how to upgrade: exactly-once cannot hold there, since a row that commits behind the saved
+// token moves it back past acknowledgements already settled. Nothing is claimed, handled or
+// written, and nothing is lost: once the changelog is upgraded, the restarted watcher's ProcessTx
+// handles every event once.
+func TestLiveProcessTxRefusesALegacyChangelog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newLiveWithoutTxid(t) // with the acknowledgement table, where claims would go
+	e.createEffects()
+	ids := e.insert(3)
+	cfg := e.config(ModePolling)
+	cfg.StartFromBeginning = true
+	w := e.start(cfg)
+	waitStartSaved(t, w)
+	rec := &txRecorder{t: t}
+	runCtx, cancel := context.WithTimeout(ctx, liveWait) // ends a run that does not refuse
+	defer cancel()
+	err := w.ProcessTx(runCtx, ProcessOptions{Workers: 2}, rec.handle)
+	require.ErrorIs(t, err, ErrLegacyChangelog)
+	require.ErrorContains(t, err, "InstallSchema", "the error says how to upgrade")
+
+	var ev EventWithToken
+	select {
+	case ev = <-w.Events():
+	case <-time.After(liveWait):
+		t.Fatalf("no delivery: %v", w.Err())
+	}
+	tx := e.openTx()
+	require.NoError(t, insertEffect(t, tx, ev))
+	err = w.MarkProcessedTx(ctx, tx, ev.ResumeToken)
+	require.ErrorIs(t, err, ErrLegacyChangelog)
+	require.NoError(t, tx.Rollback()) // as the caller must after an error
+	require.NoError(t, w.Close(ctx))
+	require.True(t, e.savedToken("c").Before(e.position(ids[0])), "the token certifies no event: %s", e.rawToken("c"))
+	require.NotContains(t, e.rawToken("c"), `"ack"`, "no acknowledgement was written in a transaction")
+	require.Empty(t, rec.called(), "no handler ran")
+	require.Empty(t, e.ackRows("c"), "nothing is claimed")
+	require.Empty(t, e.effectIDs())
+
+	require.NoError(t, InstallSchema(ctx, e.db, SchemaOptions{}))
+	w = e.start(cfg)
+	stop := runProcessTx(w, ProcessOptions{Workers: 2}, rec.handle)
+	waitFor(t, func() bool { return w.Stats().Checkpoint.ID == ids[2] }, "the token certifies every event")
+	require.NoError(t, stop())
+	got := rec.called()
+	slices.Sort(got)
+	require.Equal(t, ids, got, "every event handled once after the upgrade")
+	require.Equal(t, ids, e.effectIDs())
 }
 
 // With CheckpointInterval 0, ProcessTx saves its low-water mark while events keep finishing,

@@ -148,3 +148,18 @@ func TestProcessTxRefusesBadCalls(t *testing.T) {
 	require.ErrorContains(t, w.ProcessTx(context.Background(), ProcessOptions{}, effectHandler(new(int), nil)), "not started")
 	require.NoError(t, mock.ExpectationsWereMet(), "no statement")
 }
+
+// On a legacy changelog ProcessTx refuses (ErrLegacyChangelog): at once once the token is
+// loaded, and an event reached before that is neither claimed nor handled, and stops the run.
+func TestProcessTxRefusesALegacyChangelog(t *testing.T) {
+	w, mock := txStepWatcher(t)
+	loadLegacy(t, w, mock)
+	calls := 0
+	err := w.ProcessTx(context.Background(), ProcessOptions{}, effectHandler(&calls, nil))
+	require.ErrorIs(t, err, ErrLegacyChangelog)
+	require.ErrorContains(t, err, "InstallSchema", "the error says how to upgrade")
+	err = w.runTx(context.Background(), effectHandler(&calls, nil), txJob("5"))
+	require.Equal(t, procrun.Fatal(ErrLegacyChangelog), err, "the run stops at once")
+	require.Zero(t, calls)
+	require.NoError(t, mock.ExpectationsWereMet(), "no statement")
+}

@@ -57,7 +57,9 @@ const ackAheadTries = 3
 // later owner claimed the client: the write affected no row) or [ErrServerRecovered] (the
 // server recovered since the position was read). An [Config.Ephemeral] watcher saves no token
 // and refuses; so does a [Config.Shared] one, whose ranges have saved positions of their own
-// ([Watcher.ProcessTx] works there). Legacy changelogs work as upgraded ones do.
+// ([Watcher.ProcessTx] works there). On a legacy changelog it refuses with
+// [ErrLegacyChangelog] and writes nothing: a row committing behind the saved token would move the
+// token back past acknowledgements already committed.
 func (w *Watcher) MarkProcessedTx(ctx context.Context, tx *sql.Tx, token []byte) error {
 	switch {
 	case w.cfgErr != nil:
@@ -68,6 +70,8 @@ func (w *Watcher) MarkProcessedTx(ctx context.Context, tx *sql.Tx, token []byte)
 		return errors.New("pgchangestream: MarkProcessedTx: an ephemeral watcher saves no token; use MarkProcessed")
 	case w.sh != nil:
 		return errSharedTx
+	case w.readsLegacy():
+		return ErrLegacyChangelog
 	}
 	id, ok, err := parseToken(token)
 	if err != nil {

@@ -13,8 +13,9 @@ import (
 
 var txTS = time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
 
-// txWatcher is a loaded watcher of a legacy changelog resumed after row 1, with rows 2, 3 and
-// 4 delivered (seqs 1, 2, 3) and not acknowledged.
+// txWatcher is a loaded watcher of an upgraded changelog resumed inside the delta from
+// snapshot 100:105: to 106:106:, after its row 1, with its rows 2, 3 and 4 (of transaction
+// 105) delivered (seqs 1, 2, 3) and not acknowledged.
 func txWatcher(t *testing.T) (*Watcher, sqlmock.Sqlmock, *sql.DB) {
 	t.Helper()
 	db, mock := mockDB(t)
@@ -22,18 +23,31 @@ func txWatcher(t *testing.T) (*Watcher, sqlmock.Sqlmock, *sql.DB) {
 	cfg.DB = db
 	w, err := New(cfg)
 	require.NoError(t, err)
-	expectLegacyChangelog(mock)
-	mock.ExpectQuery(wantLoad).WithArgs("c").
-		WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(string(encodeToken(makePosition(txTS, 1), "t"))))
+	expectUpgradedLoad(w, mock, "106:106:", nil, savedTokenRows(string(encodeToken(txPos(t, 1), "t"))))
 	require.NoError(t, w.load(context.Background()))
-	mock.ExpectQuery(wantRead).WithArgs("t", txTS, int64(1)).WillReturnRows(sqlmock.NewRows(changelogCols).
-		AddRow(int64(2), "r2", "INSERT", nil, []byte(`{"a":1}`), txTS).
-		AddRow(int64(3), "r3", "INSERT", nil, []byte(`{"a":1}`), txTS).
-		AddRow(int64(4), "r4", "INSERT", nil, []byte(`{"a":1}`), txTS))
+	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "104", int64(maxID), "105", int64(maxID), "106:106:", int64(1)).
+		WillReturnRows(sqlmock.NewRows(deltaCols).
+			AddRow(int64(2), "r2", "INSERT", nil, []byte(`{"a":1}`), txTS, "105").
+			AddRow(int64(3), "r3", "INSERT", nil, []byte(`{"a":1}`), txTS, "105").
+			AddRow(int64(4), "r4", "INSERT", nil, []byte(`{"a":1}`), txTS, "105"))
 	n, err := w.readBatch(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 3, n)
 	return w, mock, db
+}
+
+// loadLegacy loads w, a watcher of a legacy changelog, resumed after row 1.
+func loadLegacy(t *testing.T, w *Watcher, mock sqlmock.Sqlmock) {
+	t.Helper()
+	expectLegacyChangelog(mock)
+	mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(savedTokenRows(string(encodeToken(makePosition(txTS, 1), "t"))))
+	require.NoError(t, w.load(context.Background()))
+}
+
+// txPos is the position in txWatcher's delta past its rows up to id.
+func txPos(t *testing.T, id int64) Position {
+	s := &span{seq: 1, base: mustSnapshot(t, "100:105:"), end: mustSnapshot(t, "106:106:"), hasEnd: true}
+	return Position{ChangedAt: txTS, ID: id, Xid: 105, span: s, inRows: true}
 }
 
 // markedToken is the token a watcher writes for p with its marker of seq.
@@ -62,7 +76,7 @@ func TestMarkProcessedTxCommit(t *testing.T) {
 	w, mock, db := txWatcher(t)
 	before := ackStats(w)
 	tx := begin(t, mock, db)
-	p3 := makePosition(txTS, 4).predecessor() // acking row 3 leaves row 4 pending
+	p3 := txPos(t, 3) // acking row 3 leaves row 4 pending
 	mock.ExpectExec(w.q.ackTx[0]).WithArgs("c", markedToken(w, p3, 2)).WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.MarkProcessedTx(ctx, tx, tok(3)))
 	require.Equal(t, before, ackStats(w), "nothing is acknowledged in memory before the commit")
@@ -109,7 +123,7 @@ func TestMarkProcessedTxCommitsInTheOppositeOrder(t *testing.T) {
 	require.NoError(t, later.Commit())
 
 	earlier := begin(t, mock, db)
-	mock.ExpectExec(w.q.ackTx[0]).WithArgs("c", markedToken(w, makePosition(txTS, 3).predecessor(), 1)).
+	mock.ExpectExec(w.q.ackTx[0]).WithArgs("c", markedToken(w, txPos(t, 2), 1)).
 		WillReturnResult(sqlmock.NewResult(0, 0))
 	mock.ExpectQuery(w.q.readAck).WithArgs("c").WillReturnRows(ackRows(w.instance, "3"))
 	require.NoError(t, w.MarkProcessedTx(ctx, earlier, tok(2)))
@@ -127,7 +141,7 @@ func TestOwnSaveNeverOverwritesACommittedTxAck(t *testing.T) {
 	mock.ExpectExec(w.q.ackTx[0]).WithArgs("c", markedToken(w, cursor, 3)).WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.MarkProcessedTx(ctx, tx, tok(4)))
 
-	p2 := makePosition(txTS, 3).predecessor()
+	p2 := txPos(t, 2)
 	mock.ExpectQuery(w.q.readAck).WithArgs("c").WillReturnRows(ackRows(nil, nil)) // not committed yet
 	mock.ExpectExec(w.q.ackSave[0]).WithArgs("c", markedToken(w, p2, 1)).
 		WillReturnError(&pgconn.PgError{Code: lockNotAvailable, Message: "could not obtain lock on row"})
@@ -153,7 +167,7 @@ func TestMarkProcessedTxUnknownTokenWritesTheCurrentCheckpoint(t *testing.T) {
 	w, mock, db := txWatcher(t)
 	w.ack(2) // in memory only, as a batched MarkProcessed does
 	tx := begin(t, mock, db)
-	p3 := makePosition(txTS, 3).predecessor()
+	p3 := txPos(t, 2)
 	for _, token := range [][]byte{nil, tok(99), tok(2)} { // empty, unknown, already acknowledged
 		mock.ExpectExec(w.q.ackTx[0]).WithArgs("c", markedToken(w, p3, 1)).WillReturnResult(sqlmock.NewResult(0, 1))
 		require.NoError(t, w.MarkProcessedTx(ctx, tx, token))
@@ -181,6 +195,15 @@ func TestMarkProcessedTxRefusals(t *testing.T) {
 		tx := begin(t, mock, db)
 		require.ErrorContains(t, w.MarkProcessedTx(ctx, tx, tok(2)), "ephemeral")
 		require.NoError(t, mock.ExpectationsWereMet())
+	})
+	t.Run("legacy changelog", func(t *testing.T) {
+		w, mock := newMockWatcher(t, Config{})
+		loadLegacy(t, w, mock)
+		tx := begin(t, mock, w.cfg.DB)
+		err := w.MarkProcessedTx(ctx, tx, tok(2))
+		require.ErrorIs(t, err, ErrLegacyChangelog)
+		require.ErrorContains(t, err, "InstallSchema", "the error says how to upgrade")
+		require.NoError(t, mock.ExpectationsWereMet(), "nothing is written")
 	})
 	t.Run("not loaded", func(t *testing.T) {
 		db, mock := mockDB(t)

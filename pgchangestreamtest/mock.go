@@ -70,7 +70,7 @@ var (
 // changed_at (the defaults of [Change]): the checkpoint after one row is then the same position
 // whether or not the next row was already delivered when the row was acknowledged. Saves are
 // expected on a legacy changelog only: on an upgraded one their number depends on when the
-// reader ends each snapshot delta.
+// reader ends each snapshot delta. [Mock.ExpectTxAck] is expected on an upgraded one only.
 type Mock struct {
 	sqlmock.Sqlmock
 	// DB is the mock database.
@@ -267,7 +267,8 @@ func (m *Mock) ExpectSaveFailure(throughID int64, err error) {
 // transaction's begin and its commit or rollback, after the consumer's own statements before
 // it. From the first MarkProcessedTx on, the watcher's own saves are conditional on the marker
 // and read it first; ExpectSave does not expect those, so a test of MarkProcessedTx expects no
-// save after it.
+// save after it. MarkProcessedTx refuses a legacy changelog
+// ([pgchangestream.ErrLegacyChangelog]): expect it on an upgraded one (Start.Schema Upgraded).
 func (m *Mock) ExpectTxAck(throughID int64) {
 	m.t.Helper()
 	m.expectWrite("ExpectTxAck", m.st.AckTx, throughID).WillReturnResult(sqlmock.NewResult(0, 1))
@@ -276,6 +277,9 @@ func (m *Mock) ExpectTxAck(throughID int64) {
 // expectSave expects the token save of ExpectSave.
 func (m *Mock) expectSave(throughID int64) *sqlmock.ExpectedExec {
 	m.t.Helper()
+	if m.upgraded {
+		m.t.Fatalf("pgchangestreamtest: ExpectSave: saves are expected on a legacy changelog only (see Mock)")
+	}
 	return m.expectWrite("ExpectSave", m.st.SaveToken, throughID)
 }
 
@@ -291,9 +295,6 @@ func (m *Mock) expectWrite(name, stmt string, throughID int64) *sqlmock.Expected
 	}
 	if i < 0 {
 		m.t.Fatalf("pgchangestreamtest: %s(%d): no row with this id was read", name, throughID)
-	}
-	if m.upgraded {
-		m.t.Fatalf("pgchangestreamtest: %s: saves are expected on a legacy changelog only (see Mock)", name)
 	}
 	tok := certifies{through: i, read: slices.Clone(m.read)}
 	return m.ExpectExec(stmt).WithArgs(m.cfg.ClientName, tok)

@@ -163,10 +163,17 @@ func runTxAck(t *testing.T, m *Mock) error {
 	return tx.Commit()
 }
 
+// expectTxAckStart expects the start of a new client on an upgraded changelog (MarkProcessedTx
+// refuses a legacy one) whose first delta holds three changes, ids 11 to 13.
+func expectTxAckStart(m *Mock) {
+	m.ExpectStart(Start{Schema: Upgraded, Newest: pgchangestream.Position{ID: 10}})
+	m.ExpectRead() // nothing committed since the start snapshot: no read
+	m.ExpectRead(Insert("o1", nil), Insert("o2", nil), Insert("o3", nil))
+}
+
 func TestMockExpectTxAck(t *testing.T) {
 	m := NewMock(t, mockConfig())
-	m.ExpectStart(Start{Newest: pgchangestream.Position{ID: 10}})
-	m.ExpectRead(Insert("o1", nil), Insert("o2", nil), Insert("o3", nil))
+	expectTxAckStart(m)
 	m.ExpectBegin()
 	m.ExpectExec("INSERT INTO effects VALUES ($1)").WithArgs("12").WillReturnResult(sqlmock.NewResult(0, 1))
 	m.ExpectTxAck(12)
@@ -179,8 +186,7 @@ func TestMockExpectTxAck(t *testing.T) {
 // (and so does the rollback, unexpected while the write is still expected).
 func TestMockExpectTxAckChecksTheToken(t *testing.T) {
 	m := NewMock(t, mockConfig())
-	m.ExpectStart(Start{Newest: pgchangestream.Position{ID: 10}})
-	m.ExpectRead(Insert("o1", nil), Insert("o2", nil), Insert("o3", nil))
+	expectTxAckStart(m)
 	m.ExpectBegin()
 	m.ExpectExec("INSERT INTO effects VALUES ($1)").WithArgs("12").WillReturnResult(sqlmock.NewResult(0, 1))
 	m.ExpectTxAck(13)

@@ -62,6 +62,12 @@ func throughputs(o options) []throughput {
 			},
 		}
 	}
+	// upgradedOnly runs t on the upgraded schema only: ProcessTx and MarkProcessedTx refuse a
+	// legacy changelog (pgchangestream.ErrLegacyChangelog).
+	upgradedOnly := func(t throughput) throughput {
+		t.perVariant, t.deltaGoal = false, 0
+		return t
+	}
 	// batched is a drain with New's defaults (no processed flag), saving every batchedInterval;
 	// batchedFlag the same with Config.ProcessedFlag.
 	batched := drainSpec{checkpointInterval: batchedInterval, disableProcessedFlag: true}
@@ -78,14 +84,14 @@ func throughputs(o options) []throughput {
 		drainWith("drain_bulk_sync_eps", "drain_sync of a backlog written by one transaction (one changed_at)", n,
 			drainSpec{shape: bulkShape}),
 		drainWith("drain_sync_noflag_eps", "drain_sync with DisableProcessedFlag", n, drainSpec{disableProcessedFlag: true}),
-		drainWith("drain_txack_eps", "one effect row per event: BEGIN; INSERT effect; MarkProcessedTx; COMMIT, "+
-			"DisableProcessedFlag", n, drainSpec{effects: effectsInTx, disableProcessedFlag: true}),
+		upgradedOnly(drainWith("drain_txack_eps", "one effect row per event: BEGIN; INSERT effect; MarkProcessedTx; COMMIT, "+
+			"DisableProcessedFlag", n, drainSpec{effects: effectsInTx, disableProcessedFlag: true})),
 		drainWith("drain_effect_sync_eps", "one effect row per event: INSERT effect (autocommit), then MarkProcessed "+
 			"(CheckpointInterval 0), DisableProcessedFlag", n, drainSpec{effects: effectsThenAck, disableProcessedFlag: true}),
-		drainWith("process_tx_w1_eps", "one effect row per event in the transaction ProcessTx owns (claim, effect, "+
-			"commit), Workers 1, DisableProcessedFlag", n, drainSpec{effects: effectsProcessTx, workers: 1, disableProcessedFlag: true}),
-		drainWith("process_tx_w8_eps", "process_tx_w1 with Workers 8", n,
-			drainSpec{effects: effectsProcessTx, workers: 8, disableProcessedFlag: true}),
+		upgradedOnly(drainWith("process_tx_w1_eps", "one effect row per event in the transaction ProcessTx owns (claim, effect, "+
+			"commit), Workers 1, DisableProcessedFlag", n, drainSpec{effects: effectsProcessTx, workers: 1, disableProcessedFlag: true})),
+		upgradedOnly(drainWith("process_tx_w8_eps", "process_tx_w1 with Workers 8", n,
+			drainSpec{effects: effectsProcessTx, workers: 8, disableProcessedFlag: true})),
 		drainWith(byHandKey(1), "no ProcessTx: 1 goroutine takes Events() and runs process_tx's transactions by hand "+
 			"(BEGIN, the same claim, the effect, COMMIT), then MarkProcessed, CheckpointInterval "+batchedInterval.String(), n,
 			drainSpec{effects: effectsByHand, workers: 1, checkpointInterval: batchedInterval, disableProcessedFlag: true}),
