@@ -2,6 +2,7 @@ package pgchangestream
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -58,6 +59,20 @@ func rowChanges(t *testing.T, w *Watcher, n int) []int {
 	return got
 }
 
+// resetAfterClose resets client's token to target once the client's lock, which a closed
+// watcher's LISTEN session held, is released (the server ends the session after the close).
+func (e *liveEnv) resetAfterClose(client string, target ResetTarget) {
+	e.t.Helper()
+	ctx := context.Background()
+	pos, err := ResetPosition(ctx, e.db, target, AdminOptions{})
+	require.NoError(e.t, err)
+	waitFor(e.t, func() bool {
+		err = ResetToken(ctx, e.db, client, pos, AdminOptions{})
+		return !errors.Is(err, ErrClientActive)
+	}, "the closed watcher's lock is released")
+	require.NoError(e.t, err)
+}
+
 // upTo returns the integers from lo to hi, both included.
 func upTo(lo, hi int) []int {
 	var out []int
@@ -70,7 +85,8 @@ func upTo(lo, hi int) []int {
 // TestLiveStartPathsDeliverInCommitOrder proves rule 21 in every mode: one row's history holds
 // three rounds of the start-order race, and each start path that reads it delivers the row's
 // changes in commit order: a new client starting from the beginning, a client reset to the
-// beginning, to a row's id and to a time, and a new Shared member's first claim. On the
+// beginning, to a row's id and to a time, a new Shared member's first claim, and a Shared client
+// whose ranges were reset after a row. On the
 // "switched" changelog the row's first changes were written before the upgrade (no txid): they
 // come first, in legacy order, and the race after the upgrade follows.
 func TestLiveStartPathsDeliverInCommitOrder(t *testing.T) {
@@ -110,7 +126,11 @@ func TestLiveStartPathsDeliverInCommitOrder(t *testing.T) {
 
 				cfg = client("shared")
 				cfg.StartFromBeginning, cfg.Shared = true, true
-				require.Equal(t, all, rowChanges(t, e.start(cfg), len(all)), "a new Shared member's first claim")
+				w := e.start(cfg)
+				require.Equal(t, all, rowChanges(t, w, len(all)), "a new Shared member's first claim")
+				require.NoError(t, w.Close(ctx))
+				e.resetAfterClose(cfg.ClientName, ResetTarget{AfterID: before})
+				require.Equal(t, race, rowChanges(t, e.start(cfg), len(race)), "a Shared client's ranges reset after a row")
 
 				for _, reset := range []struct {
 					name   string
@@ -125,9 +145,7 @@ func TestLiveStartPathsDeliverInCommitOrder(t *testing.T) {
 					w := e.start(cfg)
 					waitStartSaved(t, w)
 					require.NoError(t, w.Close(ctx))
-					pos, err := ResetPosition(ctx, e.db, reset.target, AdminOptions{})
-					require.NoError(t, err)
-					require.NoError(t, ResetToken(ctx, e.db, cfg.ClientName, pos, AdminOptions{}))
+					e.resetAfterClose(cfg.ClientName, reset.target)
 					require.Equal(t, reset.want, rowChanges(t, e.start(cfg), len(reset.want)), reset.name)
 				}
 			})
