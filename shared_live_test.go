@@ -113,10 +113,23 @@ func startSharedMember(t *testing.T, e *liveEnv, name string, env ...string) *sh
 	return m
 }
 
-// stop ends the member gracefully (it closes its watcher) and waits for it.
+// stop ends the member gracefully (it closes its watcher) and waits for it. A member that
+// ended by itself before (fenced off: its lease ran out) fails the test, saying so.
 func (m *sharedMemberProc) stop(t *testing.T) {
 	t.Helper()
-	require.NoError(t, m.stdin.Close())
+	ended := false
+	select {
+	case <-m.done:
+		ended = true
+	default:
+		if err := m.stdin.Close(); err != nil { // Wait closed the pipe: the member ended meanwhile
+			<-m.done
+			ended = true
+		}
+	}
+	if ended {
+		t.Fatalf("member %s ended by itself before its stop (fenced off: %v)", m.name, m.fenced.Load())
+	}
 	select {
 	case <-m.done:
 	case <-time.After(30 * time.Second):
