@@ -374,11 +374,7 @@ func TestLiveSharedLeaveEndsARunningRerun(t *testing.T) {
 // its successor delivers those events again.
 func TestLiveExOwnerStartsNoHandler(t *testing.T) {
 	t.Parallel()
-	e := newLive(t)
-	cfg := e.config(ModePolling)
-	cfg.Exclusive, cfg.StartFromBeginning = true, true
-	w := e.start(cfg)
-	waitFor(t, func() bool { return w.Stats().Active }, "the watcher takes the lock")
+	e, w := startActiveExclusive(t)
 	var (
 		mu      sync.Mutex
 		started []int64
@@ -448,11 +444,7 @@ func TestLiveSharedHandOverInTheMiddleOfARelease(t *testing.T) {
 // ends when the watcher finds its lock lost, not at the end of Process's grace period.
 func TestLiveExOwnerHandlerContextEnds(t *testing.T) {
 	t.Parallel()
-	e := newLive(t)
-	cfg := e.config(ModePolling)
-	cfg.Exclusive, cfg.StartFromBeginning = true, true
-	w := e.start(cfg)
-	waitFor(t, func() bool { return w.Stats().Active }, "the watcher takes the lock")
+	e, w := startActiveExclusive(t)
 	entered := make(chan struct{})
 	errc, cancel := startProcess(t, w, ProcessOptions{GracePeriod: time.Hour}, func(ctx context.Context, ev EventWithToken) error {
 		close(entered)
@@ -469,4 +461,16 @@ func TestLiveExOwnerHandlerContextEnds(t *testing.T) {
 	case <-time.After(liveWait):
 		t.Fatal("the handler's context did not end when the lock was lost")
 	}
+}
+
+// startActiveExclusive starts an exclusive polling watcher from the beginning on a new live
+// environment and waits until it holds the client's lock.
+func startActiveExclusive(t *testing.T) (*liveEnv, *Watcher) {
+	t.Helper()
+	e := newLive(t)
+	cfg := e.config(ModePolling)
+	cfg.Exclusive, cfg.StartFromBeginning = true, true
+	w := e.start(cfg)
+	waitFor(t, func() bool { return w.Stats().Active }, "the watcher takes the lock")
+	return e, w
 }
