@@ -112,7 +112,7 @@ func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, e
 	)
 	switch {
 	case !found && rewinding:
-		pos, save = w.beginning(skipFree), true
+		pos, save = w.beginning(skipFree, now), true
 	case !found:
 		if pos, err = w.startPosition(ctx, skipFree, now); err != nil {
 			return Position{}, err
@@ -199,35 +199,21 @@ func (w *Watcher) transactionCounter(ctx context.Context) (pgSnapshot, string, e
 
 // resumePosition adapts a saved token to the changelog: a legacy token on an upgraded changelog
 // starts a switch-over at the current snapshot (save reports that the new form must be saved at
-// once, so a restart keeps the same switch-over snapshot), and a switch-over's snapshot is cut
-// below the rows with a txid it has not passed (switchOver: an earlier release's switch-over
-// saw them, to read them in legacy order); a token of an upgraded changelog on a legacy one
-// resumes after its legacy position. now is a snapshot taken before the token was read (see
-// notAhead).
+// once, so a restart keeps the same switch-over snapshot); a token of an upgraded changelog on a
+// legacy one resumes after its legacy position. now is a snapshot taken before the token was read
+// (see notAhead).
 func (w *Watcher) resumePosition(ctx context.Context, pos Position, skipFree bool, now pgSnapshot) (_ Position, save bool, err error) {
 	switch {
 	case skipFree && pos.span == nil:
-		if pos, err = w.switchOver(ctx, pos, now); err != nil {
-			return Position{}, false, err
-		}
-		w.log.Info("switching a legacy token over to snapshot deltas", "snapshot", pos.span.base)
+		pos.span = &span{base: now}
+		w.log.Info("switching a legacy token over to snapshot deltas", "snapshot", now)
 		return pos, true, nil
 	case skipFree:
 		top := pos.span.base
 		if pos.span.hasEnd {
 			top = pos.span.end
 		}
-		if err := w.notAhead(ctx, top, now); err != nil {
-			return pos, false, err
-		}
-		if pos.inDelta() {
-			return pos, false, nil
-		}
-		cut, err := w.switchOver(ctx, pos, pos.span.base)
-		if err != nil {
-			return Position{}, false, err
-		}
-		return cut, !cut.span.base.equal(pos.span.base), nil
+		return pos, false, w.notAhead(ctx, top, now)
 	case pos.span != nil:
 		w.log.Warn("the saved token was written for a changelog with a txid column, which this one lacks; "+
 			"resuming after its timestamp and eventID", "position", pos)
@@ -263,7 +249,7 @@ func (w *Watcher) notAhead(ctx context.Context, top, now pgSnapshot) error {
 // of transactions still open are ahead of it), or at the beginning.
 func (w *Watcher) startPosition(ctx context.Context, skipFree bool, now pgSnapshot) (Position, error) {
 	if w.cfg.StartFromBeginning {
-		return w.beginning(skipFree), nil
+		return w.beginning(skipFree, now), nil
 	}
 	var (
 		ts  time.Time
@@ -284,12 +270,11 @@ func (w *Watcher) startPosition(ctx context.Context, skipFree bool, now pgSnapsh
 	return pos, nil
 }
 
-// beginning is the position before every row of the table: on an upgraded changelog, the rows
-// without a txid in legacy order, then deltas from a snapshot that sees no transaction, so that
-// the rows with one are read in id order (see switchOver).
-func (w *Watcher) beginning(skipFree bool) Position {
+// beginning is the position before every row of the table: on an upgraded changelog, every row
+// visible in now in legacy order, then deltas from now.
+func (w *Watcher) beginning(skipFree bool, now pgSnapshot) Position {
 	if skipFree {
-		return Position{span: &span{base: emptySnapshot}}
+		return Position{span: &span{base: now}}
 	}
 	return Position{}
 }

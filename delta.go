@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"slices"
 	"strconv"
 	"time"
@@ -198,38 +197,6 @@ func (w *Watcher) endSpan(from Position) {
 	w.mu.Lock()
 	w.advanceLocked(w.cursor.nextDelta(next))
 	w.mu.Unlock()
-}
-
-// switchOver returns the switch-over from p, a legacy position, on an upgraded changelog whose
-// snapshot now is the latest the switch-over may rely on (p may already be a switch-over's
-// position, of snapshot now). The legacy part of a switch-over reads, in (changed_at, id) order,
-// the rows after p that have no txid or that its snapshot sees; deltas from its snapshot then
-// read the rest in id order. changed_at is a transaction's start, not its commit, so the rows
-// with a txid must all be left to the deltas, whose id order is commit order for one row: the
-// snapshot is now cut below the lowest txid of the rows after p that now sees. Rows at or
-// before p that it no longer sees are delivered again (never skipped). Every row without a txid
-// committed before every row with one (the upgrade's ALTER TABLE waits for the transactions
-// that wrote the changelog, and a restored database has its txids cleared), so the legacy part
-// ending before the deltas keeps one row's changes in commit order.
-func (w *Watcher) switchOver(ctx context.Context, p Position, now pgSnapshot) (Position, error) {
-	var lowest string
-	err := w.cfg.DB.QueryRowContext(ctx, w.q.switchTxid, w.cfg.TableName, p.ChangedAt, p.ID, now.String()).Scan(&lowest)
-	switch {
-	case errors.Is(err, sql.ErrNoRows): // no row after p has a txid now sees
-	case err != nil:
-		return Position{}, changelogReadError{fmt.Errorf("read changelog: find the switch-over's snapshot: %w", err)}
-	default:
-		x, err := strconv.ParseUint(lowest, 10, 64)
-		if err != nil {
-			return Position{}, fmt.Errorf("read changelog: txid %q: %w", lowest, err)
-		}
-		now = intersect(now, pgSnapshot{xmin: x, xmax: x})
-	}
-	s := span{base: now}
-	if p.span != nil {
-		s.inc = p.span.inc
-	}
-	return Position{ChangedAt: p.ChangedAt, ID: p.ID, span: &s}, nil
 }
 
 // ErrRestoredDatabase is returned through [Watcher.Err] when transaction ids stored in the

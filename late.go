@@ -87,7 +87,7 @@ const upgradeCheckInterval = 5 * time.Second
 // noticeUpgrade runs on a legacy changelog after a read that caught up. At most once per
 // upgradeCheckInterval it looks for the txid column; once the changelog is upgraded, and when
 // nothing is pending, the watcher switches over to snapshot deltas in place, as a restart would:
-// the rows after its cursor that have no txid, then deltas (switchOver). It saves the
+// the rows after its cursor that the current snapshot sees, then deltas. It saves the
 // switch-over at once, so a restart keeps its snapshot. NOTIFY ids are no longer noted from the
 // switch on; those noted before it are recovered first (late rows then become pending, and the
 // switch waits for a later check). Reader goroutine only.
@@ -116,23 +116,16 @@ func (w *Watcher) noticeUpgrade(ctx context.Context) error {
 		return err
 	}
 	w.mu.Lock()
-	idle := w.ring.Len() == 0 && !w.ring.HasFloor() // only this goroutine adds to the ring
-	cursor := w.cursor                              // and moves the cursor
+	idle := w.ring.Len() == 0 && !w.ring.HasFloor()
+	if idle {
+		w.cursor.span = &span{base: now, inc: inc}
+		w.mark.switched = w.cursor.span
+	}
 	w.mu.Unlock()
 	if !idle { // pending legacy positions cannot mix with the switch-over's: try again later
 		w.skipFree.Store(false)
 		return nil
 	}
-	switched, err := w.switchOver(ctx, cursor, now)
-	if err != nil {
-		w.skipFree.Store(false)
-		return err
-	}
-	switched.span.inc = inc
-	w.mu.Lock()
-	w.cursor.span = switched.span
-	w.mark.switched = w.cursor.span
-	w.mu.Unlock()
-	w.log.Info("the changelog was upgraded: switching over to snapshot deltas", "snapshot", switched.span.base)
+	w.log.Info("the changelog was upgraded: switching over to snapshot deltas", "snapshot", now)
 	return w.saveInBackground(ctx, saveChanged)
 }

@@ -18,8 +18,7 @@ import (
 
 // markWorld is a changelog in memory for the marker's model test: legacy rows (no txid), then,
 // once upgraded, rows of transactions that begin, write, commit and abort in any order
-// (deltaModel). As a database driver it answers the load, the switch-over's statements (its
-// snapshot's cut among them), the
+// (deltaModel). As a database driver it answers the load, the switch-over's statements, the
 // token saves, and the marking statements, which it evaluates as PostgreSQL would and checks
 // against the saved token: every row flagged must be one the token certifies (rule 12).
 type markWorld struct {
@@ -240,20 +239,6 @@ func (c markConn) QueryContext(_ context.Context, query string, args []driver.Na
 		rows := &valueRows{cols: []string{"id"}}
 		for _, r := range mw.markRows(query, values(args)) {
 			rows.vals = append(rows.vals, []driver.Value{r.id})
-		}
-		return rows, nil
-	case mw.q.switchTxid:
-		a := values(args)
-		after, s := makePosition(a[1].(time.Time), a[2].(int64)), mustSnapshot(mw.t, a[3].(string))
-		rows := &valueRows{cols: []string{"txid"}}
-		var lowest uint64
-		for _, r := range mw.m.rows {
-			if r.xid != 0 && mw.committed(r) && after.Before(mw.legacyPos(r)) && sees(s, r.xid) && (lowest == 0 || r.xid < lowest) {
-				lowest = r.xid
-			}
-		}
-		if lowest != 0 {
-			rows.vals = append(rows.vals, []driver.Value{strconv.FormatUint(lowest, 10)})
 		}
 		return rows, nil
 	case mw.q.deltaStart:

@@ -40,9 +40,6 @@ type queries struct {
 	byID string
 	// newest: the start position of a client without a saved token.
 	newest string
-	// switchTxid: the lowest txid of the table's rows after a legacy position ($2, $3) that
-	// snapshot $4 sees (NULL for none): the switch-over's snapshot is cut below it (delta.go).
-	switchTxid string
 	// rowTime: the changed_at of an id-only saved token's row.
 	rowTime string
 	// loadToken, saveToken: the saved token. saveFenced: saveToken of an exclusive watcher,
@@ -182,8 +179,6 @@ func buildQueries(cfg Config) queries {
 		saveFenced:       saveTokenSQL(tok, true, ""),
 		epochColumn: `SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1)
 		AND attname = '` + epochColumn + `' AND NOT attisdropped)`,
-		switchTxid: `SELECT c.txid::text FROM ` + cl + ` c WHERE c.table_name = $1 AND (c.changed_at, c.id) > ($2, $3)
-	AND c.txid IS NOT NULL AND pg_visible_in_snapshot(c.txid, $4::pg_snapshot) ORDER BY c.txid LIMIT 1`,
 		claimEpoch: `WITH held AS (SELECT ` + heldBySessionSQL("$2", "$3") + ` AS held),
 	claimed AS (UPDATE ` + tok + ` AS tok SET ` + epochColumn + ` = COALESCE(tok.` + epochColumn + `, 0) + 1 FROM held
 		WHERE held.held AND tok.client_name = $1 AND tok.client_name IN (` + lockForUpdate(tok, "$1") + `)
