@@ -96,6 +96,12 @@ func TestLiveTokenSavedDuringStartIsNotARestore(t *testing.T) {
 				second := cfg
 				second.DB, second.Shared = e.hookedDB(hook), tc.shared
 				w := e.start(second)
+				if tc.shared { // a member's Ready waits until its first rows were taken
+					go func() {
+						for range w.Events() {
+						}
+					}()
+				}
 				<-w.Ready()
 				require.NoError(t, <-hook.done, tc.name)
 				require.NoError(t, w.Err(), "%s: a token saved during the start is no restored database", tc.name)
