@@ -307,7 +307,9 @@ func (w *Watcher) warnOtherWatchers(ctx context.Context, conn *pgconn.PgConn) {
 	res := conn.ExecParams(ctx, `SELECT pg_try_advisory_lock_shared($3), (`+lockHoldersSQL+`)`,
 		[][]byte{itoa(c), itoa(o), itoa(key)}, nil, nil, nil).Read()
 	if res.Err != nil || len(res.Rows) != 1 {
-		w.log.Warn("cannot check for other watchers of this client", "error", res.Err)
+		if ctx.Err() == nil { // a watcher that is stopping has nothing to warn about
+			w.log.Warn("cannot check for other watchers of this client", "error", res.Err)
+		}
 		return
 	}
 	if others := string(res.Rows[0][1]); others != "0" && !w.cfg.Shared && !w.excl.warned.Swap(true) { // members share by design
