@@ -19,6 +19,7 @@ type watermarkConsumer struct {
 	finished  []bool     // by receive number
 	done      map[int64]bool
 	watermark int // receive numbers below it are finished
+	acked     int // acknowledgements that returned
 }
 
 func newWatermarkConsumer() *watermarkConsumer {
@@ -62,6 +63,9 @@ func (c *watermarkConsumer) run(t *testing.T, ctx context.Context, w *Watcher, w
 				if err := w.MarkProcessed(ctx, ack); err != nil {
 					t.Error(err)
 				}
+				c.mu.Lock()
+				c.acked++
+				c.mu.Unlock()
 			}
 		})
 	}
@@ -75,11 +79,12 @@ func (c *watermarkConsumer) isDone(id int64) bool {
 	return c.done[id]
 }
 
-// finishedAll reports whether n deliveries were received and all finished.
+// finishedAll reports whether n deliveries were received, all finished, and every
+// acknowledgement of them returned.
 func (c *watermarkConsumer) finishedAll(n int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.watermark == n
+	return c.watermark == n && c.acked == n
 }
 
 func TestConcurrentDeliveryAndWatermarkAcks(t *testing.T) {
