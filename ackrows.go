@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // Acknowledgement rows of transactional handlers. A handler's transaction first claims its
@@ -67,7 +69,7 @@ func (w *Watcher) claimAck(ctx context.Context, tx *sql.Tx, id int64, rerun bool
 func (w *Watcher) insertClaim(ctx context.Context, tx *sql.Tx, id int64, q string, args ...any) (bool, error) {
 	res, err := tx.ExecContext(ctx, q, args...)
 	if err != nil {
-		return false, fmt.Errorf("claim event %d in %s: %w", id, ackTable(w.cfg.ChangelogTable), err)
+		return false, fmt.Errorf("claim event %d in %s: %w", id, changelog.AckTable(w.cfg.ChangelogTable), err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
@@ -112,7 +114,7 @@ func (w *Watcher) compactAcks(ctx context.Context) (int64, error) {
 	}
 	res, err := w.cfg.DB.ExecContext(ctx, q, args...)
 	if err != nil {
-		return 0, fmt.Errorf("delete certified rows of %s: %w", ackTable(w.cfg.ChangelogTable), err)
+		return 0, fmt.Errorf("delete certified rows of %s: %w", changelog.AckTable(w.cfg.ChangelogTable), err)
 	}
 	return res.RowsAffected()
 }

@@ -8,6 +8,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // AdminOptions names the tables of the token and retention functions ([ListTokens],
@@ -28,15 +30,15 @@ type adminTables struct {
 // resolve validates the names and fills the defaults.
 func (o AdminOptions) resolve() (adminTables, error) {
 	cfg := Config{ChangelogTable: o.ChangelogTable, TokenTable: o.TokenTable}.withDefaults()
-	if err := checkIdentifier(cfg.ChangelogTable); err != nil {
+	if err := changelog.CheckName(cfg.ChangelogTable); err != nil {
 		return adminTables{}, fmt.Errorf("%w: AdminOptions.ChangelogTable: %v", ErrInvalidConfig, err)
 	}
-	if err := checkIdentifier(cfg.TokenTable); err != nil {
+	if err := changelog.CheckName(cfg.TokenTable); err != nil {
 		return adminTables{}, fmt.Errorf("%w: AdminOptions.TokenTable: %v", ErrInvalidConfig, err)
 	}
 	return adminTables{changelog: cfg.ChangelogTable, tokens: cfg.TokenTable,
-		cl: quoteIdentifier(cfg.ChangelogTable), tok: quoteIdentifier(cfg.TokenTable),
-		ranges: quoteIdentifier(rangeTable(cfg.ChangelogTable)), q: buildQueries(cfg)}, nil
+		cl: changelog.Quote(cfg.ChangelogTable), tok: changelog.Quote(cfg.TokenTable),
+		ranges: changelog.Quote(changelog.RangeTable(cfg.ChangelogTable)), q: buildQueries(cfg)}, nil
 }
 
 // SavedToken is one client's row of the token table.
@@ -157,7 +159,7 @@ func ResetToken(ctx context.Context, db *sql.DB, client string, pos Position, op
 // ResetTableToken is [ResetToken] for the client of table (the changelog's table_name, which
 // its watcher reads): the token records table, so [Prune] keeps only that table's rows for it.
 func ResetTableToken(ctx context.Context, db *sql.DB, client, table string, pos Position, opts AdminOptions) error {
-	if err := checkText(table, MaxTableNameLen); err != nil || strings.TrimSpace(table) == "" {
+	if err := changelog.CheckText(table, MaxTableNameLen); err != nil || strings.TrimSpace(table) == "" {
 		if err == nil {
 			err = errors.New("is empty")
 		}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // SharedClient is a [Config.Shared] client as its tables hold it (see [ListShared]).
@@ -60,10 +62,10 @@ func ListShared(ctx context.Context, db *sql.DB, opts AdminOptions) ([]SharedCli
 }
 
 func listShared(ctx context.Context, db *sql.DB, t adminTables) ([]SharedClient, error) {
-	ranges, members := rangeTable(t.changelog), memberTable(t.changelog)
+	ranges, members := changelog.RangeTable(t.changelog), changelog.MemberTable(t.changelog)
 	var exists bool
 	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL`,
-		quoteIdentifier(ranges), quoteIdentifier(members)).Scan(&exists); err != nil {
+		changelog.Quote(ranges), changelog.Quote(members)).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("look for the shared tables of changelog %s: %w", t.changelog, err)
 	}
 	if !exists {
@@ -71,7 +73,7 @@ func listShared(ctx context.Context, db *sql.DB, t adminTables) ([]SharedClient,
 	}
 	rows, err := db.QueryContext(ctx, `SELECT r.client_name, r.range_no, COALESCE(r.owner, 0), COALESCE(m.name, ''),
 	r.resume_token::text, r.last_updated
-	FROM `+quoteIdentifier(ranges)+` r LEFT JOIN `+quoteIdentifier(members)+` m ON m.client_name = r.client_name AND m.member = r.owner
+	FROM `+changelog.Quote(ranges)+` r LEFT JOIN `+changelog.Quote(members)+` m ON m.client_name = r.client_name AND m.member = r.owner
 	ORDER BY r.client_name COLLATE "C", r.range_no`)
 	if err != nil {
 		return nil, fmt.Errorf("read range table %s: %w", ranges, err)
@@ -99,7 +101,7 @@ func listShared(ctx context.Context, db *sql.DB, t adminTables) ([]SharedClient,
 		return nil, fmt.Errorf("read range table %s: %w", ranges, err)
 	}
 	rows, err = db.QueryContext(ctx, `SELECT client_name, member, name, joined_at, lease_until, EXTRACT(EPOCH FROM lease_until - now())::float8
-	FROM `+quoteIdentifier(members)+` ORDER BY client_name COLLATE "C", member`)
+	FROM `+changelog.Quote(members)+` ORDER BY client_name COLLATE "C", member`)
 	if err != nil {
 		return nil, fmt.Errorf("read member table %s: %w", members, err)
 	}

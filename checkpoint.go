@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"strconv"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // loadWithRetry loads the saved token into the cursor. It never guesses a position: while the
@@ -70,8 +72,8 @@ func (w *Watcher) load(ctx context.Context) error {
 // ckMu must be held; reader goroutine only.
 func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, error) {
 	var skipFree, stats bool
-	if err := w.cfg.DB.QueryRowContext(ctx, w.q.detect, quoteIdentifier(w.cfg.ChangelogTable),
-		quoteIdentifier(incarnationTable(w.cfg.ChangelogTable))).Scan(&skipFree, &w.hasInc, &stats); err != nil {
+	if err := w.cfg.DB.QueryRowContext(ctx, w.q.detect, changelog.Quote(w.cfg.ChangelogTable),
+		changelog.Quote(changelog.IncarnationTable(w.cfg.ChangelogTable))).Scan(&skipFree, &w.hasInc, &stats); err != nil {
 		return Position{}, fmt.Errorf("inspect changelog %s: %w", w.cfg.ChangelogTable, err)
 	}
 	w.noteStats(stats)
@@ -97,7 +99,7 @@ func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, e
 		w.incNoted = true
 		w.log.Warn("the changelog has no incarnation table: after a server crash the watcher notices the "+
 			"transaction counter going back only while it has not passed the ids seen before; run InstallSchema to add it",
-			"table", incarnationTable(w.cfg.ChangelogTable))
+			"table", changelog.IncarnationTable(w.cfg.ChangelogTable))
 	}
 	if w.sh != nil {
 		return w.loadShared(ctx, rewinding, skipFree, now, inc)
@@ -517,7 +519,7 @@ func (w *Watcher) Backlog(ctx context.Context) (int64, error) {
 	}
 	var args params
 	conds := []string{"c.table_name = " + args.add(w.cfg.TableName)}
-	n, _, _, err := countNotCertified(ctx, w.cfg.DB, quoteIdentifier(w.cfg.ChangelogTable), saved, conds, args)
+	n, _, _, err := countNotCertified(ctx, w.cfg.DB, changelog.Quote(w.cfg.ChangelogTable), saved, conds, args)
 	if err != nil {
 		return 0, fmt.Errorf("pgchangestream: count backlog in changelog %s: %w", w.cfg.ChangelogTable, err)
 	}

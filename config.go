@@ -5,20 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"strings"
 	"time"
-	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // Defaults for the zero values of [Config].
 const (
 	DefaultMode                   = ModeHybrid
-	DefaultChangelogTable         = "datastore_changelog"
-	DefaultTokenTable             = "resume_tokens"
-	DefaultNotifyChannel          = "nvsentinel_changes"
+	DefaultChangelogTable         = changelog.DefaultChangelogTable
+	DefaultTokenTable             = changelog.DefaultTokenTable
+	DefaultNotifyChannel          = changelog.DefaultNotifyChannel
 	DefaultPollInterval           = 10 * time.Millisecond
 	DefaultFallbackPollInterval   = time.Second
 	DefaultBatchSize              = 100
@@ -292,7 +290,7 @@ func (cfg Config) validate() error {
 		{"Config.ClientName", cfg.ClientName, MaxClientNameLen},
 		{"Config.TableName", cfg.TableName, MaxTableNameLen},
 	} {
-		if err := checkText(f.value, f.max); err != nil {
+		if err := changelog.CheckText(f.value, f.max); err != nil {
 			return invalid("%s: %v", f.name, err)
 		}
 	}
@@ -310,7 +308,7 @@ func (cfg Config) validate() error {
 		case cfg.SharedLease < MinSharedLease || cfg.SharedLease > MaxSharedLease:
 			return invalid("Config.SharedLease must be between %v and %v, got %v", MinSharedLease, MaxSharedLease, cfg.SharedLease)
 		}
-		if err := checkText(cfg.MemberName, MaxMemberNameLen); err != nil {
+		if err := changelog.CheckText(cfg.MemberName, MaxMemberNameLen); err != nil {
 			return invalid("Config.MemberName: %v", err)
 		}
 	}
@@ -329,11 +327,11 @@ func (cfg Config) validate() error {
 		{"Config.ChangelogTable", cfg.ChangelogTable},
 		{"Config.TokenTable", cfg.TokenTable},
 	} {
-		if err := checkIdentifier(f.value); err != nil {
+		if err := changelog.CheckName(f.value); err != nil {
 			return invalid("%s: %v", f.name, err)
 		}
 	}
-	if err := checkChannel(cfg.NotifyChannel); err != nil {
+	if err := changelog.CheckChannel(cfg.NotifyChannel); err != nil {
 		return invalid("Config.NotifyChannel: %v", err)
 	}
 	for _, f := range []struct {
@@ -397,68 +395,3 @@ func (cfg Config) documents() documentOptions {
 
 // marksProcessed reports whether the watcher sets the legacy processed flag.
 func (cfg Config) marksProcessed() bool { return cfg.ProcessedFlag && !cfg.DisableProcessedFlag }
-
-// checkText reports whether s can be stored in a VARCHAR(max) column: valid UTF-8, no NUL
-// byte (PostgreSQL text cannot hold one), at most max characters.
-func checkText(s string, max int) error {
-	switch {
-	case !utf8.ValidString(s):
-		return errors.New("not valid UTF-8")
-	case strings.IndexByte(s, 0) >= 0:
-		return errors.New("contains a NUL byte")
-	}
-	if n := utf8.RuneCountInString(s); n > max {
-		return fmt.Errorf("%d characters, longer than the column's %d", n, max)
-	}
-	return nil
-}
-
-// identifierPart is one part of a table or channel name: an unquoted-style SQL identifier.
-var identifierPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*$`)
-
-// maxIdentifierLen is PostgreSQL's NAMEDATALEN-1: longer names are silently truncated.
-const maxIdentifierLen = 63
-
-// splitIdentifier splits "name" or "schema.name" and checks each part.
-func splitIdentifier(name string) (pgx.Identifier, error) {
-	if name == "" {
-		return nil, errors.New("name is empty")
-	}
-	parts := strings.Split(name, ".")
-	if len(parts) > 2 {
-		return nil, fmt.Errorf("%q has more than one dot (want name or schema.name)", name)
-	}
-	for _, p := range parts {
-		if !identifierPart.MatchString(p) {
-			return nil, fmt.Errorf("%q is not a valid identifier (letters, digits, _ and $, not starting with a digit)", name)
-		}
-		if len(p) > maxIdentifierLen {
-			return nil, fmt.Errorf("%q is longer than %d bytes", p, maxIdentifierLen)
-		}
-	}
-	return pgx.Identifier(parts), nil
-}
-
-// checkIdentifier reports whether name is a valid table or channel name.
-func checkIdentifier(name string) error {
-	_, err := splitIdentifier(name)
-	return err
-}
-
-// checkChannel reports whether name is a valid NOTIFY channel: one identifier, no schema.
-func checkChannel(name string) error {
-	if strings.Contains(name, ".") {
-		return fmt.Errorf("%q contains a dot", name)
-	}
-	return checkIdentifier(name)
-}
-
-// quoteIdentifier quotes a name already checked by checkIdentifier ("schema"."name").
-func quoteIdentifier(name string) string {
-	id, err := splitIdentifier(name)
-	if err != nil {
-		// Unreachable for validated names; quoting the whole string keeps it inert anyway.
-		return pgx.Identifier{name}.Sanitize()
-	}
-	return id.Sanitize()
-}

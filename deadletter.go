@@ -9,6 +9,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
@@ -27,10 +28,10 @@ type sqlParkedStore struct {
 
 var _ parkedStore = (*sqlParkedStore)(nil)
 
-// newParkedStore returns the dead-letter store of client beside changelog.
-func newParkedStore(db *sql.DB, changelog, client string) *sqlParkedStore {
-	name := parkedTable(changelog)
-	return &sqlParkedStore{db: db, table: quoteIdentifier(name), name: name, client: client}
+// newParkedStore returns the dead-letter store of client beside the changelog log.
+func newParkedStore(db *sql.DB, log, client string) *sqlParkedStore {
+	name := changelog.ParkedTable(log)
+	return &sqlParkedStore{db: db, table: changelog.Quote(name), name: name, client: client}
 }
 
 // parkedStore returns the dead-letter table of the watcher's client, its parks fenced as the
@@ -125,7 +126,7 @@ func (s *sqlParkedStore) check(what string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if hasPgCode(err, undefinedTable) {
+	if changelog.HasCode(err, changelog.UndefinedTable) {
 		return fmt.Errorf("pgchangestream: %s: dead-letter table %s is missing (run InstallSchema): %w", what, s.name, err)
 	}
 	return fmt.Errorf("pgchangestream: %s in %s: %w", what, s.name, err)

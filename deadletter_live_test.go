@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/stretchr/testify/require"
 )
 
@@ -92,7 +93,7 @@ func TestLiveParkedAdminRefusesWhatIsNotParked(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, all, 1, "nothing was dropped by the refused calls")
 
-	_, err = e.db.ExecContext(ctx, `DROP TABLE `+quoteIdentifier(parkedTable(DefaultChangelogTable)))
+	_, err = e.db.ExecContext(ctx, `DROP TABLE `+changelog.Quote(changelog.ParkedTable(DefaultChangelogTable)))
 	require.NoError(t, err)
 	_, err = ListParked(ctx, e.db, "a", AdminOptions{})
 	require.ErrorContains(t, err, "run InstallSchema")

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // Owner epochs fence the saves of exclusive watchers (contract rule 18). The token table's
@@ -37,7 +39,7 @@ func (w *Watcher) claimToken(ctx context.Context, claim bool) (raw string, found
 		w.fenced, w.epoch = false, 0
 	}
 	if claim && w.cfg.Exclusive && !w.cfg.Ephemeral {
-		if err := w.cfg.DB.QueryRowContext(ctx, w.q.epochColumn, quoteIdentifier(w.cfg.TokenTable)).Scan(&w.fenced); err != nil {
+		if err := w.cfg.DB.QueryRowContext(ctx, w.q.epochColumn, changelog.Quote(w.cfg.TokenTable)).Scan(&w.fenced); err != nil {
 			return "", false, fmt.Errorf("inspect token table %s: %w", w.cfg.TokenTable, err)
 		}
 		if w.fenced {

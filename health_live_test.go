@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/stretchr/testify/require"
 )
 
@@ -17,11 +18,11 @@ func (e *liveEnv) withRole(name string) (string, *sql.DB) {
 	var dbName string
 	require.NoError(e.t, e.db.QueryRow(`SELECT current_database()`).Scan(&dbName))
 	role := name + "_" + dbName
-	_, err := e.db.Exec(`CREATE ROLE ` + quoteIdentifier(role) + ` LOGIN`)
+	_, err := e.db.Exec(`CREATE ROLE ` + changelog.Quote(role) + ` LOGIN`)
 	require.NoError(e.t, err)
 	e.t.Cleanup(func() {
-		_, _ = e.db.Exec(`DROP OWNED BY ` + quoteIdentifier(role))
-		_, _ = e.db.Exec(`DROP ROLE ` + quoteIdentifier(role))
+		_, _ = e.db.Exec(`DROP OWNED BY ` + changelog.Quote(role))
+		_, _ = e.db.Exec(`DROP ROLE ` + changelog.Quote(role))
 	})
 	u, err := url.Parse(e.dsn)
 	require.NoError(e.t, err)
@@ -29,7 +30,7 @@ func (e *liveEnv) withRole(name string) (string, *sql.DB) {
 	db, err := sql.Open("pgx", u.String())
 	require.NoError(e.t, err)
 	e.t.Cleanup(func() { db.Close() })
-	return quoteIdentifier(role), db
+	return changelog.Quote(role), db
 }
 
 func TestLiveHealthPermissionDenied(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 )
 
@@ -197,11 +198,11 @@ func TestLiveListenTerminated(t *testing.T) {
 	require.NoError(t, err)
 	gate := func(allow bool) {
 		t.Helper()
-		_, err := admin.ExecContext(ctx, `ALTER DATABASE `+quoteIdentifier(dbName)+` ALLOW_CONNECTIONS `+strconv.FormatBool(allow))
+		_, err := admin.ExecContext(ctx, `ALTER DATABASE `+changelog.Quote(dbName)+` ALLOW_CONNECTIONS `+strconv.FormatBool(allow))
 		require.NoError(t, err)
 	}
 	t.Cleanup(func() {
-		_, _ = admin.ExecContext(ctx, `ALTER DATABASE `+quoteIdentifier(dbName)+` ALLOW_CONNECTIONS true`)
+		_, _ = admin.ExecContext(ctx, `ALTER DATABASE `+changelog.Quote(dbName)+` ALLOW_CONNECTIONS true`)
 		_ = admin.Close()
 	})
 	pinned, err := e.db.Conn(ctx) // opened before the gate closes: the writer during the gap

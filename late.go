@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // A late row is one whose transaction started before, but committed after, rows with later
@@ -97,8 +99,8 @@ func (w *Watcher) noticeUpgrade(ctx context.Context) error {
 	}
 	w.upgradeChecked = time.Now()
 	var skipFree, stats bool
-	if err := w.cfg.DB.QueryRowContext(ctx, w.q.detect, quoteIdentifier(w.cfg.ChangelogTable),
-		quoteIdentifier(incarnationTable(w.cfg.ChangelogTable))).Scan(&skipFree, &w.hasInc, &stats); err != nil {
+	if err := w.cfg.DB.QueryRowContext(ctx, w.q.detect, changelog.Quote(w.cfg.ChangelogTable),
+		changelog.Quote(changelog.IncarnationTable(w.cfg.ChangelogTable))).Scan(&skipFree, &w.hasInc, &stats); err != nil {
 		return fmt.Errorf("inspect changelog %s: %w", w.cfg.ChangelogTable, err)
 	}
 	w.noteStats(stats)

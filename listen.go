@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // LISTEN connection timing: reconnect backoff, and how long the connection may stay silent
@@ -93,7 +94,7 @@ func (w *Watcher) connectListener(ctx context.Context) (*pgconn.PgConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+quoteIdentifier(w.cfg.NotifyChannel)).ReadAll(); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+changelog.Quote(w.cfg.NotifyChannel)).ReadAll(); err != nil {
 		_ = conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("listen %q: %w", w.cfg.NotifyChannel, err)
 	}

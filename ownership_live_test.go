@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/stretchr/testify/require"
 )
 
@@ -40,10 +41,10 @@ type rowRun struct {
 // poisoned.
 func newOwnedRow(t *testing.T, e *liveEnv, lo, hi int) *ownedRow {
 	r := &ownedRow{t: t, e: e, poisoned: true}
-	require.NoError(t, e.db.QueryRow(`SELECT u, `+quoteIdentifier(unitFunction("datastore_changelog"))+`(u) / $3
+	require.NoError(t, e.db.QueryRow(`SELECT u, `+changelog.Quote(changelog.UnitFunction("datastore_changelog"))+`(u) / $3
 		FROM (SELECT gen_random_uuid()::text AS u FROM generate_series(1, 10000)) AS g
-		WHERE `+quoteIdentifier(unitFunction("datastore_changelog"))+`(u) / $3 >= $1 AND `+
-		quoteIdentifier(unitFunction("datastore_changelog"))+`(u) / $3 < $2 LIMIT 1`, lo, hi, unitsPerRange).Scan(&r.id, &r.rangeNo))
+		WHERE `+changelog.Quote(changelog.UnitFunction("datastore_changelog"))+`(u) / $3 >= $1 AND `+
+		changelog.Quote(changelog.UnitFunction("datastore_changelog"))+`(u) / $3 < $2 LIMIT 1`, lo, hi, unitsPerRange).Scan(&r.id, &r.rangeNo))
 	return r
 }
 
@@ -60,7 +61,7 @@ func (r *ownedRow) write(n int) int64 {
 	var id int64
 	require.NoError(r.t, r.e.db.QueryRow(`SELECT max(id) FROM datastore_changelog WHERE record_id::text = $1`, r.id).Scan(&id))
 	var rangeNo int
-	require.NoError(r.t, r.e.db.QueryRow(`SELECT `+unitExpression("datastore_changelog")+` / $2 FROM datastore_changelog WHERE id = $1`,
+	require.NoError(r.t, r.e.db.QueryRow(`SELECT `+changelog.UnitExpression("datastore_changelog")+` / $2 FROM datastore_changelog WHERE id = $1`,
 		id, unitsPerRange).Scan(&rangeNo))
 	require.Equal(r.t, r.rangeNo, rangeNo, "the row's change is not in the range picked")
 	return id

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/stretchr/testify/require"
 )
 
@@ -154,7 +155,7 @@ func runSharedPoison(t *testing.T, gone bool) sharedPoison {
 		require.NoError(t, err)
 	} else {
 		var unit int
-		require.NoError(t, e.db.QueryRow(`SELECT `+unitExpression("datastore_changelog")+` FROM datastore_changelog WHERE id = $1`, poison).Scan(&unit))
+		require.NoError(t, e.db.QueryRow(`SELECT `+changelog.UnitExpression("datastore_changelog")+` FROM datastore_changelog WHERE id = $1`, poison).Scan(&unit))
 		r.rangeNo = unit / unitsPerRange
 		if slices.Contains(b.Stats().Shared.Ranges, r.rangeNo) {
 			r.owner = "b"

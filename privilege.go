@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // The row-level security of the changelog and the token table. Both are opt-in: nothing changes
@@ -42,7 +43,7 @@ func RestrictReadsSQL(ctx context.Context, db *sql.DB, role string, tables []str
 		return nil, err
 	}
 	for _, t := range tables {
-		if err := checkChannel(t); err != nil { // one identifier: table_name holds no schema
+		if err := changelog.CheckChannel(t); err != nil { // one identifier: table_name holds no schema
 			return nil, fmt.Errorf("%w: RestrictReads table: %v", ErrInvalidConfig, err)
 		}
 	}
@@ -64,7 +65,7 @@ type policyTable struct{ table, prefix string }
 // Process's dead-letter table (each parked event in full). The dead-letter table's policy has a
 // name of its own, as RestrictTokens puts one there too.
 func valueTables(opts SchemaOptions) []policyTable {
-	return []policyTable{{opts.ChangelogTable, rolePolicyPrefix}, {parkedTable(opts.ChangelogTable), readPolicyPrefix}}
+	return []policyTable{{opts.ChangelogTable, rolePolicyPrefix}, {changelog.ParkedTable(opts.ChangelogTable), readPolicyPrefix}}
 }
 
 // RestrictReads limits role (and the roles that are members of it) to the changelog rows of
@@ -109,8 +110,8 @@ func RestrictTokensSQL(ctx context.Context, db *sql.DB, role string, clients []s
 // table, Process's dead-letter table and acknowledgement rows, and shared clients' members and
 // ranges.
 func clientTables(opts SchemaOptions) []string {
-	return []string{opts.TokenTable, parkedTable(opts.ChangelogTable), ackTable(opts.ChangelogTable),
-		memberTable(opts.ChangelogTable), rangeTable(opts.ChangelogTable)}
+	return []string{opts.TokenTable, changelog.ParkedTable(opts.ChangelogTable), changelog.AckTable(opts.ChangelogTable),
+		changelog.MemberTable(opts.ChangelogTable), changelog.RangeTable(opts.ChangelogTable)}
 }
 
 // RestrictTokens limits role (and its members) to the token rows of clients: it can read, save,
@@ -149,7 +150,7 @@ func RemoveRestrictions(ctx context.Context, db *sql.DB, role string, opts Schem
 		if err != nil {
 			return err
 		}
-		stmts = append(stmts, `DROP POLICY IF EXISTS `+pgx.Identifier{name}.Sanitize()+` ON `+quoteIdentifier(p.table))
+		stmts = append(stmts, `DROP POLICY IF EXISTS `+pgx.Identifier{name}.Sanitize()+` ON `+changelog.Quote(p.table))
 	}
 	return runRestriction(ctx, db, stmts, "remove restrictions of "+role)
 }
@@ -160,9 +161,9 @@ func rolePolicy(prefix, role string) (string, error) {
 	switch {
 	case role == "" || strings.ContainsRune(role, 0):
 		return "", fmt.Errorf("%w: role: %q is not a role name", ErrInvalidConfig, role)
-	case len(name) > maxIdentifierLen:
+	case len(name) > changelog.MaxIdentifierLen:
 		return "", fmt.Errorf("%w: role: %q is too long: its policy name %q would exceed %d bytes",
-			ErrInvalidConfig, role, name, maxIdentifierLen)
+			ErrInvalidConfig, role, name, changelog.MaxIdentifierLen)
 	}
 	return name, nil
 }
@@ -178,7 +179,7 @@ func restrictSQL(ctx context.Context, db *sql.DB, table, column, prefix, role st
 		return nil, fmt.Errorf("%w: no %s given for role %q (RemoveRestrictions lifts a restriction)",
 			ErrInvalidConfig, column, role)
 	}
-	tbl := quoteIdentifier(table)
+	tbl := changelog.Quote(table)
 	var create string
 	if err := db.QueryRowContext(ctx, rolePolicySQL, name, tbl, role, column, values).Scan(&create); err != nil {
 		return nil, fmt.Errorf("render the policy of %s: %w", role, err)
@@ -297,11 +298,11 @@ func RevokeWriterGrantsSQL(ctx context.Context, db *sql.DB, opts SchemaOptions) 
 	if err != nil {
 		return nil, err
 	}
-	fn := quoteIdentifier(opts.FunctionName) + "()"
+	fn := changelog.Quote(opts.FunctionName) + "()"
 	if err := checkRevokeFunctions(ctx, db, opts, fn); err != nil {
 		return nil, err
 	}
-	rows, err := db.QueryContext(ctx, writerGrantsSQL, quoteIdentifier(opts.ChangelogTable))
+	rows, err := db.QueryContext(ctx, writerGrantsSQL, changelog.Quote(opts.ChangelogTable))
 	if err != nil {
 		return nil, fmt.Errorf("pgchangestream: read grants of %s: %w", opts.ChangelogTable, err)
 	}
@@ -352,8 +353,8 @@ func RevokeWriterGrantsSQL(ctx context.Context, db *sql.DB, opts SchemaOptions) 
 // checkRevokeFunctions returns an error unless the trigger function fn and every function of
 // its name that a trigger calls are the ones InstallSchema installs.
 func checkRevokeFunctions(ctx context.Context, db *sql.DB, opts SchemaOptions, fn string) error {
-	rows, err := db.QueryContext(ctx, revokeFunctionsSQL, quoteIdentifier(opts.ChangelogTable), fn,
-		unqualified(opts.FunctionName))
+	rows, err := db.QueryContext(ctx, revokeFunctionsSQL, changelog.Quote(opts.ChangelogTable), fn,
+		changelog.Unqualified(opts.FunctionName))
 	if err != nil {
 		return fmt.Errorf("pgchangestream: read trigger function %s: %w", fn, err)
 	}

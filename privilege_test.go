@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/stretchr/testify/require"
 )
 
@@ -13,7 +14,7 @@ import (
 // and nothing is sent to the database.
 func TestRestrictionsRejectBadInputBeforeAnyQuery(t *testing.T) {
 	db, mock := mockDB(t)
-	long := strings.Repeat("r", maxIdentifierLen)
+	long := strings.Repeat("r", changelog.MaxIdentifierLen)
 	for _, tc := range []struct {
 		name string
 		err  func() error

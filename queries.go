@@ -4,6 +4,8 @@ import (
 	"database/sql"
 	"fmt"
 	"strconv"
+
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // txidColumn is the upgraded changelog's column holding the writing transaction's id
@@ -135,11 +137,11 @@ type readQueries struct {
 const changelogColumns = `id, record_id::text, operation, old_values::text, new_values::text, changed_at`
 
 func buildQueries(cfg Config) queries {
-	cl := quoteIdentifier(cfg.ChangelogTable)
-	tok := quoteIdentifier(cfg.TokenTable)
+	cl := changelog.Quote(cfg.ChangelogTable)
+	tok := changelog.Quote(cfg.TokenTable)
 	limit := strconv.Itoa(cfg.BatchSize)
-	inc := quoteIdentifier(incarnationTable(cfg.ChangelogTable))
-	acks := quoteIdentifier(ackTable(cfg.ChangelogTable))
+	inc := changelog.Quote(changelog.IncarnationTable(cfg.ChangelogTable))
+	acks := changelog.Quote(changelog.AckTable(cfg.ChangelogTable))
 	incarnation := incarnationSQL(cfg)
 	pageLimit := strconv.Itoa(cfg.BatchSize + 1)
 	newestTxid := `(SELECT c.txid::text AS newest_txid FROM ` + cl + ` c
@@ -195,7 +197,7 @@ func buildQueries(cfg Config) queries {
 		epochOf:   `SELECT ` + epochColumn + ` FROM ` + tok + ` WHERE client_name = $1`,
 		parkFence: ` FROM ` + tok + ` AS tok WHERE tok.client_name = $1 AND tok.` + epochColumn + ` = $9 FOR KEY SHARE OF tok`,
 		compactAcks: `DELETE FROM ` + acks + ` AS a WHERE a.client_name = $1 AND NOT EXISTS (
-	SELECT FROM ` + quoteIdentifier(parkedTable(cfg.ChangelogTable)) + ` p WHERE p.client_name = a.client_name AND p.changelog_id = a.changelog_id)
+	SELECT FROM ` + changelog.Quote(changelog.ParkedTable(cfg.ChangelogTable)) + ` p WHERE p.client_name = a.client_name AND p.changelog_id = a.changelog_id)
 	AND NOT EXISTS (SELECT FROM ` + cl + ` c WHERE c.id = a.changelog_id AND NOT `,
 		compactFence: ` AND EXISTS (SELECT FROM ` + tok + ` AS tok WHERE tok.client_name = $1 AND tok.` + epochColumn + ` = `,
 		bumpEpoch: `UPDATE ` + tok + ` SET ` + epochColumn + ` = ` + epochColumn + ` + 1 WHERE client_name = $1 AND ` +
@@ -316,7 +318,7 @@ func rangeArgs(rs []keyRange) (lo string, loID string, hi string, hiID string) {
 
 // incarnationSQL is the subquery of the server's incarnation (NULL while its row is missing).
 func incarnationSQL(cfg Config) string {
-	return `(SELECT incarnation::text FROM ` + quoteIdentifier(incarnationTable(cfg.ChangelogTable)) + `)`
+	return `(SELECT incarnation::text FROM ` + changelog.Quote(changelog.IncarnationTable(cfg.ChangelogTable)) + `)`
 }
 
 // buildReadQueries builds the row reads of changelog cl (quoted). A Shared member's reads (u

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // Server recoveries. PostgreSQL restarts its transaction counter after the last id found in
@@ -63,11 +65,11 @@ func (w *Watcher) queryIncarnation(ctx context.Context, q string, args []any, de
 		}
 		if try > 0 {
 			return fmt.Errorf("the incarnation row of %s is missing right after it was inserted",
-				incarnationTable(w.cfg.ChangelogTable))
+				changelog.IncarnationTable(w.cfg.ChangelogTable))
 		}
 		if _, err := w.cfg.DB.ExecContext(ctx, w.q.claimIncarnation); err != nil {
 			return fmt.Errorf("insert the incarnation row of %s (the watcher's role needs INSERT on it): %w",
-				incarnationTable(w.cfg.ChangelogTable), err)
+				changelog.IncarnationTable(w.cfg.ChangelogTable), err)
 		}
 	}
 }

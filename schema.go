@@ -14,12 +14,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // DefaultTriggerFunction is the default [SchemaOptions.FunctionName]. It is the existing schema's
 // name, so triggers that already call it pick up the function [InstallSchema] writes.
-const DefaultTriggerFunction = "log_table_changes"
+const DefaultTriggerFunction = changelog.DefaultTriggerFunction
 
 // SchemaOptions names the objects [InstallSchema] and [CaptureChanges] create. Zero values take
 // the same defaults as [Config]. Each name is "name" or "schema.name" (letters, digits, _ and $),
@@ -112,55 +112,6 @@ var (
 	serverVersionSQL  = mustRenderSchema("server_version")
 )
 
-// quoteLiteral returns s as a SQL string literal. Names reaching it are validated identifiers,
-// which hold no quote or backslash; quotes are doubled all the same.
-func quoteLiteral(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
-}
-
-// unqualified returns the name part of "name" or "schema.name".
-func unqualified(name string) string {
-	return name[strings.LastIndexByte(name, '.')+1:]
-}
-
-// triggerName is the trigger CaptureChanges attaches to table: "<name>_changes", cut to 63
-// bytes as PostgreSQL cuts it, so a trigger created with the long name is found again.
-func triggerName(table string) string {
-	name := unqualified(table) + "_changes"
-	return name[:min(len(name), maxIdentifierLen)]
-}
-
-// incarnationTable is the unlogged one-row table beside changelog (same schema, name
-// "<name>_incarnation") whose row crash recovery and promotion lose: watchers compare its value
-// to notice that transaction ids they saw may have been handed out again.
-func incarnationTable(changelog string) string {
-	return changelog + "_incarnation"
-}
-
-// parkedTable is the dead-letter table of Process beside changelog (same schema, name
-// "<name>_parked").
-func parkedTable(changelog string) string {
-	return changelog + "_parked"
-}
-
-// ackTable is the table of transactional handlers' acknowledgement rows beside changelog (same
-// schema, name "<name>_acks").
-func ackTable(changelog string) string {
-	return changelog + "_acks"
-}
-
-// capturedTable lists the tables captured into changelog (same schema, name "<name>_captured"):
-// the trigger function writes changelog rows for them (and for tables of the changelog's owner)
-// only.
-func capturedTable(changelog string) string {
-	return changelog + "_captured"
-}
-
-// pruneFunction is the name of the SQL retention function of the changelog (schema/prune.sql).
-func pruneFunction(changelog string) string {
-	return changelog + "_prune"
-}
-
 // checkSchemaName validates one name for the schema statements, naming field in the error.
 func checkSchemaName(field, name string, check func(string) error) error {
 	err := check(name)
@@ -183,10 +134,10 @@ func (opts SchemaOptions) resolve() (SchemaOptions, error) {
 		field, name string
 		check       func(string) error
 	}{
-		{"SchemaOptions.ChangelogTable", opts.ChangelogTable, checkIdentifier},
-		{"SchemaOptions.TokenTable", opts.TokenTable, checkIdentifier},
-		{"SchemaOptions.NotifyChannel", opts.NotifyChannel, checkChannel},
-		{"SchemaOptions.FunctionName", opts.FunctionName, checkIdentifier},
+		{"SchemaOptions.ChangelogTable", opts.ChangelogTable, changelog.CheckName},
+		{"SchemaOptions.TokenTable", opts.TokenTable, changelog.CheckName},
+		{"SchemaOptions.NotifyChannel", opts.NotifyChannel, changelog.CheckChannel},
+		{"SchemaOptions.FunctionName", opts.FunctionName, changelog.CheckName},
 	} {
 		if err := checkSchemaName(f.field, f.name, f.check); err != nil {
 			return opts, err
@@ -205,8 +156,8 @@ type changelogIndex struct {
 // changelogIndexes returns the indexes of the changelog table, the read index first. The
 // default changelog keeps the existing schema's names for the two indexes it already has;
 // other changelogs get names derived from theirs, so two changelogs in one schema do not clash.
-func changelogIndexes(changelog string) ([]changelogIndex, error) {
-	base := unqualified(changelog)
+func changelogIndexes(log string) ([]changelogIndex, error) {
+	base := changelog.Unqualified(log)
 	unprocessed, tableRecord := base+"_unprocessed_idx", base+"_table_record_idx"
 	if base == DefaultChangelogTable {
 		unprocessed, tableRecord = "idx_changelog_unprocessed", "idx_changelog_table_record"
@@ -218,9 +169,9 @@ func changelogIndexes(changelog string) ([]changelogIndex, error) {
 		{"table_record_index", tableRecord, false},
 	}
 	for _, idx := range indexes {
-		if len(idx.name) > maxIdentifierLen {
+		if len(idx.name) > changelog.MaxIdentifierLen {
 			return nil, fmt.Errorf("%w: SchemaOptions.ChangelogTable: %q is too long: "+
-				"its index name %q would exceed %d bytes", ErrInvalidConfig, changelog, idx.name, maxIdentifierLen)
+				"its index name %q would exceed %d bytes", ErrInvalidConfig, log, idx.name, changelog.MaxIdentifierLen)
 		}
 	}
 	return indexes, nil
@@ -254,11 +205,11 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 	if err != nil {
 		return installPlan{}, err
 	}
-	p := installPlan{changelog: quoteIdentifier(opts.ChangelogTable), indexes: indexes,
-		retired: unqualified(opts.ChangelogTable) + "_txid_idx"}
+	p := installPlan{changelog: changelog.Quote(opts.ChangelogTable), indexes: indexes,
+		retired: changelog.Unqualified(opts.ChangelogTable) + "_txid_idx"}
 	createIndex := func(idx changelogIndex, create string) (string, error) {
 		return renderSchema(idx.template, struct{ Create, Name, Changelog, Unit string }{
-			create, quoteIdentifier(idx.name), p.changelog, unitExpression(opts.ChangelogTable),
+			create, changelog.Quote(idx.name), p.changelog, changelog.UnitExpression(opts.ChangelogTable),
 		})
 	}
 	var inTx, txidInTx, concurrent []string
@@ -289,32 +240,32 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 		MemberSequence, Members, Ranges                            string
 		Captured, CapturedLiteral                                  string
 	}{
-		ddlLockKey, p.changelog, quoteLiteral(p.changelog), quoteIdentifier(opts.TokenTable),
-		quoteIdentifier(opts.FunctionName), quoteLiteral(opts.NotifyChannel), inTx, txidInTx,
-		txidColumn, alterLockTimeout.String(), quoteIdentifier(incarnationTable(opts.ChangelogTable)),
-		quoteLiteral(quoteIdentifier(opts.TokenTable)), epochColumn,
-		quoteLiteral(quoteIdentifier(opts.FunctionName) + "()"),
-		quoteIdentifier(parkedTable(opts.ChangelogTable)), quoteIdentifier(unqualified(parkedTable(opts.ChangelogTable)) + "_key_idx"),
-		quoteIdentifier(ackTable(opts.ChangelogTable)),
-		quoteIdentifier(unitFunction(opts.ChangelogTable)), unitColumn, keyArgPrefix,
-		quoteIdentifier(memberSequence(opts.ChangelogTable)), quoteIdentifier(memberTable(opts.ChangelogTable)),
-		quoteIdentifier(rangeTable(opts.ChangelogTable)),
-		quoteIdentifier(capturedTable(opts.ChangelogTable)), quoteLiteral(quoteIdentifier(capturedTable(opts.ChangelogTable))),
+		ddlLockKey, p.changelog, changelog.QuoteLiteral(p.changelog), changelog.Quote(opts.TokenTable),
+		changelog.Quote(opts.FunctionName), changelog.QuoteLiteral(opts.NotifyChannel), inTx, txidInTx,
+		txidColumn, alterLockTimeout.String(), changelog.Quote(changelog.IncarnationTable(opts.ChangelogTable)),
+		changelog.QuoteLiteral(changelog.Quote(opts.TokenTable)), epochColumn,
+		changelog.QuoteLiteral(changelog.Quote(opts.FunctionName) + "()"),
+		changelog.Quote(changelog.ParkedTable(opts.ChangelogTable)), changelog.Quote(changelog.Unqualified(changelog.ParkedTable(opts.ChangelogTable)) + "_key_idx"),
+		changelog.Quote(changelog.AckTable(opts.ChangelogTable)),
+		changelog.Quote(changelog.UnitFunction(opts.ChangelogTable)), changelog.UnitColumn, keyArgPrefix,
+		changelog.Quote(changelog.MemberSequence(opts.ChangelogTable)), changelog.Quote(changelog.MemberTable(opts.ChangelogTable)),
+		changelog.Quote(changelog.RangeTable(opts.ChangelogTable)),
+		changelog.Quote(changelog.CapturedTable(opts.ChangelogTable)), changelog.QuoteLiteral(changelog.Quote(changelog.CapturedTable(opts.ChangelogTable))),
 	})
 	if err != nil {
 		return installPlan{}, err
 	}
-	tokenTable := quoteIdentifier(opts.TokenTable)
+	tokenTable := changelog.Quote(opts.TokenTable)
 	prune, err := renderSchema("prune_function", struct {
 		Function, Changelog, TokenTable, Ranges, Certified string
 		Legacy, Switchover, Snapshot, InRows               string
 		Restricted, Refusal, TokenTableLiteral             string
 		DefaultBatch                                       int
 	}{
-		quoteIdentifier(pruneFunction(opts.ChangelogTable)), p.changelog, tokenTable,
-		quoteIdentifier(rangeTable(opts.ChangelogTable)), certifiedByTokenSQL(), formLegacy, formSwitchover, formSnapshot, formInRows,
-		restrictedTokens("to_regclass(" + quoteLiteral(tokenTable) + ")"),
-		quoteLiteral(strings.ReplaceAll(restrictedTokensMessage, "%s", "%")), quoteLiteral(tokenTable),
+		changelog.Quote(changelog.PruneFunction(opts.ChangelogTable)), p.changelog, tokenTable,
+		changelog.Quote(changelog.RangeTable(opts.ChangelogTable)), certifiedByTokenSQL(), formLegacy, formSwitchover, formSnapshot, formInRows,
+		restrictedTokens("to_regclass(" + changelog.QuoteLiteral(tokenTable) + ")"),
+		changelog.QuoteLiteral(strings.ReplaceAll(restrictedTokensMessage, "%s", "%")), changelog.QuoteLiteral(tokenTable),
 		DefaultPruneBatch,
 	})
 	if err != nil {
@@ -418,7 +369,7 @@ func (p installPlan) run(ctx context.Context, db *sql.DB) error {
 func runScript(ctx context.Context, conn *sql.Conn, script string) error {
 	for try := 1; ; try++ {
 		_, err := conn.ExecContext(ctx, script)
-		if err == nil || !hasPgCode(err, lockNotAvailable) || try == alterTries {
+		if err == nil || !changelog.HasCode(err, changelog.LockNotAvailable) || try == alterTries {
 			if err != nil {
 				return fmt.Errorf("create tables and trigger function: %w", err)
 			}
@@ -428,18 +379,6 @@ func runScript(ctx context.Context, conn *sql.Conn, script string) error {
 			return fmt.Errorf("add the txid column: waiting for the changelog's lock: %w", ctx.Err())
 		}
 	}
-}
-
-// PostgreSQL's error codes the library tells apart.
-const (
-	lockNotAvailable = "55P03" // a lock_timeout or NOWAIT
-	undefinedTable   = "42P01"
-)
-
-// hasPgCode reports whether err is, or wraps, a PostgreSQL error with code.
-func hasPgCode(err error, code string) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == code
 }
 
 // dropInvalidIndexes drops those of the plan's indexes that a failed concurrent build left

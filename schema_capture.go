@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // noNotifyArg is the trigger argument that makes the trigger function skip its NOTIFY
@@ -22,11 +24,11 @@ func CaptureChangesSQL(table string, opts SchemaOptions) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkSchemaName("CaptureChanges table", table, checkIdentifier); err != nil {
+	if err := checkSchemaName("CaptureChanges table", table, changelog.CheckName); err != nil {
 		return nil, err
 	}
 	key := explicit
-	if key == "" && unqualified(table) == healthEventsTable {
+	if key == "" && changelog.Unqualified(table) == healthEventsTable {
 		key = DefaultHealthEventsKey
 	}
 	explicitLiteral := "NULL"
@@ -34,13 +36,13 @@ func CaptureChangesSQL(table string, opts SchemaOptions) ([]string, error) {
 		if err := checkKeyPath(explicit); err != nil {
 			return nil, err
 		}
-		explicitLiteral = quoteLiteral(explicit)
+		explicitLiteral = changelog.QuoteLiteral(explicit)
 	}
 	keyLiteral := "NULL"
 	if key != "" {
-		keyLiteral = quoteLiteral(key)
+		keyLiteral = changelog.QuoteLiteral(key)
 	}
-	trigger := triggerName(table)
+	trigger := changelog.TriggerName(table)
 	stmt, err := renderSchema("capture.sql", struct {
 		LockKey                                                  int64
 		Table, TableLiteral, ChangelogLiteral, Trigger, Function string
@@ -49,12 +51,12 @@ func CaptureChangesSQL(table string, opts SchemaOptions) ([]string, error) {
 		Captured, CapturedLiteral                                string
 		WithoutNotify                                            bool
 	}{
-		ddlLockKey, quoteIdentifier(table), quoteLiteral(quoteIdentifier(table)),
-		quoteLiteral(quoteIdentifier(opts.ChangelogTable)), quoteIdentifier(trigger),
-		quoteIdentifier(opts.FunctionName), quoteLiteral(trigger),
+		ddlLockKey, changelog.Quote(table), changelog.QuoteLiteral(changelog.Quote(table)),
+		changelog.QuoteLiteral(changelog.Quote(opts.ChangelogTable)), changelog.Quote(trigger),
+		changelog.Quote(opts.FunctionName), changelog.QuoteLiteral(trigger),
 		triggerArgs(opts.WithoutNotify, key), triggerArgs(opts.WithoutNotify, ""), keyLiteral, explicitLiteral,
-		quoteLiteral(noNotifyArg), quoteLiteral(keyArgPrefix), quoteLiteral(unitColumn),
-		quoteIdentifier(capturedTable(opts.ChangelogTable)), quoteLiteral(quoteIdentifier(capturedTable(opts.ChangelogTable))),
+		changelog.QuoteLiteral(noNotifyArg), changelog.QuoteLiteral(keyArgPrefix), changelog.QuoteLiteral(changelog.UnitColumn),
+		changelog.Quote(changelog.CapturedTable(opts.ChangelogTable)), changelog.QuoteLiteral(changelog.Quote(changelog.CapturedTable(opts.ChangelogTable))),
 		opts.WithoutNotify,
 	})
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // Checks that the trigger function and the capture triggers are still what InstallSchema and
@@ -89,7 +91,7 @@ const replacedBy = "such as a service's CREATE OR REPLACE FUNCTION with a plain 
 const captureCheckSQL = changelogSchemaCTE + `
 SELECT format('%I.%I', tn.nspname, tc.relname), t.tgnargs, ` + functionColumns + `,
 	to_regprocedure($2) IS NOT NULL OR to_regclass($3) IS NOT NULL,
-	EXISTS (SELECT FROM pg_catalog.pg_attribute a WHERE a.attrelid = cl.oid AND a.attname = '` + unitColumn + `'
+	EXISTS (SELECT FROM pg_catalog.pg_attribute a WHERE a.attrelid = cl.oid AND a.attname = '` + changelog.UnitColumn + `'
 		AND NOT a.attisdropped)
 FROM cl, pg_catalog.pg_trigger t
 JOIN pg_catalog.pg_class tc ON tc.oid = t.tgrelid
@@ -102,10 +104,10 @@ ORDER BY 1`
 // their trigger function. It returns what differs from the schema the library installs, each
 // with the fix, or nil. A changelog beside which InstallSchema never ran is not checked: the
 // existing schema's plain function is what it has.
-func captureProblems(ctx context.Context, db *sql.DB, changelog, table string) ([]string, error) {
-	rows, err := db.QueryContext(ctx, captureCheckSQL, quoteIdentifier(changelog),
-		quoteIdentifier(unitFunction(changelog))+"(text)", quoteIdentifier(parkedTable(changelog)),
-		table, triggerName(table))
+func captureProblems(ctx context.Context, db *sql.DB, log, table string) ([]string, error) {
+	rows, err := db.QueryContext(ctx, captureCheckSQL, changelog.Quote(log),
+		changelog.Quote(changelog.UnitFunction(log))+"(text)", changelog.Quote(changelog.ParkedTable(log)),
+		table, changelog.TriggerName(table))
 	if err != nil {
 		return nil, err
 	}
@@ -132,7 +134,7 @@ func captureProblems(ctx context.Context, db *sql.DB, changelog, table string) (
 		if nargs == 0 && table == healthEventsTable && hasUnit {
 			problems = append(problems, fmt.Sprintf("trigger %s on %s has no arguments, so its rows lose their key %s "+
 				"(other DDL dropped and created it again, such as a service's DROP TRIGGER and CREATE TRIGGER)",
-				triggerName(table), target, DefaultHealthEventsKey))
+				changelog.TriggerName(table), target, DefaultHealthEventsKey))
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/stretchr/testify/require"
 )
 
@@ -274,7 +275,7 @@ func TestLiveRevokeWriterGrantsRefusesWhereDDLWouldUndoIt(t *testing.T) {
 	}
 	member, _ := e.withRole("member")
 	grantWriter(member)
-	e.grant(`GRANT ` + quoteIdentifier(liveScalar[string](t, e.db, `SELECT current_user`)) + ` TO ` + member)
+	e.grant(`GRANT ` + changelog.Quote(liveScalar[string](t, e.db, `SELECT current_user`)) + ` TO ` + member)
 	_, err := RevokeWriterGrantsSQL(t.Context(), e.db, SchemaOptions{})
 	require.ErrorContains(t, err, "not revoking the writer grants: role "+member+" has the privileges of role")
 	require.ErrorContains(t, err, "so it can replace the function (CREATE OR REPLACE FUNCTION)")

@@ -3,6 +3,8 @@ package pgchangestream
 import (
 	"fmt"
 	"strings"
+
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // DefaultHealthEventsKey is the [SchemaOptions.Key] that [CaptureChanges] gives the table named
@@ -15,45 +17,11 @@ const DefaultHealthEventsKey = "document.healthevent.nodename"
 // healthEventsTable is the table whose default key is DefaultHealthEventsKey.
 const healthEventsTable = "health_events"
 
-// unitColumn is the changelog's column of a row's unit (see [UnitOf]), written by the trigger
-// function from the row's key; NULL stands for the unit of the record id.
-const unitColumn = "unit"
-
 // Key paths: at most maxKeyParts parts, each of letters, digits and _.
 const maxKeyParts = 8
 
 // keyArgPrefix starts the trigger argument that names the key path (schema/install.sql).
 const keyArgPrefix = "key="
-
-// unitFunction is the SQL twin of UnitOf beside changelog (same schema, name "<name>_unit"):
-// unit(key text) smallint.
-func unitFunction(changelog string) string {
-	return changelog + "_unit"
-}
-
-// unitExpression is the SQL expression of a changelog row's unit, exactly as the unit index of
-// changelog is built on it, so that a condition on it is an index condition.
-func unitExpression(changelog string) string {
-	return "COALESCE(" + unitColumn + ", " + quoteIdentifier(unitFunction(changelog)) + "(record_id::text))"
-}
-
-// memberTable holds the members of shared clients beside changelog (same schema, name
-// "<name>_members").
-func memberTable(changelog string) string {
-	return changelog + "_members"
-}
-
-// memberSequence hands out the member ids of memberTable, never reused (same schema, name
-// "<name>_member_seq").
-func memberSequence(changelog string) string {
-	return changelog + "_member_seq"
-}
-
-// rangeTable holds each shared client's ranges, their owners and saved positions, beside
-// changelog (same schema, name "<name>_ranges").
-func rangeTable(changelog string) string {
-	return changelog + "_ranges"
-}
 
 // checkKeyPath validates a key path: dot-separated parts of letters, digits and _, at most
 // maxKeyParts of them.
@@ -82,12 +50,12 @@ func checkKeyPath(path string) error {
 // CaptureChanges always has an argument, so one without any is not CaptureChanges' (other DDL
 // created it, or an earlier release, which left a notifying trigger without a key bare).
 func triggerArgs(withoutNotify bool, key string) string {
-	args := []string{quoteLiteral(notifyArg)}
+	args := []string{changelog.QuoteLiteral(notifyArg)}
 	if withoutNotify {
-		args[0] = quoteLiteral(noNotifyArg)
+		args[0] = changelog.QuoteLiteral(noNotifyArg)
 	}
 	if key != "" {
-		args = append(args, quoteLiteral(keyArgPrefix+key))
+		args = append(args, changelog.QuoteLiteral(keyArgPrefix+key))
 	}
 	return strings.Join(args, ", ")
 }

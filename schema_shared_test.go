@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 )
 
@@ -77,11 +78,11 @@ func TestCaptureChangesKeySQL(t *testing.T) {
 }
 
 func TestSharedNames(t *testing.T) {
-	assert.Equal(t, "audit.changes_unit", unitFunction("audit.changes"))
-	assert.Equal(t, `COALESCE(unit, "audit"."changes_unit"(record_id::text))`, unitExpression("audit.changes"))
-	assert.Equal(t, "audit.changes_members", memberTable("audit.changes"))
-	assert.Equal(t, "audit.changes_member_seq", memberSequence("audit.changes"))
-	assert.Equal(t, "audit.changes_ranges", rangeTable("audit.changes"))
+	assert.Equal(t, "audit.changes_unit", changelog.UnitFunction("audit.changes"))
+	assert.Equal(t, `COALESCE(unit, "audit"."changes_unit"(record_id::text))`, changelog.UnitExpression("audit.changes"))
+	assert.Equal(t, "audit.changes_members", changelog.MemberTable("audit.changes"))
+	assert.Equal(t, "audit.changes_member_seq", changelog.MemberSequence("audit.changes"))
+	assert.Equal(t, "audit.changes_ranges", changelog.RangeTable("audit.changes"))
 	indexes, err := changelogIndexes("audit.changes")
 	require.NoError(t, err)
 	assert.Equal(t, "changes_txid_unit_idx", indexes[1].name)
@@ -214,7 +215,7 @@ type unitRow struct {
 func lastUnit(t *testing.T, db *sql.DB, table string) unitRow {
 	t.Helper()
 	var r unitRow
-	require.NoError(t, db.QueryRow(`SELECT unit, `+unitExpression(DefaultChangelogTable)+` FROM datastore_changelog
+	require.NoError(t, db.QueryRow(`SELECT unit, `+changelog.UnitExpression(DefaultChangelogTable)+` FROM datastore_changelog
 		WHERE table_name = $1 ORDER BY id DESC LIMIT 1`, table).Scan(&r.unit, &r.expr))
 	return r
 }
@@ -317,7 +318,7 @@ func TestLiveSchemaUnitIndexCond(t *testing.T) {
 		ORDER BY txid, id OFFSET 1100 LIMIT 1`).Scan(&hi, &hiID))
 	plan := explain(t, db, `EXPLAIN (COSTS OFF) SELECT id FROM datastore_changelog
 		WHERE table_name = $1 AND (txid, id) > ($2::xid8, $3) AND (txid, id) <= ($4::xid8, $5)
-		AND `+unitExpression(DefaultChangelogTable)+` BETWEEN 256 AND 511 ORDER BY txid, id`,
+		AND `+changelog.UnitExpression(DefaultChangelogTable)+` BETWEEN 256 AND 511 ORDER BY txid, id`,
 		"table_1", lo, loID, hi, hiID)
 	assert.Regexp(t, `(Index (Only )?Scan using|Bitmap Index Scan on) datastore_changelog_txid_unit_idx`, plan)
 	assert.Regexp(t, `Index Cond: .*ROW\(txid, id\) > .*COALESCE\(unit, .*>= 256\).*<= 511\)`, plan)
@@ -344,7 +345,7 @@ func triggerArgsOf(t *testing.T, db *sql.DB, table string) []string {
 	t.Helper()
 	var args []string
 	rows, err := db.Query(`SELECT unnest(array_remove(string_to_array(encode(tgargs, 'escape'), E'\\000'), ''))
-		FROM pg_trigger WHERE tgname = $1`, triggerName(table))
+		FROM pg_trigger WHERE tgname = $1`, changelog.TriggerName(table))
 	require.NoError(t, err)
 	defer rows.Close()
 	for rows.Next() {

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 )
 
@@ -274,12 +275,12 @@ func TestCaptureChangesSQL(t *testing.T) {
 				"DO $capture$",
 				fmt.Sprintf("PERFORM pg_advisory_xact_lock(%d);", ddlLockKey),
 				"target      regclass := to_regclass('" + tc.on + "');",
-				"changelog   regclass := to_regclass('" + quoteIdentifier(opts.ChangelogTable) + "');",
+				"changelog   regclass := to_regclass('" + changelog.Quote(opts.ChangelogTable) + "');",
 				"tgname = '" + tc.trigger + "'",
 				fmt.Sprintf(`CREATE TRIGGER "%s" AFTER INSERT OR UPDATE OR DELETE ON %s`, tc.trigger, tc.on),
-				"FOR EACH ROW EXECUTE FUNCTION " + quoteIdentifier(opts.FunctionName) + "('notify');",
+				"FOR EACH ROW EXECUTE FUNCTION " + changelog.Quote(opts.FunctionName) + "('notify');",
 				"IF quiet <> false THEN",
-				"INSERT INTO " + quoteIdentifier(capturedTable(opts.ChangelogTable)) + " (schema_name, table_name)",
+				"INSERT INTO " + changelog.Quote(changelog.CapturedTable(opts.ChangelogTable)) + " (schema_name, table_name)",
 			} {
 				assert.Contains(t, stmts[0], want)
 			}
@@ -370,7 +371,7 @@ func checkCapture(t *testing.T, db *sql.DB, listener *pgx.Conn, table string) {
 	liveExec(t, db, "DELETE FROM "+table+" WHERE id::text = $1", id)
 
 	rows, err := db.QueryContext(t.Context(), `SELECT id, operation, old_values->>'item', new_values->>'item'
-		FROM datastore_changelog WHERE table_name = $1 AND record_id::text = $2 ORDER BY id`, unqualified(table), id)
+		FROM datastore_changelog WHERE table_name = $1 AND record_id::text = $2 ORDER BY id`, changelog.Unqualified(table), id)
 	require.NoError(t, err)
 	defer rows.Close()
 	var got []string
@@ -385,7 +386,7 @@ func checkCapture(t *testing.T, db *sql.DB, listener *pgx.Conn, table string) {
 		n, err := listener.WaitForNotification(ctx)
 		cancel()
 		require.NoError(t, err)
-		assert.Equal(t, fmt.Sprintf(`{"id" : %d, "table" : "%s", "operation" : "%s"}`, changeID, unqualified(table), op), n.Payload)
+		assert.Equal(t, fmt.Sprintf(`{"id" : %d, "table" : "%s", "operation" : "%s"}`, changeID, changelog.Unqualified(table), op), n.Payload)
 	}
 	require.NoError(t, rows.Err())
 	assert.Equal(t, []string{"INSERT >a", "UPDATE a>b", "DELETE b>"}, got, table)

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/lease"
 )
 
@@ -106,12 +107,12 @@ type sharedQueries struct {
 
 func buildSharedQueries(cfg Config) sharedQueries {
 	cl := cfg.ChangelogTable
-	mt, rt := quoteIdentifier(memberTable(cl)), quoteIdentifier(rangeTable(cl))
-	qcl, acks, parked := quoteIdentifier(cl), quoteIdentifier(ackTable(cl)), quoteIdentifier(parkedTable(cl))
+	mt, rt := changelog.Quote(changelog.MemberTable(cl)), changelog.Quote(changelog.RangeTable(cl))
+	qcl, acks, parked := changelog.Quote(cl), changelog.Quote(changelog.AckTable(cl)), changelog.Quote(changelog.ParkedTable(cl))
 	lease := `now() + $3 * interval '1 millisecond'`
 	// rangeOf is the range of the changelog row whose id is the expression id.
 	rangeOf := func(id string) string {
-		return `(SELECT ` + unitExpression(cl) + ` / ` + strconv.Itoa(unitsPerRange) + ` FROM ` + qcl + ` WHERE id = ` + id + `)`
+		return `(SELECT ` + changelog.UnitExpression(cl) + ` / ` + strconv.Itoa(unitsPerRange) + ` FROM ` + qcl + ` WHERE id = ` + id + `)`
 	}
 	// settled: member $2's lease holds and has held, without a lapse, for a lease ($3 ms, or the
 	// placeholder given): only a settled member removes members whose lease ran out or claims
@@ -128,7 +129,7 @@ func buildSharedQueries(cfg Config) sharedQueries {
 		detect: `SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'unit' AND NOT attisdropped)
 		AND to_regclass($2) IS NOT NULL`,
 		join: `INSERT INTO ` + mt + ` (client_name, member, name, lease_until)
-	VALUES ($1, nextval(` + quoteLiteral(quoteIdentifier(memberSequence(cl))) + `), $2, ` + lease + `) RETURNING member`,
+	VALUES ($1, nextval(` + changelog.QuoteLiteral(changelog.Quote(changelog.MemberSequence(cl))) + `), $2, ` + lease + `) RETURNING member`,
 		renew: `UPDATE ` + mt + ` SET lease_until = ` + lease + `,
 		valid_since = CASE WHEN lease_until < now() THEN now() ELSE valid_since END WHERE client_name = $1 AND member = $2`,
 		expire: `DELETE FROM ` + mt + ` WHERE client_name = $1 AND lease_until < now() AND ` + settled("$3"),
@@ -168,7 +169,7 @@ func buildSharedQueries(cfg Config) sharedQueries {
 		OR EXISTS (SELECT FROM ` + rt + ` AS r WHERE r.client_name = $1 AND r.owner = $3
 			AND r.range_no = ` + rangeOf(parked+`.changelog_id`) + `))`,
 		compactOwned: ` AND EXISTS (SELECT FROM ` + rt + ` AS r WHERE r.client_name = $1 AND r.range_no = ` +
-			unitExpression(cl) + ` / ` + strconv.Itoa(unitsPerRange) + ` AND r.owner = `,
+			changelog.UnitExpression(cl) + ` / ` + strconv.Itoa(unitsPerRange) + ` AND r.owner = `,
 	}
 }
 
@@ -266,8 +267,8 @@ func (w *Watcher) join(ctx context.Context) error {
 		return nil
 	}
 	var ok bool
-	if err := w.cfg.DB.QueryRowContext(ctx, w.sh.q.detect, quoteIdentifier(w.cfg.ChangelogTable),
-		quoteIdentifier(rangeTable(w.cfg.ChangelogTable))).Scan(&ok); err != nil {
+	if err := w.cfg.DB.QueryRowContext(ctx, w.sh.q.detect, changelog.Quote(w.cfg.ChangelogTable),
+		changelog.Quote(changelog.RangeTable(w.cfg.ChangelogTable))).Scan(&ok); err != nil {
 		return fmt.Errorf("inspect changelog %s for shared members: %w", w.cfg.ChangelogTable, err)
 	}
 	if !ok {

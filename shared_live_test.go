@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 	"github.com/stretchr/testify/require"
 )
@@ -538,7 +539,7 @@ func TestLiveSharedMembersDivideRows(t *testing.T) {
 			defer mu.Unlock()
 			for _, id := range ids {
 				var unit int
-				require.NoError(t, e.db.QueryRow(`SELECT `+unitExpression("datastore_changelog")+` FROM datastore_changelog WHERE id = $1`, id).Scan(&unit))
+				require.NoError(t, e.db.QueryRow(`SELECT `+changelog.UnitExpression("datastore_changelog")+` FROM datastore_changelog WHERE id = $1`, id).Scan(&unit))
 				require.Contains(t, owns[got[id]], unit/16, "row %d (unit %d) delivered to %s, which does not own its range", id, unit, got[id])
 			}
 			require.NotEqual(t, a.Stats().Shared.Member, b.Stats().Shared.Member)
@@ -557,7 +558,7 @@ func TestLiveSharedMembersDivideALargeDelta(t *testing.T) {
 	_, err := e.db.Exec(`INSERT INTO items (n) SELECT g FROM generate_series(1, 2000) g`)
 	require.NoError(t, err)
 	var want [2][]int64
-	rows, err := e.db.Query(`SELECT id, ` + unitExpression("datastore_changelog") + ` / 16 FROM datastore_changelog
+	rows, err := e.db.Query(`SELECT id, ` + changelog.UnitExpression("datastore_changelog") + ` / 16 FROM datastore_changelog
 		WHERE table_name = 'items' ORDER BY id`)
 	require.NoError(t, err)
 	for rows.Next() {

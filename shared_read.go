@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/lease"
 )
 
@@ -52,10 +53,10 @@ func sharedReadQueries(cfg Config, ranges []int) *readQueries {
 	iv := lease.Cover(ranges, unitsPerRange)
 	cl := cfg.ChangelogTable
 	u := &unitSQL{
-		cond: ` AND ` + unitExpression(cl) + ` BETWEEN ` + strconv.Itoa(iv.Lo) + ` AND ` + strconv.Itoa(iv.Hi),
-		expr: unitExpression(cl),
+		cond: ` AND ` + changelog.UnitExpression(cl) + ` BETWEEN ` + strconv.Itoa(iv.Lo) + ` AND ` + strconv.Itoa(iv.Hi),
+		expr: changelog.UnitExpression(cl),
 	}
-	rq := buildReadQueries(quoteIdentifier(cl), strconv.Itoa(cfg.BatchSize), strconv.Itoa(cfg.BatchSize+1), u)
+	rq := buildReadQueries(changelog.Quote(cl), strconv.Itoa(cfg.BatchSize), strconv.Itoa(cfg.BatchSize+1), u)
 	return &rq
 }
 

@@ -6,12 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/stretchr/testify/require"
 )
 
 // sharedRangeOf returns the range of changelog row id.
 func sharedRangeOf(t *testing.T, e *liveEnv, id int64) int {
-	return liveScalar[int](t, e.db, `SELECT `+unitExpression("datastore_changelog")+` / 16 FROM datastore_changelog WHERE id = $1`, id)
+	return liveScalar[int](t, e.db, `SELECT `+changelog.UnitExpression("datastore_changelog")+` / 16 FROM datastore_changelog WHERE id = $1`, id)
 }
 
 // sharedStatementsWatcher is a Shared watcher of client "c", not started, as member id; the

@@ -3,12 +3,14 @@ package pgchangestream
 import (
 	"context"
 	"strings"
+
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // tableCheckQuery asks whether the changelog has a row of table $1, or a table named $1 has a
 // trigger. The first part is one probe of the (table_name, changed_at, id) index.
-func tableCheckQuery(changelog string) string {
-	return `SELECT EXISTS (SELECT 1 FROM ` + quoteIdentifier(changelog) + ` WHERE table_name = $1)
+func tableCheckQuery(log string) string {
+	return `SELECT EXISTS (SELECT 1 FROM ` + changelog.Quote(log) + ` WHERE table_name = $1)
 	OR EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
 		WHERE c.relname = $1 AND NOT t.tgisinternal)`
 }

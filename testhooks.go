@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 	"github.com/pgchangestream/pgchangestream/internal/testhooks"
 )
@@ -70,8 +71,8 @@ func testStatements(cfg Config) testhooks.Statements {
 	cfg = cfg.withDefaults()
 	q := buildQueries(cfg)
 	return testhooks.Statements{
-		Detect: q.detect, DetectArg: quoteIdentifier(cfg.ChangelogTable),
-		DetectIncArg: quoteIdentifier(incarnationTable(cfg.ChangelogTable)), DeltaStart: q.deltaStart,
+		Detect: q.detect, DetectArg: changelog.Quote(cfg.ChangelogTable),
+		DetectIncArg: changelog.Quote(changelog.IncarnationTable(cfg.ChangelogTable)), DeltaStart: q.deltaStart,
 		LoadToken: q.loadToken, SaveToken: q.saveToken, AckTx: q.ackTx[ackIndex(false, "")], Newest: q.newest,
 		TableCheck: tableCheckQuery(cfg.ChangelogTable), Read: q.read, Snapshot: q.snapshot,
 		DeltaRange: q.deltaRange, Unprocessed: q.unprocessed,

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // Acknowledgements in the caller's transaction (contract rule 19). MarkProcessedTx computes,
@@ -247,7 +249,7 @@ func (w *Watcher) writeMarked(ctx context.Context, tok []byte, seq uint64, inc s
 	t := string(appendAck(tok, w.instance, seq))
 	res, err := w.cfg.DB.ExecContext(ctx, w.q.ackSave[ackIndex(w.fenced, inc)], saveArgs(w.cfg.ClientName, t, w.fenced, w.epoch, inc)...)
 	if err != nil {
-		if hasPgCode(err, lockNotAvailable) {
+		if changelog.HasCode(err, changelog.LockNotAvailable) {
 			return fmt.Errorf("%w: %w", errTokenLocked, err)
 		}
 		return err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/stretchr/testify/require"
 )
 
@@ -144,7 +145,7 @@ func TestOwnSaveNeverOverwritesACommittedTxAck(t *testing.T) {
 	p2 := txPos(t, 2)
 	mock.ExpectQuery(w.q.readAck).WithArgs("c").WillReturnRows(ackRows(nil, nil)) // not committed yet
 	mock.ExpectExec(w.q.ackSave[0]).WithArgs("c", markedToken(w, p2, 1)).
-		WillReturnError(&pgconn.PgError{Code: lockNotAvailable, Message: "could not obtain lock on row"})
+		WillReturnError(&pgconn.PgError{Code: changelog.LockNotAvailable, Message: "could not obtain lock on row"})
 	err := w.MarkProcessed(ctx, tok(2))
 	require.ErrorIs(t, err, errTokenLocked)
 	require.NoError(t, w.Health(), "a row held by a caller's transaction is no fault of the database's")

@@ -1,0 +1,9 @@
+// Package changelog holds the names of the objects the library keeps beside a changelog table,
+// and the checks and quoting every name passes before it reaches SQL.
+//
+// A name is "name" or "schema.name", each part an unquoted-style identifier of letters, digits,
+// _ and $ that PostgreSQL does not truncate. The objects beside a changelog take its name with a
+// suffix, in its schema: "<changelog>_parked", "<changelog>_acks", and so on. The watcher, the
+// public schema and admin packages and the test kit all name them through this package, so they
+// cannot disagree.
+package changelog
