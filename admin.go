@@ -138,10 +138,6 @@ func ResetTokenJSON(pos Position, table string) string {
 	return string(encodeToken(pos, table))
 }
 
-// ErrClientActive is returned by [ResetToken] and [DeleteToken] while a watcher of the client
-// holds its lock: an exclusive watcher, or one with a LISTEN connection (see [Config.Exclusive]).
-var ErrClientActive = errors.New("pgchangestream: a watcher of the client is running")
-
 // ResetToken saves pos as the client's token, in the form every schema state accepts:
 // {"timestamp", "eventID"}, keeping the table the client's current token records. It refuses
 // (ErrClientActive) while a watcher of the client runs. A client without a token gets one that

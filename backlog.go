@@ -9,10 +9,6 @@ import (
 	"time"
 )
 
-// ErrInvalidSavedToken is wrapped by the error [SavedTokenBacklog] returns for a saved token a
-// watcher cannot load.
-var ErrInvalidSavedToken = errors.New("pgchangestream: invalid saved token")
-
 // TokenBacklog is what a saved token has not passed (see [SavedTokenBacklog]).
 type TokenBacklog struct {
 	// Position is where a watcher loading the token resumes: after it. ChangedAt is zero for a

@@ -2,7 +2,6 @@ package pgchangestream
 
 import (
 	"database/sql"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -57,9 +56,6 @@ const (
 	// (VARCHAR(100)).
 	MaxTableNameLen = 100
 )
-
-// ErrInvalidConfig is wrapped by every error [New] returns for a bad [Config].
-var ErrInvalidConfig = errors.New("pgchangestream: invalid config")
 
 // Config configures a [Watcher]. Zero values take the defaults stated on each field.
 type Config struct {

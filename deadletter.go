@@ -13,10 +13,6 @@ import (
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
-// ErrNotParked is returned by [RetryParked] and [DropParked] for an id that is not a parked
-// event of the client.
-var ErrNotParked = errors.New("pgchangestream: no such parked event")
-
 // sqlParkedStore is the dead-letter table of one client: "<changelog>_parked", created by
 // [InstallSchema].
 type sqlParkedStore struct {

@@ -3,7 +3,6 @@ package pgchangestream
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"slices"
 	"strconv"
 	"time"
@@ -198,16 +197,6 @@ func (w *Watcher) endSpan(from Position) {
 	w.advanceLocked(w.cursor.nextDelta(next))
 	w.mu.Unlock()
 }
-
-// ErrRestoredDatabase is returned through [Watcher.Err] when transaction ids stored in the
-// changelog or in the saved token are ahead of the database's transaction counter, as after a
-// logical dump and restore. The watcher refuses to start rather than skip or replay rows. A
-// token saved while the watcher starts is not taken for one: it is checked again against a
-// snapshot taken after it was read. docs/operations.md ("Restoring a database") says how to
-// confirm that the database was restored, and only then what to change.
-var ErrRestoredDatabase = errors.New("pgchangestream: stored transaction ids are ahead of the database's transaction counter, " +
-	"as after a logical dump and restore; first confirm that this database was restored from a dump, and change nothing " +
-	"if it was not: docs/operations.md, \"Restoring a database\", says how to check and what to do")
 
 // certifyRanges returns the (txid, id) index ranges holding the rows that delta position p
 // certifies and prev, an earlier delta position, does not: the rows visible in p's top snapshot

@@ -29,10 +29,6 @@ const (
 	lockReleaseWait   = time.Second
 )
 
-// ErrExclusiveLost is wrapped by [Watcher.Err] (and by saves refused afterwards) when an
-// exclusive watcher lost the session that held its lock, so that a standby may take over.
-var ErrExclusiveLost = errors.New("pgchangestream: exclusive lock lost")
-
 // lockKey is the advisory lock of a client: a 64-bit hash of the token table and client name,
 // the same for every watcher and for the token commands.
 func lockKey(tokenTable, clientName string) int64 {

@@ -24,11 +24,6 @@ const (
 	fenceCondition = `tok.` + epochColumn + ` = $3`
 )
 
-// ErrFenced is wrapped by the errors of saves refused because a later owner claimed the
-// client (or the token row was deleted or reset) since this watcher became active. It wraps
-// [ErrExclusiveLost]: the watcher stops as if it had lost its lock.
-var ErrFenced = fmt.Errorf("%w: fenced off by a later owner of the client", ErrExclusiveLost)
-
 // claimToken reads the client's saved token (found is false when it has none). With claim, an
 // exclusive watcher on a token table with the owner_epoch column claims a new epoch in the same
 // statement, and its saves are fenced from then on; on a table without the column it warns,

@@ -1,19 +1,9 @@
 package pgchangestream
 
 import (
-	"errors"
 	"fmt"
 	"runtime/debug"
 )
-
-// ErrPanic is wrapped by the error a watcher reports when one of its goroutines panicked (a bug,
-// in this package or in a callback such as [Config.Filter]). The panic is recovered, logged with
-// its stack and reported by [Watcher.Health] and [Stats].LastError, so it never takes down the
-// process. A panic in the reader, the saver, the LISTEN connection or the exclusive lock's check
-// stops the watcher: [Watcher.Err] wraps ErrPanic (or [ErrExclusiveLost]) and Events closes. A
-// panic in a prefetched read or in the processed-flag marker fails that step only: the reader
-// reads again, and the marker retries (the flag may lag the token).
-var ErrPanic = errors.New("pgchangestream: panic")
 
 // opPanic is the Health failure of a goroutine that stopped the watcher after a panic.
 const opPanic = "panic"

@@ -26,16 +26,6 @@ const ackCompactInterval = time.Second
 // commit, and its WAL flush, to every event for nothing.
 const txSaveGap = 100 * time.Millisecond
 
-// ErrLegacyChangelog is returned by [Watcher.ProcessTx] and [Watcher.MarkProcessedTx] on a
-// legacy changelog (one without the txid column: not upgraded, or on PostgreSQL 12). There a row
-// that commits behind the saved token moves the token back (late-row recovery), so a restart
-// would deliver again events whose effects already committed, after their acknowledgement rows
-// were deleted as certified: exactly-once cannot be kept. Nothing is claimed or written.
-var ErrLegacyChangelog = errors.New("pgchangestream: ProcessTx and MarkProcessedTx need an upgraded changelog " +
-	"(a txid column, PostgreSQL 13 or later): on a legacy one a row that commits behind the saved token moves it back " +
-	"and events already done would run again; upgrade the changelog with InstallSchema, or the statements of " +
-	"InstallSchemaSQL (a running watcher switches over by itself)")
-
 // readsLegacy reports whether the watcher reads a legacy changelog: its token is loaded and its
 // read position is a legacy one. The reader switches it over only while nothing is pending, so
 // it stays legacy while any event delivered on it is being handled.

@@ -3,7 +3,6 @@ package pgchangestream
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
@@ -26,13 +25,6 @@ import (
 // was all WAL before it, including every record its snapshots relied on. Saves of positions of an
 // older incarnation write nothing (saveTokenInc), so a position read before the crash is never
 // saved after it.
-
-// ErrServerRecovered is wrapped by the error of a save refused because the server recovered
-// from a crash, failed over or was restored since the position was read: transaction ids the
-// watcher saw finish may be handed out again. The watcher goes back to its saved token and
-// delivers again from there; acknowledgements are kept, and the next save after that succeeds.
-var ErrServerRecovered = errors.New("pgchangestream: the server recovered from a crash, failed over or was restored " +
-	"since this position was read; the watcher goes back to its saved token and delivers again from there")
 
 // currentSnapshot returns the database's current snapshot and, where the changelog has an
 // incarnation table, the server's incarnation, inserting its row after a crash emptied it.

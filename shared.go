@@ -53,12 +53,6 @@ func UnitOf(key string) int {
 // paused past its lease delivers nothing when it wakes but the one event it was offering (see
 // Watcher.send); every save of a range is fenced to its owner, so its saves are then refused.
 
-// ErrSharedSchema is returned through [Watcher.Err] by a Shared watcher whose changelog lacks
-// what shared members need: the txid column (skip-free reads) and the unit column, the
-// _members and _ranges tables InstallSchema creates.
-var ErrSharedSchema = errors.New("pgchangestream: Config.Shared needs an upgraded changelog: run InstallSchema " +
-	"(it adds the txid and unit columns and the _members and _ranges tables)")
-
 // errSharedTx refuses MarkProcessedTx in a Shared watcher: its ranges each have a saved
 // position, which one write in the caller's transaction cannot move together.
 var errSharedTx = errors.New("pgchangestream: MarkProcessedTx is not available to Shared watchers " +

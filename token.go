@@ -236,10 +236,6 @@ func savedID(n json.Number) (int64, error) {
 	return id, nil
 }
 
-// ErrInvalidToken is wrapped by the error MarkProcessed returns for a token that is not a
-// decimal int64.
-var ErrInvalidToken = errors.New("pgchangestream: invalid resume token")
-
 // parseToken parses a delivery's resume token (a decimal changelog id). ok is false for an empty
 // token, which certifies nothing.
 func parseToken(token []byte) (id int64, ok bool, err error) {
