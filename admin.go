@@ -285,7 +285,7 @@ func withClientLock(ctx context.Context, db *sql.DB, client string, t adminTable
 	return f(conn)
 }
 
-// hasRangeTable reports whether the changelog has a _ranges table (InstallSchema adds it), where
+// hasRangeTable reports whether the changelog has a _ranges table (schema.Install adds it), where
 // shared clients keep their positions.
 func hasRangeTable(ctx context.Context, conn *sql.Conn, t adminTables) (bool, error) {
 	var exists bool

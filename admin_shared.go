@@ -52,7 +52,7 @@ type SharedRangeInfo struct {
 
 // ListShared returns every shared client of the changelog (those with rows in its _ranges
 // table), ordered by client name, with their members and ranges. A changelog without the
-// shared tables (InstallSchema adds them) has none.
+// shared tables (schema.Install adds them) has none.
 func ListShared(ctx context.Context, db *sql.DB, opts AdminOptions) ([]SharedClient, error) {
 	t, err := opts.resolve()
 	if err != nil {

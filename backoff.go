@@ -4,6 +4,8 @@ import (
 	"context"
 	"math/rand/v2"
 	"time"
+
+	waits "github.com/pgchangestream/pgchangestream/internal/backoff"
 )
 
 // backoff is a capped exponential backoff with jitter.
@@ -31,13 +33,4 @@ func jitter(d time.Duration) time.Duration {
 }
 
 // sleepCtx waits for d or the end of ctx; it returns false when ctx ended.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
+func sleepCtx(ctx context.Context, d time.Duration) bool { return waits.Sleep(ctx, d) }

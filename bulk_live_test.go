@@ -29,7 +29,7 @@ func (e *liveEnv) changelogTuplesRead() int64 {
 	return 0
 }
 
-// newLiveWithoutTxid gives the test a fresh database installed by InstallSchema whose changelog
+// newLiveWithoutTxid gives the test a fresh database installed by schema.Install whose changelog
 // then lost its txid column: a legacy changelog with every index reads need.
 func newLiveWithoutTxid(t *testing.T) *liveEnv {
 	e := newLive(t)
@@ -39,7 +39,7 @@ func newLiveWithoutTxid(t *testing.T) *liveEnv {
 }
 
 // inEachSchemaState runs test in parallel subtests, each on a fresh database in one of the two
-// schema states, each with every index InstallSchema builds: upgraded, and legacy (the txid
+// schema states, each with every index schema.Install builds: upgraded, and legacy (the txid
 // column dropped).
 func inEachSchemaState(t *testing.T, test func(t *testing.T, e *liveEnv)) {
 	for _, tc := range []struct {
@@ -57,7 +57,7 @@ func inEachSchemaState(t *testing.T, test func(t *testing.T, e *liveEnv)) {
 // is set through an index range from the previous saved position): one transaction writes 5,000
 // rows with one changed_at, and 2,000 per-event acknowledgements, each a save, read a few
 // changelog tuples each (the read of the rows included), not thousands. Both schema states, each
-// with the indexes InstallSchema builds.
+// with the indexes schema.Install builds.
 func TestLiveBulkTransactionAckCost(t *testing.T) {
 	inEachSchemaState(t, func(t *testing.T, e *liveEnv) {
 		const rows, acks = 5000, 2000

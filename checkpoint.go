@@ -92,13 +92,13 @@ func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, e
 	if !skipFree && !w.legacyNoted {
 		w.legacyNoted = true
 		w.log.Warn("the changelog has no txid column: reads are not skip-free (a row whose transaction commits "+
-			"behind the read position is found only through its NOTIFY); upgrade it with InstallSchema, "+
-			"or the statements of InstallSchemaSQL; a running watcher then switches over by itself", "changelog", w.cfg.ChangelogTable)
+			"behind the read position is found only through its NOTIFY); upgrade it with schema.Install, "+
+			"or the statements it lists with DryRun; a running watcher then switches over by itself", "changelog", w.cfg.ChangelogTable)
 	}
 	if skipFree && !w.hasInc && !w.incNoted {
 		w.incNoted = true
 		w.log.Warn("the changelog has no incarnation table: after a server crash the watcher notices the "+
-			"transaction counter going back only while it has not passed the ids seen before; run InstallSchema to add it",
+			"transaction counter going back only while it has not passed the ids seen before; run schema.Install to add it",
 			"table", changelog.IncarnationTable(w.cfg.ChangelogTable))
 	}
 	if w.sh != nil {

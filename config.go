@@ -124,7 +124,7 @@ type Config struct {
 	// context ending, or its session ending. A watcher that loses its session stops (Err wraps
 	// [ErrExclusiveLost]) before a standby starts. Watchers without Exclusive and with a
 	// ConnString hold the lock in shared mode, so an exclusive watcher waits for them too.
-	// On a token table with the owner_epoch column (InstallSchema adds it), each active
+	// On a token table with the owner_epoch column (schema.Install adds it), each active
 	// watcher claims a new owner epoch and its saves are fenced to it: once a standby took
 	// over, a save of the earlier owner, however late, is refused (wrapping [ErrFenced]).
 	Exclusive bool
@@ -137,9 +137,9 @@ type Config struct {
 
 	// Shared makes the watchers of one ClientName, in any number of processes, divide its
 	// rows: each committed row goes to one active member, and the rows of one key (fixed when
-	// the row is written, see [SchemaOptions].Key) to one member at a time, in order. The
+	// the row is written, see schema.Options.Key) to one member at a time, in order. The
 	// members coordinate in PostgreSQL through the changelog's _members and _ranges tables
-	// (InstallSchema creates them): the 1,024 units of the key hash are grouped in
+	// (schema.Install creates them): the 1,024 units of the key hash are grouped in
 	// [SharedRanges] ranges, each with its own saved position and fenced owner, and the live
 	// members divide the ranges between them. A range moves to a new member only after its
 	// old owner's deliveries in it were acknowledged, or the old owner's lease ran out.

@@ -14,7 +14,7 @@ import (
 )
 
 // sqlParkedStore is the dead-letter table of one client: "<changelog>_parked", created by
-// [InstallSchema].
+// schema.Install.
 type sqlParkedStore struct {
 	db     *sql.DB
 	table  string // quoted
@@ -123,7 +123,7 @@ func (s *sqlParkedStore) check(what string, err error) error {
 		return nil
 	}
 	if changelog.HasCode(err, changelog.UndefinedTable) {
-		return fmt.Errorf("pgchangestream: %s: dead-letter table %s is missing (run InstallSchema): %w", what, s.name, err)
+		return fmt.Errorf("pgchangestream: %s: dead-letter table %s is missing (run schema.Install): %w", what, s.name, err)
 	}
 	return fmt.Errorf("pgchangestream: %s in %s: %w", what, s.name, err)
 }

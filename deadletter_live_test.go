@@ -96,5 +96,5 @@ func TestLiveParkedAdminRefusesWhatIsNotParked(t *testing.T) {
 	_, err = e.db.ExecContext(ctx, `DROP TABLE `+changelog.Quote(changelog.ParkedTable(DefaultChangelogTable)))
 	require.NoError(t, err)
 	_, err = ListParked(ctx, e.db, "a", AdminOptions{})
-	require.ErrorContains(t, err, "run InstallSchema")
+	require.ErrorContains(t, err, "run schema.Install")
 }

@@ -25,7 +25,7 @@ func explainDeltaRead(t *testing.T, e *liveEnv, q string, b, end pgSnapshot) (st
 // touched.
 func explainLive(t *testing.T, e *liveEnv, q string, args ...any) (string, int) {
 	t.Helper()
-	plan := explain(t, e.db, `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY OFF) `+q, args...)
+	plan := pgtest.Explain(t, e.db, `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY OFF) `+q, args...)
 	m := regexp.MustCompile(`Buffers: shared hit=(\d+)`).FindStringSubmatch(plan)
 	require.NotNil(t, m, plan)
 	n, err := strconv.Atoi(m[1])

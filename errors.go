@@ -53,8 +53,8 @@ var ErrPanic = errors.New("pgchangestream: panic")
 // were deleted as certified: exactly-once cannot be kept. Nothing is claimed or written.
 var ErrLegacyChangelog = errors.New("pgchangestream: ProcessTx and MarkProcessedTx need an upgraded changelog " +
 	"(a txid column, PostgreSQL 13 or later): on a legacy one a row that commits behind the saved token moves it back " +
-	"and events already done would run again; upgrade the changelog with InstallSchema, or the statements of " +
-	"InstallSchemaSQL (a running watcher switches over by itself)")
+	"and events already done would run again; upgrade the changelog with schema.Install, or the statements it lists with " +
+	"DryRun (a running watcher switches over by itself)")
 
 // ErrServerRecovered is wrapped by the error of a save refused because the server recovered
 // from a crash, failed over or was restored since the position was read: transaction ids the
@@ -75,6 +75,6 @@ var ErrRestoredDatabase = errors.New("pgchangestream: stored transaction ids are
 
 // ErrSharedSchema is returned through [Watcher.Err] by a Shared watcher whose changelog lacks
 // what shared members need: the txid column (skip-free reads) and the unit column, the
-// _members and _ranges tables InstallSchema creates.
-var ErrSharedSchema = errors.New("pgchangestream: Config.Shared needs an upgraded changelog: run InstallSchema " +
+// _members and _ranges tables schema.Install creates.
+var ErrSharedSchema = errors.New("pgchangestream: Config.Shared needs an upgraded changelog: run schema.Install " +
 	"(it adds the txid and unit columns and the _members and _ranges tables)")

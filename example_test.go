@@ -11,6 +11,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 
 	"github.com/pgchangestream/pgchangestream"
+	"github.com/pgchangestream/pgchangestream/schema"
 )
 
 // This is the quick start of the README: stream the changes of the orders table and acknowledge
@@ -26,10 +27,10 @@ func Example() {
 	defer db.Close()
 
 	// Once per database: the changelog, the token table and the trigger on orders.
-	if err := pgchangestream.InstallSchema(ctx, db, pgchangestream.SchemaOptions{}); err != nil {
+	if _, err := schema.Install(ctx, db, schema.Options{}); err != nil {
 		log.Fatal(err)
 	}
-	if err := pgchangestream.CaptureChanges(ctx, db, "orders", pgchangestream.SchemaOptions{}); err != nil {
+	if _, err := schema.Capture(ctx, db, "orders", schema.Options{}); err != nil {
 		log.Fatal(err)
 	}
 

@@ -18,7 +18,7 @@ import (
 // earlier owner lands, however late it runs, and the successor resumes from the last save that
 // did.
 const (
-	epochColumn = "owner_epoch"
+	epochColumn = changelog.EpochColumn
 	// fenceCondition is the condition that fences a statement on the token row (alias tok) to
 	// the owner epoch $3.
 	fenceCondition = `tok.` + epochColumn + ` = $3`
@@ -44,7 +44,7 @@ func (w *Watcher) claimToken(ctx context.Context, claim bool) (raw string, found
 			w.unfencedNoted = true
 			w.log.Warn("the token table has no "+epochColumn+" column: saves of exclusive watchers are not fenced, "+
 				"so a watcher paused past the hand-over could overwrite its successor's token; upgrade it with "+
-				"InstallSchema, or the statements of InstallSchemaSQL", "token_table", w.cfg.TokenTable)
+				"schema.Install, or the statements it lists with DryRun", "token_table", w.cfg.TokenTable)
 		}
 	}
 	err = w.cfg.DB.QueryRowContext(ctx, w.q.loadToken, w.cfg.ClientName).Scan(&raw)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pgchangestream/pgchangestream/schema"
 	"github.com/stretchr/testify/require"
 )
 
@@ -256,7 +257,7 @@ func TestLiveExclusiveMixedTokenStates(t *testing.T) {
 		cfg.Exclusive, cfg.StartFromBeginning, cfg.Logger = true, true, slog.New(logs)
 		unfenced := "the token table has no owner_epoch column: saves of exclusive watchers are not fenced, " +
 			"so a watcher paused past the hand-over could overwrite its successor's token; upgrade it with " +
-			"InstallSchema, or the statements of InstallSchemaSQL"
+			"schema.Install, or the statements it lists with DryRun"
 		active := e.start(cfg)
 		waitFor(t, func() bool { return active.Stats().Active }, "the first watcher takes the lock")
 		standby := e.start(cfg)
@@ -269,7 +270,7 @@ func TestLiveExclusiveMixedTokenStates(t *testing.T) {
 		logs.waitFor(t, unfenced, 2, liveWait) // once per watcher
 
 		before := e.rawToken("c")
-		require.NoError(t, InstallSchema(ctx, e.db, SchemaOptions{}), "the upgrade adds the column beside a running watcher")
+		require.NoError(t, errOf(schema.Install(ctx, e.db, schema.Options{})), "the upgrade adds the column beside a running watcher")
 		var epoch sql.NullInt64
 		require.NoError(t, e.db.QueryRow(`SELECT owner_epoch FROM resume_tokens WHERE client_name = 'c'`).Scan(&epoch))
 		require.False(t, epoch.Valid, "existing rows keep a NULL epoch")

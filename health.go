@@ -200,8 +200,8 @@ func roundAge(d time.Duration) time.Duration {
 // datastore_changelog (failing for 12s)". A failure clears when the operation next succeeds.
 // Failing checkpoint saves, inline or in the background, are a failure ("save checkpoint"), and
 // so is a recovered panic (see [ErrPanic]). So is a trigger function or capture trigger that
-// other DDL changed after [InstallSchema] and [CaptureChanges] made them ("capture trigger: trigger
-// function public.log_table_changes() is not the one InstallSchema installs: ..."; the message
+// other DDL changed after schema.Install and schema.Capture made them ("capture trigger: trigger
+// function public.log_table_changes() is not the one schema.Install installs: ..."; the message
 // says what to re-apply): the watcher checks its table's trigger and function at Start and then
 // every 30s, so such a change shows within 40s, until a check finds the schema re-applied. A
 // call of [Watcher.Process] to its dead-letter table (a park, a rerun's read, the poll of

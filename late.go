@@ -83,7 +83,7 @@ func (w *Watcher) holdUnhandledLateRows(ctx context.Context) error {
 }
 
 // upgradeCheckInterval is how often, at most, a watcher reading a legacy changelog looks for the
-// txid column that InstallSchema adds.
+// txid column that schema.Install adds.
 const upgradeCheckInterval = 5 * time.Second
 
 // noticeUpgrade runs on a legacy changelog after a read that caught up. At most once per

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+	"github.com/pgchangestream/pgchangestream/schema"
 )
 
 // TestMain stops the shared test server after the tests and fails the run if a goroutine is
@@ -28,7 +29,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// liveTemplate is a database with the schema installed (InstallSchema: the upgraded schema,
+// liveTemplate is a database with the schema installed (schema.Install: the upgraded schema,
 // read in snapshot deltas) and the table "items" captured; live tests start from a copy of it,
 // or of legacyTemplate.
 const liveTemplate = "pgchangestream_live"
@@ -37,7 +38,7 @@ const liveTemplate = "pgchangestream_live"
 const liveTable = "items"
 
 func setupLiveTemplate(ctx context.Context, db *sql.DB) error {
-	if err := InstallSchema(ctx, db, SchemaOptions{}); err != nil {
+	if err := errOf(schema.Install(ctx, db, schema.Options{})); err != nil {
 		return err
 	}
 	if _, err := db.ExecContext(ctx, `CREATE TABLE items (
@@ -46,7 +47,7 @@ func setupLiveTemplate(ctx context.Context, db *sql.DB) error {
 		doc jsonb NOT NULL DEFAULT '{}')`); err != nil {
 		return err
 	}
-	return CaptureChanges(ctx, db, liveTable, SchemaOptions{})
+	return errOf(schema.Capture(ctx, db, liveTable, schema.Options{}))
 }
 
 // liveEnv is one live test's database on a real PostgreSQL.

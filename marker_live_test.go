@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -82,12 +83,12 @@ func TestLiveCatchUpReadsTheRowsNotMarked(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := tc.env(t)
-			liveExec(t, e.db, `INSERT INTO items (n) SELECT g FROM generate_series(1, 50000) g`)
-			liveExec(t, e.db, `INSERT INTO datastore_changelog (table_name, record_id, operation)
+			pgtest.Exec(t, e.db, `INSERT INTO items (n) SELECT g FROM generate_series(1, 50000) g`)
+			pgtest.Exec(t, e.db, `INSERT INTO datastore_changelog (table_name, record_id, operation)
 				SELECT 'other', gen_random_uuid(), 'INSERT' FROM generate_series(1, 50000) g`)
-			liveExec(t, e.db, `UPDATE datastore_changelog SET processed = TRUE`)
+			pgtest.Exec(t, e.db, `UPDATE datastore_changelog SET processed = TRUE`)
 			unmarked := e.insert(3)
-			liveExec(t, e.db, `VACUUM ANALYZE datastore_changelog`)
+			pgtest.Exec(t, e.db, `VACUUM ANALYZE datastore_changelog`)
 			cfg := e.config(ModePolling)
 			cfg.ProcessedFlag = true
 			w, err := New(cfg)

@@ -64,13 +64,13 @@ func TestLiveReadPlansWithoutStatistics(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			e := newLiveOn(t, srv)
-			liveExec(t, e.db, `ALTER TABLE datastore_changelog SET (autovacuum_enabled = false)`)
+			pgtest.Exec(t, e.db, `ALTER TABLE datastore_changelog SET (autovacuum_enabled = false)`)
 			if tc.before != "" {
-				liveExec(t, e.db, tc.before)
+				pgtest.Exec(t, e.db, tc.before)
 			}
 			b := e.snapshot()
 			for range 5 {
-				liveExec(t, e.db, `INSERT INTO items (n) SELECT g FROM generate_series(1, 10000) g`)
+				pgtest.Exec(t, e.db, `INSERT INTO items (n) SELECT g FROM generate_series(1, 10000) g`)
 			}
 			end := e.snapshot()
 			w, err := New(e.config(ModePolling))
@@ -78,7 +78,7 @@ func TestLiveReadPlansWithoutStatistics(t *testing.T) {
 			require.NoError(t, w.load(ctx))
 			requireIndexPlans(t, e, w, b, end)
 
-			liveExec(t, e.db, `ANALYZE datastore_changelog`)
+			pgtest.Exec(t, e.db, `ANALYZE datastore_changelog`)
 			require.NoError(t, w.load(ctx))
 			requireIndexPlans(t, e, w, b, end)
 		})

@@ -1,6 +1,7 @@
 package pgchangestream
 
 import (
+	"context"
 	"database/sql"
 	"net/url"
 	"regexp"
@@ -9,8 +10,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+	"github.com/pgchangestream/pgchangestream/schema"
 	"github.com/stretchr/testify/require"
 )
+
+// errOf is the error of a schema call, for the tests that check only that.
+func errOf(_ schema.Result, err error) error { return err }
+
+// revokeSQL returns the statements schema.RevokeWriterGrants would run with opts: it reads the
+// catalog and revokes nothing.
+func revokeSQL(ctx context.Context, db *sql.DB, opts schema.Options) ([]string, error) {
+	opts.DryRun = true
+	res, err := schema.RevokeWriterGrants(ctx, db, opts)
+	return res.Statements, err
+}
 
 // grant runs one GRANT (or REVOKE) as the owner.
 func (e *liveEnv) grant(stmt string) {
@@ -59,9 +73,9 @@ func TestLiveClientCannotMoveAnotherClientsToken(t *testing.T) {
 	e.grant(`GRANT SELECT, INSERT, UPDATE, DELETE ON resume_tokens, datastore_changelog_acks, datastore_changelog_parked TO ` + role)
 	e.grant(`GRANT USAGE ON SEQUENCE datastore_changelog_parked_id_seq, datastore_changelog_member_seq TO ` + role)
 	e.grant(`GRANT SELECT, INSERT, UPDATE, DELETE ON datastore_changelog_members, datastore_changelog_ranges TO ` + role)
-	liveExec(t, e.db, `INSERT INTO datastore_changelog_members (client_name, member, name, lease_until)
+	pgtest.Exec(t, e.db, `INSERT INTO datastore_changelog_members (client_name, member, name, lease_until)
 		VALUES ('c', nextval('datastore_changelog_member_seq'), 'm', now() + interval '1 hour')`)
-	liveExec(t, e.db, `INSERT INTO datastore_changelog_ranges (client_name, range_no, owner, resume_token)
+	pgtest.Exec(t, e.db, `INSERT INTO datastore_changelog_ranges (client_name, range_no, owner, resume_token)
 		SELECT 'c', 0, member, '{}' FROM datastore_changelog_members WHERE client_name = 'c'`)
 	ids := e.insert(3)
 	other := e.start(e.fromBeginning(ModePolling)) // client "c", as the owner
@@ -69,7 +83,7 @@ func TestLiveClientCannotMoveAnotherClientsToken(t *testing.T) {
 	require.NoError(t, other.MarkProcessed(t.Context(), []byte(strconv.FormatInt(ids[0], 10))))
 	require.NoError(t, other.Close(t.Context()))
 	before := e.rawToken("c")
-	require.NoError(t, RestrictTokens(t.Context(), e.db, strings.Trim(role, `"`), []string{"a"}, SchemaOptions{}))
+	require.NoError(t, errOf(schema.RestrictTokens(t.Context(), e.db, strings.Trim(role, `"`), []string{"a"}, schema.Options{})))
 
 	forged := `{"timestamp": "2999-01-01T00:00:00Z", "eventID": "99999999"}`
 	requireRefused(t, client, `INSERT INTO resume_tokens (client_name, resume_token) VALUES ('c', $1)
@@ -83,7 +97,7 @@ func TestLiveClientCannotMoveAnotherClientsToken(t *testing.T) {
 	requireRefused(t, client, `INSERT INTO datastore_changelog_parked
 		(client_name, event_key, table_name, changelog_id, event, error, attempts, blocking)
 		VALUES ('c', 'k', 'items', 1, '{}', 'x', 1, TRUE)`)
-	ranges := liveScalar[string](t, e.db, `SELECT string_agg(owner || ' ' || resume_token::text, ',') FROM datastore_changelog_ranges`)
+	ranges := pgtest.Scalar[string](t, e.db, `SELECT string_agg(owner || ' ' || resume_token::text, ',') FROM datastore_changelog_ranges`)
 	requireRefused(t, client, `UPDATE datastore_changelog_ranges SET owner = 99, resume_token = $1 WHERE client_name = 'c'`, forged)
 	requireRefused(t, client, `INSERT INTO datastore_changelog_ranges (client_name, range_no, owner, resume_token)
 		VALUES ('c', 1, 99, $1)`, forged)
@@ -91,7 +105,7 @@ func TestLiveClientCannotMoveAnotherClientsToken(t *testing.T) {
 	requireRefused(t, client, `UPDATE datastore_changelog_members SET lease_until = now() - interval '1 day' WHERE client_name = 'c'`)
 	requireRefused(t, client, `INSERT INTO datastore_changelog_members (client_name, member, name, lease_until)
 		VALUES ('c', nextval('datastore_changelog_member_seq'), 'forged', now())`)
-	require.Equal(t, ranges, liveScalar[string](t, e.db, `SELECT string_agg(owner || ' ' || resume_token::text, ',') FROM datastore_changelog_ranges`),
+	require.Equal(t, ranges, pgtest.Scalar[string](t, e.db, `SELECT string_agg(owner || ' ' || resume_token::text, ',') FROM datastore_changelog_ranges`),
 		"another client's ranges are unchanged")
 	_, err := client.Exec(`INSERT INTO datastore_changelog_members (client_name, member, name, lease_until)
 		VALUES ('a', nextval('datastore_changelog_member_seq'), 'own', now())`)
@@ -111,17 +125,17 @@ func TestLiveClientCannotMoveAnotherClientsToken(t *testing.T) {
 	require.Equal(t, ids, got)
 	require.NoError(t, w.MarkProcessed(t.Context(), []byte(strconv.FormatInt(got[2], 10))))
 	require.Equal(t, e.position(ids[2]), e.savedToken("a"), "its own fenced save works")
-	require.Equal(t, int64(1), liveScalar[int64](t, e.db, `SELECT owner_epoch FROM resume_tokens WHERE client_name = 'a'`))
+	require.Equal(t, int64(1), pgtest.Scalar[int64](t, e.db, `SELECT owner_epoch FROM resume_tokens WHERE client_name = 'a'`))
 	listed, err := ListTokens(t.Context(), client, AdminOptions{})
 	require.NoError(t, err)
 	require.Len(t, listed, 1, "it sees its own token only")
 	require.NoError(t, w.Close(t.Context()))
 
 	require.NoError(t, ResetToken(t.Context(), e.db, "c", Position{}, AdminOptions{}), "the owner administers every token")
-	require.NoError(t, RemoveRestrictions(t.Context(), e.db, strings.Trim(role, `"`), SchemaOptions{}))
+	require.NoError(t, errOf(schema.RemoveRestrictions(t.Context(), e.db, strings.Trim(role, `"`), schema.Options{})))
 	_, err = client.Exec(`UPDATE resume_tokens SET last_updated = now() WHERE client_name = 'c'`)
 	require.NoError(t, err)
-	require.Equal(t, 2, liveScalar[int](t, client, `SELECT count(*) FROM resume_tokens`), "lifted")
+	require.Equal(t, 2, pgtest.Scalar[int](t, client, `SELECT count(*) FROM resume_tokens`), "lifted")
 }
 
 // requireRefused requires stmt to fail with a permission or row-level security error, or to
@@ -139,9 +153,9 @@ func requireRefused(t *testing.T, db *sql.DB, stmt string, args ...any) {
 }
 
 // TestLiveUpgradedWriterGrantsCanBeRevoked: on the existing schema a writer holds the old grants
-// (INSERT and SELECT (id) on the changelog, USAGE on its sequence). InstallSchema, run while it writes, makes the
-// trigger function run as the owner; RevokeWriterGrantsSQL then lists exactly the old grants,
-// refusing before the upgrade, and once they are revoked the writer still writes and can no
+// (INSERT and SELECT (id) on the changelog, USAGE on its sequence). schema.Install, run while it writes, makes
+// the trigger function run as the owner; schema.RevokeWriterGrants with DryRun then lists exactly
+// the old grants, refusing before the upgrade, and without DryRun revokes them; once they are revoked the writer still writes and can no
 // longer forge a changelog row.
 func TestLiveUpgradedWriterGrantsCanBeRevoked(t *testing.T) {
 	t.Parallel()
@@ -151,9 +165,9 @@ func TestLiveUpgradedWriterGrantsCanBeRevoked(t *testing.T) {
 	// The old trigger function's INSERT ... RETURNING id needs SELECT on id too.
 	e.grant(`GRANT INSERT, SELECT (id) ON datastore_changelog TO ` + role)
 	e.grant(`GRANT USAGE ON SEQUENCE datastore_changelog_id_seq TO ` + role)
-	_, err := RevokeWriterGrantsSQL(t.Context(), e.db, SchemaOptions{})
+	_, err := revokeSQL(t.Context(), e.db, schema.Options{})
 	require.ErrorContains(t, err, "is not SECURITY DEFINER")
-	require.ErrorContains(t, err, "InstallSchema never ran")
+	require.ErrorContains(t, err, "schema.Install never ran")
 
 	stop := make(chan struct{})
 	done := make(chan error, 1)
@@ -171,20 +185,20 @@ func TestLiveUpgradedWriterGrantsCanBeRevoked(t *testing.T) {
 			}
 		}
 	}()
-	require.NoError(t, InstallSchema(t.Context(), e.db, SchemaOptions{}))
+	require.NoError(t, errOf(schema.Install(t.Context(), e.db, schema.Options{})))
 	close(stop)
 	require.NoError(t, <-done, "writes go on during the upgrade")
 
-	stmts, err := RevokeWriterGrantsSQL(t.Context(), e.db, SchemaOptions{})
+	stmts, err := revokeSQL(t.Context(), e.db, schema.Options{})
 	require.NoError(t, err)
 	require.Equal(t, []string{
 		`REVOKE INSERT ON TABLE "public"."datastore_changelog" FROM ` + role,
 		`REVOKE SELECT (id) ON TABLE "public"."datastore_changelog" FROM ` + role,
 		`REVOKE USAGE, UPDATE ON SEQUENCE "public"."datastore_changelog_id_seq" FROM ` + role,
 	}, stmts)
-	for _, s := range stmts {
-		e.grant(s)
-	}
+	res, err := schema.RevokeWriterGrants(t.Context(), e.db, schema.Options{})
+	require.NoError(t, err)
+	require.Equal(t, stmts, res.Statements, "it runs what the dry run listed")
 	var before int
 	require.NoError(t, e.db.QueryRow(`SELECT count(*) FROM datastore_changelog WHERE table_name = 'health_events'`).Scan(&before))
 	_, err = writer.Exec(`INSERT INTO health_events (item) VALUES ('after')`)
@@ -194,7 +208,7 @@ func TestLiveUpgradedWriterGrantsCanBeRevoked(t *testing.T) {
 	require.Equal(t, before+1, after)
 	_, err = writer.Exec(`INSERT INTO datastore_changelog (table_name, record_id, operation) VALUES ('items', gen_random_uuid(), 'DELETE')`)
 	require.ErrorContains(t, err, "permission denied for table datastore_changelog")
-	stmts, err = RevokeWriterGrantsSQL(t.Context(), e.db, SchemaOptions{})
+	stmts, err = revokeSQL(t.Context(), e.db, schema.Options{})
 	require.NoError(t, err)
 	require.Empty(t, stmts, "nothing left to revoke")
 }
@@ -206,7 +220,7 @@ func TestLiveTriggerSearchPathIsPinned(t *testing.T) {
 	e := newLive(t)
 	role, writer := e.withRole("writer")
 	e.grant(`GRANT INSERT ON items TO ` + role)
-	e.grant(`GRANT TEMPORARY ON DATABASE ` + liveScalar[string](t, e.db, `SELECT quote_ident(current_database())`) + ` TO ` + role)
+	e.grant(`GRANT TEMPORARY ON DATABASE ` + pgtest.Scalar[string](t, e.db, `SELECT quote_ident(current_database())`) + ` TO ` + role)
 	conn, err := writer.Conn(t.Context())
 	require.NoError(t, err)
 	defer conn.Close()
@@ -220,7 +234,7 @@ func TestLiveTriggerSearchPathIsPinned(t *testing.T) {
 	var n int
 	require.NoError(t, conn.QueryRowContext(t.Context(), `SELECT count(*) FROM pg_temp.datastore_changelog`).Scan(&n))
 	require.Zero(t, n, "the change did not go to the temporary table")
-	require.Equal(t, 1, liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog WHERE new_values->>'n' = '5'`))
+	require.Equal(t, 1, pgtest.Scalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog WHERE new_values->>'n' = '5'`))
 }
 
 // planNodes returns the node lines of an EXPLAIN text, without their conditions.
@@ -241,23 +255,23 @@ func planNodes(plan string) []string {
 func TestLiveConsumerReadsOnlyItsTables(t *testing.T) {
 	t.Parallel()
 	e := newLive(t)
-	liveExec(t, e.db, `CREATE TABLE others (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), n int)`)
-	require.NoError(t, CaptureChanges(t.Context(), e.db, "others", SchemaOptions{}))
+	pgtest.Exec(t, e.db, `CREATE TABLE others (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), n int)`)
+	require.NoError(t, errOf(schema.Capture(t.Context(), e.db, "others", schema.Options{})))
 	role, reader := e.withRole("reader")
 	openRole, open := e.withRole("open")
 	for _, r := range []string{role, openRole} {
 		e.grant(`GRANT SELECT, UPDATE ON datastore_changelog TO ` + r)
 		e.grant(`GRANT SELECT, INSERT, UPDATE ON resume_tokens TO ` + r)
 	}
-	liveExec(t, e.db, `INSERT INTO items (n) SELECT g FROM generate_series(1, 3000) g`)
-	liveExec(t, e.db, `INSERT INTO others (n) SELECT g FROM generate_series(1, 3000) g`)
-	liveExec(t, e.db, `ANALYZE datastore_changelog`)
-	require.NoError(t, RestrictReads(t.Context(), e.db, strings.Trim(role, `"`), []string{liveTable}, SchemaOptions{}))
+	pgtest.Exec(t, e.db, `INSERT INTO items (n) SELECT g FROM generate_series(1, 3000) g`)
+	pgtest.Exec(t, e.db, `INSERT INTO others (n) SELECT g FROM generate_series(1, 3000) g`)
+	pgtest.Exec(t, e.db, `ANALYZE datastore_changelog`)
+	require.NoError(t, errOf(schema.RestrictReads(t.Context(), e.db, strings.Trim(role, `"`), []string{liveTable}, schema.Options{})))
 
 	count := `SELECT count(*) FROM datastore_changelog WHERE table_name = 'others'`
-	require.Zero(t, liveScalar[int](t, reader, count), "the restricted role sees no row of others")
-	require.Equal(t, 3000, liveScalar[int](t, open, count), "an unrestricted role sees them all")
-	require.Equal(t, 3000, liveScalar[int](t, reader, `SELECT count(*) FROM datastore_changelog`))
+	require.Zero(t, pgtest.Scalar[int](t, reader, count), "the restricted role sees no row of others")
+	require.Equal(t, 3000, pgtest.Scalar[int](t, open, count), "an unrestricted role sees them all")
+	require.Equal(t, 3000, pgtest.Scalar[int](t, reader, `SELECT count(*) FROM datastore_changelog`))
 	requireRefused(t, reader, `UPDATE datastore_changelog SET processed = TRUE WHERE table_name = 'others'`)
 
 	w, err := New(e.config(ModePolling))
@@ -281,7 +295,7 @@ func TestLiveConsumerReadsOnlyItsTables(t *testing.T) {
 			`(Bitmap Index Scan on|Index Scan using) datastore_changelog_txid_unit_idx.*\n.*Index Cond: .*ROW\(txid, id\) > ROW\(r\.lo, r\.lo_id\)`},
 	} {
 		explainAs := func(db *sql.DB) string {
-			return explain(t, db, `EXPLAIN (COSTS OFF) `+q.sql, q.args...)
+			return pgtest.Explain(t, db, `EXPLAIN (COSTS OFF) `+q.sql, q.args...)
 		}
 		restricted, unrestricted := explainAs(reader), explainAs(open)
 		require.Equal(t, planNodes(unrestricted), planNodes(restricted), "%s: the same plan under the policy:\n%s", q.name, restricted)
@@ -314,7 +328,7 @@ func TestLiveHostileRoleCannotForgeChanges(t *testing.T) {
 		require.Equal(t, ids, receiveWithin(t, w, 1, liveWait))
 		var real string
 		require.NoError(t, e.db.QueryRow(`SELECT record_id FROM datastore_changelog WHERE id = $1`, ids[0]).Scan(&real))
-		rows := liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog`)
+		rows := pgtest.Scalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog`)
 
 		conn, err := hostile.Conn(t.Context())
 		require.NoError(t, err)
@@ -345,7 +359,7 @@ func TestLiveHostileRoleCannotForgeChanges(t *testing.T) {
 			require.ErrorContains(t, err, "is not captured", forge)
 			require.ErrorContains(t, err, "SQLSTATE 42501", forge)
 		}
-		require.Equal(t, rows, liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog`), "no forged row")
+		require.Equal(t, rows, pgtest.Scalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog`), "no forged row")
 		requireNothingWithin(t, w, liveQuiet)
 
 		writer, wdb := e.withRole("writer")
@@ -358,24 +372,24 @@ func TestLiveHostileRoleCannotForgeChanges(t *testing.T) {
 
 // TestLiveTablesCapturedBeforeTheUpgradeKeepWorking: on the existing schema, triggers attached
 // by the old DDL (no arguments), one of them on a table another role owns, keep writing after
-// InstallSchema, and so do a trigger dropped and created again by the old runtime DDL and a
+// schema.Install, and so do a trigger dropped and created again by the old runtime DDL and a
 // table the changelog's owner captures with a plain CREATE TRIGGER. A table of another role
-// attached after the upgrade without CaptureChanges is refused until CaptureChanges lists it.
+// attached after the upgrade without schema.Capture is refused until schema.Capture lists it.
 func TestLiveTablesCapturedBeforeTheUpgradeKeepWorking(t *testing.T) {
 	t.Parallel()
 	e := newLegacy(t)
 	owner, _ := e.withRole("app_owner")
-	liveExec(t, e.db, `CREATE TABLE app_events (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), item text);
+	pgtest.Exec(t, e.db, `CREATE TABLE app_events (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), item text);
 		ALTER TABLE app_events OWNER TO `+owner+`;
 		CREATE TRIGGER app_events_changes AFTER INSERT OR UPDATE OR DELETE ON app_events
 			FOR EACH ROW EXECUTE FUNCTION log_table_changes()`)
-	require.NoError(t, InstallSchema(t.Context(), e.db, SchemaOptions{}))
+	require.NoError(t, errOf(schema.Install(t.Context(), e.db, schema.Options{})))
 	written := func(table string) error {
-		before := liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog WHERE table_name = $1`, table)
+		before := pgtest.Scalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog WHERE table_name = $1`, table)
 		if _, err := e.db.Exec(`INSERT INTO ` + table + ` DEFAULT VALUES`); err != nil {
 			return err
 		}
-		require.Equal(t, before+1, liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog WHERE table_name = $1`, table))
+		require.Equal(t, before+1, pgtest.Scalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog WHERE table_name = $1`, table))
 		return nil
 	}
 	for _, table := range []string{"health_events", "app_events"} {
@@ -384,25 +398,25 @@ func TestLiveTablesCapturedBeforeTheUpgradeKeepWorking(t *testing.T) {
 	require.Equal(t, []string{"app_events", "health_events", "items"},
 		e.strings(`SELECT table_name FROM datastore_changelog_captured ORDER BY 1`), "adopted at the upgrade")
 
-	liveExec(t, e.db, `DROP TRIGGER health_events_changes ON health_events`) // the old runtime DDL, at every start
-	liveExec(t, e.db, `CREATE TRIGGER health_events_changes AFTER INSERT OR UPDATE OR DELETE ON health_events
+	pgtest.Exec(t, e.db, `DROP TRIGGER health_events_changes ON health_events`) // the old runtime DDL, at every start
+	pgtest.Exec(t, e.db, `CREATE TRIGGER health_events_changes AFTER INSERT OR UPDATE OR DELETE ON health_events
 		FOR EACH ROW EXECUTE FUNCTION log_table_changes()`)
 	require.NoError(t, written("health_events"))
-	liveExec(t, e.db, `CREATE TABLE maintenance_events (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), item text);
+	pgtest.Exec(t, e.db, `CREATE TABLE maintenance_events (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), item text);
 		CREATE TRIGGER maintenance_events_changes AFTER INSERT OR UPDATE OR DELETE ON maintenance_events
 			FOR EACH ROW EXECUTE FUNCTION log_table_changes()`)
 	require.NoError(t, written("maintenance_events"), "a table of the changelog's owner")
 
-	liveExec(t, e.db, `CREATE TABLE app_notes (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), item text);
+	pgtest.Exec(t, e.db, `CREATE TABLE app_notes (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), item text);
 		ALTER TABLE app_notes OWNER TO `+owner+`;
 		CREATE TRIGGER app_notes_changes AFTER INSERT OR UPDATE OR DELETE ON app_notes
 			FOR EACH ROW EXECUTE FUNCTION log_table_changes()`)
 	require.ErrorContains(t, written("app_notes"), "table public.app_notes is not captured")
-	require.NoError(t, CaptureChanges(t.Context(), e.db, "app_notes", SchemaOptions{}))
-	require.NoError(t, written("app_notes"), "listed by CaptureChanges")
+	require.NoError(t, errOf(schema.Capture(t.Context(), e.db, "app_notes", schema.Options{})))
+	require.NoError(t, written("app_notes"), "listed by schema.Capture")
 
-	liveExec(t, e.db, `CREATE TEMP TABLE temp_items (id uuid)`)
-	require.ErrorContains(t, CaptureChanges(t.Context(), e.db, "temp_items", SchemaOptions{}), "is temporary")
+	pgtest.Exec(t, e.db, `CREATE TEMP TABLE temp_items (id uuid)`)
+	require.ErrorContains(t, errOf(schema.Capture(t.Context(), e.db, "temp_items", schema.Options{})), "is temporary")
 }
 
 // strings returns the first column of query's rows.
@@ -433,17 +447,17 @@ func TestLiveRestrictedReadsHideParkedEvents(t *testing.T) {
 	e.grant(`GRANT USAGE ON SEQUENCE datastore_changelog_parked_id_seq TO ` + role)
 	park := `INSERT INTO datastore_changelog_parked (client_name, event_key, table_name, changelog_id, event, error, attempts, blocking)
 		VALUES ($1, 'k', $2, 1, '{"fullDocument": {"secret": 1}}', 'x', 1, TRUE)`
-	liveExec(t, e.db, park, "c", liveTable)
-	liveExec(t, e.db, park, "c", "others")
+	pgtest.Exec(t, e.db, park, "c", liveTable)
+	pgtest.Exec(t, e.db, park, "c", "others")
 	count := `SELECT count(*) FROM datastore_changelog_parked WHERE table_name = 'others'`
-	require.Equal(t, 1, liveScalar[int](t, reader, count), "unrestricted, it reads every table's parked events")
+	require.Equal(t, 1, pgtest.Scalar[int](t, reader, count), "unrestricted, it reads every table's parked events")
 
-	require.NoError(t, RestrictReads(t.Context(), e.db, name, []string{liveTable}, SchemaOptions{}))
+	require.NoError(t, errOf(schema.RestrictReads(t.Context(), e.db, name, []string{liveTable}, schema.Options{})))
 	for i, restrict := range []func(){func() {}, func() {
-		require.NoError(t, RestrictTokens(t.Context(), e.db, name, []string{"c"}, SchemaOptions{}))
+		require.NoError(t, errOf(schema.RestrictTokens(t.Context(), e.db, name, []string{"c"}, schema.Options{})))
 	}} {
 		restrict()
-		require.Zero(t, liveScalar[int](t, reader, count), "another table's parked event is hidden")
+		require.Zero(t, pgtest.Scalar[int](t, reader, count), "another table's parked event is hidden")
 		listed, err := ListParked(t.Context(), reader, "c", AdminOptions{})
 		require.NoError(t, err)
 		require.Len(t, listed, 1+i, "its own table's, one more parked each round")
@@ -457,9 +471,9 @@ func TestLiveRestrictedReadsHideParkedEvents(t *testing.T) {
 		require.NoError(t, err, "it parks its own table's events")
 	}
 	requireRefused(t, reader, park, "d", liveTable)
-	require.NoError(t, RemoveRestrictions(t.Context(), e.db, name, SchemaOptions{}))
-	require.Equal(t, 1, liveScalar[int](t, reader, count), "lifted")
-	require.Equal(t, 4, liveScalar[int](t, reader, `SELECT count(*) FROM datastore_changelog_parked`))
+	require.NoError(t, errOf(schema.RemoveRestrictions(t.Context(), e.db, name, schema.Options{})))
+	require.Equal(t, 1, pgtest.Scalar[int](t, reader, count), "lifted")
+	require.Equal(t, 4, pgtest.Scalar[int](t, reader, `SELECT count(*) FROM datastore_changelog_parked`))
 }
 
 // TestLivePruneFunctionRefusesRestrictedRole: the SQL retention function, called by a role that
@@ -474,17 +488,17 @@ func TestLivePruneFunctionRefusesRestrictedRole(t *testing.T) {
 	role, pruner := e.withRole("pruner")
 	e.grant(`GRANT SELECT, DELETE ON datastore_changelog TO ` + role)
 	e.grant(`GRANT SELECT ON resume_tokens, datastore_changelog_ranges, datastore_changelog_members TO ` + role)
-	require.NoError(t, RestrictTokens(t.Context(), e.db, strings.Trim(role, `"`), []string{"a"}, SchemaOptions{}))
+	require.NoError(t, errOf(schema.RestrictTokens(t.Context(), e.db, strings.Trim(role, `"`), []string{"a"}, schema.Options{})))
 
 	_, err := Prune(t.Context(), pruner, PruneOptions{})
 	require.ErrorContains(t, err, "hides other clients' tokens")
 	_, err = pruner.Exec(`SELECT datastore_changelog_prune()`)
 	require.ErrorContains(t, err, `token table "resume_tokens" hides other clients' tokens from this role (RestrictTokens)`)
 	require.ErrorContains(t, err, "SQLSTATE 42501")
-	require.Equal(t, 20, liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog`), "nothing deleted")
+	require.Equal(t, 20, pgtest.Scalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog`), "nothing deleted")
 
-	require.Zero(t, liveScalar[int64](t, e.db, `SELECT datastore_changelog_prune()`), "client behind holds every row")
-	require.Equal(t, 20, liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog`))
+	require.Zero(t, pgtest.Scalar[int64](t, e.db, `SELECT datastore_changelog_prune()`), "client behind holds every row")
+	require.Equal(t, 20, pgtest.Scalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog`))
 }
 
 // TestLiveSchemaGrantsNoOtherRoleAnything: a login role with no grant reads, writes and runs
@@ -514,17 +528,17 @@ func TestLiveSchemaGrantsNoOtherRoleAnything(t *testing.T) {
 	require.NoError(t, err, "any watcher reads the incarnation")
 	_, err = other.Exec(`UPDATE datastore_changelog_incarnation SET incarnation = gen_random_uuid()`)
 	require.ErrorContains(t, err, "permission denied")
-	liveExec(t, e.db, `INSERT INTO datastore_changelog_incarnation DEFAULT VALUES ON CONFLICT DO NOTHING`) // a watcher's
-	seen := liveScalar[string](t, other, `SELECT incarnation::text FROM datastore_changelog_incarnation`)
-	liveExec(t, e.db, `DELETE FROM datastore_changelog_incarnation`) // what crash recovery does
+	pgtest.Exec(t, e.db, `INSERT INTO datastore_changelog_incarnation DEFAULT VALUES ON CONFLICT DO NOTHING`) // a watcher's
+	seen := pgtest.Scalar[string](t, other, `SELECT incarnation::text FROM datastore_changelog_incarnation`)
+	pgtest.Exec(t, e.db, `DELETE FROM datastore_changelog_incarnation`) // what crash recovery does
 	_, err = other.Exec(`INSERT INTO datastore_changelog_incarnation (incarnation) VALUES ($1)`, seen)
 	require.ErrorContains(t, err, "permission denied", "it cannot put back the value watchers saw before the crash")
 	_, err = other.Exec(`INSERT INTO datastore_changelog_incarnation DEFAULT VALUES ON CONFLICT DO NOTHING`)
 	require.NoError(t, err, "it inserts a new one, as a watcher does")
-	require.NotEqual(t, seen, liveScalar[string](t, e.db, `SELECT incarnation::text FROM datastore_changelog_incarnation`))
-	require.Equal(t, UnitOf("k"), liveScalar[int](t, other, `SELECT datastore_changelog_unit('k')`))
+	require.NotEqual(t, seen, pgtest.Scalar[string](t, e.db, `SELECT incarnation::text FROM datastore_changelog_incarnation`))
+	require.Equal(t, UnitOf("k"), pgtest.Scalar[int](t, other, `SELECT datastore_changelog_unit('k')`))
 	_, err = other.Exec(`SELECT datastore_changelog_prune()`)
 	require.ErrorContains(t, err, "permission denied for table resume_tokens")
-	require.False(t, liveScalar[bool](t, e.db, `SELECT has_function_privilege($1, 'log_table_changes()', 'EXECUTE')`,
+	require.False(t, pgtest.Scalar[bool](t, e.db, `SELECT has_function_privilege($1, 'log_table_changes()', 'EXECUTE')`,
 		strings.Trim(role, `"`)), "no EXECUTE on the trigger function")
 }

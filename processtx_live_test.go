@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/schema"
 	"github.com/stretchr/testify/require"
 )
 
@@ -122,7 +123,7 @@ func TestLiveProcessTxRefusesALegacyChangelog(t *testing.T) {
 	defer cancel()
 	err := w.ProcessTx(runCtx, ProcessOptions{Workers: 2}, rec.handle)
 	require.ErrorIs(t, err, ErrLegacyChangelog)
-	require.ErrorContains(t, err, "InstallSchema", "the error says how to upgrade")
+	require.ErrorContains(t, err, "schema.Install", "the error says how to upgrade")
 
 	var ev EventWithToken
 	select {
@@ -142,7 +143,7 @@ func TestLiveProcessTxRefusesALegacyChangelog(t *testing.T) {
 	require.Empty(t, e.ackRows("c"), "nothing is claimed")
 	require.Empty(t, e.effectIDs())
 
-	require.NoError(t, InstallSchema(ctx, e.db, SchemaOptions{}))
+	require.NoError(t, errOf(schema.Install(ctx, e.db, schema.Options{})))
 	w = e.start(cfg)
 	stop := runProcessTx(w, ProcessOptions{Workers: 2}, rec.handle)
 	waitFor(t, func() bool { return w.Stats().Checkpoint.ID == ids[2] }, "the token certifies every event")

@@ -157,7 +157,7 @@ func TestProcessTxRefusesALegacyChangelog(t *testing.T) {
 	calls := 0
 	err := w.ProcessTx(context.Background(), ProcessOptions{}, effectHandler(&calls, nil))
 	require.ErrorIs(t, err, ErrLegacyChangelog)
-	require.ErrorContains(t, err, "InstallSchema", "the error says how to upgrade")
+	require.ErrorContains(t, err, "schema.Install", "the error says how to upgrade")
 	err = w.runTx(context.Background(), effectHandler(&calls, nil), txJob("5"))
 	require.Equal(t, procrun.Fatal(ErrLegacyChangelog), err, "the run stops at once")
 	require.Zero(t, calls)

@@ -8,10 +8,12 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // DefaultPruneBatch is the number of rows [Prune] deletes per statement by default.
-const DefaultPruneBatch = 10000
+const DefaultPruneBatch = changelog.DefaultPruneBatch
 
 // PruneOptions configures [Prune].
 type PruneOptions struct {
@@ -157,23 +159,8 @@ func (opts PruneOptions) reach(arg func(any) string) []string {
 	return conds
 }
 
-// restrictedTokens returns the SQL condition that a restrictive row-level security policy of the
-// token table (table, an expression of type regclass) applies to the current role, which then
-// does not see every client's token. Prune and the SQL retention function (schema/prune.sql)
-// refuse such a role ([restrictedTokensMessage]).
-func restrictedTokens(table string) string {
-	return `COALESCE(row_security_active(` + table + `), false) AND EXISTS (
-	SELECT FROM pg_policy p WHERE p.polrelid = ` + table + ` AND NOT p.polpermissive
-	AND EXISTS (SELECT FROM unnest(p.polroles) r WHERE r = 0 OR pg_has_role(current_user, r, 'USAGE')))`
-}
-
-// restrictedTokensSQL reads restrictedTokens of the token table $1.
-var restrictedTokensSQL = `SELECT ` + restrictedTokens("to_regclass($1)")
-
-// restrictedTokensMessage is the refusal of a role restricted by RestrictTokens to prune; %s is
-// the token table.
-const restrictedTokensMessage = "token table %s hides other clients' tokens from this role (RestrictTokens): " +
-	"prune as the table's owner or a BYPASSRLS role, which see every token"
+// restrictedTokensSQL reads changelog.RestrictedTokens of the token table $1.
+var restrictedTokensSQL = `SELECT ` + changelog.RestrictedTokens("to_regclass($1)")
 
 // pruneTokens returns the tokens that count for the rows Prune may delete: all but the ignored
 // ones and, with Table set, those of other tables. A shared client's tokens are those of its
@@ -186,7 +173,7 @@ func pruneTokens(ctx context.Context, db *sql.DB, tables adminTables, opts Prune
 		return nil, fmt.Errorf("read the policies of token table %s: %w", tables.tokens, err)
 	}
 	if restricted {
-		return nil, fmt.Errorf(restrictedTokensMessage, tables.tokens)
+		return nil, fmt.Errorf(changelog.RestrictedTokensMessage, tables.tokens)
 	}
 	saved, err := ListTokens(ctx, db, opts.AdminOptions)
 	if err != nil {
@@ -314,73 +301,27 @@ func lookUpTokenRow(ctx context.Context, db *sql.DB, rowTime string, id int64) (
 	return makePosition(ts, id), nil
 }
 
-// The forms of a saved token's position, by what it certifies (see [savedToken]): a legacy
-// position, the legacy part of a switch-over, a snapshot (with or without a delta it has not
-// entered), and a position inside a delta.
-const (
-	formLegacy     = "legacy"
-	formSwitchover = "switchover"
-	formSnapshot   = "snapshot"
-	formInRows     = "rows"
-)
-
-// tokenFields are SQL expressions of a saved token's fields: ts (timestamptz) and id (bigint)
-// its legacy position, or, inside a delta, id its eventID; base and end (pg_snapshot) its
-// snapshot and its delta's end.
-type tokenFields struct{ ts, id, base, end string }
-
 // certifiedBy returns the SQL predicate, on changelog row c, of the rows a saved token at p has
 // passed (see [savedToken]); arg adds a parameter and returns its placeholder.
 func certifiedBy(p Position, arg func(any) string) string {
 	var (
-		f    tokenFields
+		f    changelog.TokenFields
 		form string
 	)
 	switch { // the parameters in the order the predicate names them
 	case p.span == nil || !p.inDelta():
-		form = formLegacy
-		f.ts, f.id = arg(p.ChangedAt)+"::timestamptz", arg(p.ID)+"::bigint"
+		form = changelog.FormLegacy
+		f.TS, f.ID = arg(p.ChangedAt)+"::timestamptz", arg(p.ID)+"::bigint"
 		if p.span != nil {
-			form, f.base = formSwitchover, arg(p.span.base.String())+"::pg_snapshot"
+			form, f.Base = changelog.FormSwitchover, arg(p.span.base.String())+"::pg_snapshot"
 		}
 	case !p.inRows:
-		form, f.base = formSnapshot, arg(p.span.base.String())+"::pg_snapshot"
+		form, f.Base = changelog.FormSnapshot, arg(p.span.base.String())+"::pg_snapshot"
 	default:
-		form, f.base = formInRows, arg(p.span.base.String())+"::pg_snapshot"
-		f.end, f.id = arg(p.span.end.String())+"::pg_snapshot", arg(p.ID)+"::bigint"
+		form, f.Base = changelog.FormInRows, arg(p.span.base.String())+"::pg_snapshot"
+		f.End, f.ID = arg(p.span.end.String())+"::pg_snapshot", arg(p.ID)+"::bigint"
 	}
-	return certifiedSQL(form, f)
-}
-
-// certifiedSQL returns the predicate, on changelog row c, of the rows a saved token of form,
-// with the fields f, has passed. [Prune] fills f with parameters, the SQL retention function
-// (schema/prune.sql) with the columns of the tokens it decoded: both delete by this one rule.
-func certifiedSQL(form string, f tokenFields) string {
-	legacy := "(c.changed_at, c.id) <= (" + f.ts + ", " + f.id + ")"
-	seen := "c.txid IS NULL OR pg_visible_in_snapshot(c.txid, " + f.base + ")"
-	switch form {
-	case formLegacy:
-		return legacy
-	case formSwitchover:
-		return "(" + legacy + " AND (" + seen + "))"
-	case formSnapshot:
-		return "(" + seen + ")"
-	}
-	return "(" + seen + " OR (pg_visible_in_snapshot(c.txid, " + f.end + ") AND c.id <= " + f.id + "))"
-}
-
-// certifiedByTokenSQL is certifiedSQL for a token t of the SQL retention function
-// (schema/prune.sql), whatever its form: the columns form, ts, id, base and fin (its delta's end).
-// A token of no known form certifies nothing (NULL).
-func certifiedByTokenSQL() string {
-	f := tokenFields{ts: "t.ts", id: "t.id", base: "t.base", end: "t.fin"}
-	var b strings.Builder
-	b.WriteString("CASE t.form")
-	for _, form := range []string{formLegacy, formSwitchover, formSnapshot, formInRows} {
-		b.WriteString("\n            WHEN '" + form + "' THEN " + certifiedSQL(form, f))
-	}
-	b.WriteString(" END")
-	return b.String()
+	return changelog.Certified(form, f)
 }
 
 // notCertifiedBy returns the SQL predicate, on changelog row c, of the rows a saved token at p

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -11,10 +12,10 @@ import (
 // range at token, but those of behind at their own.
 func (e *liveEnv) saveRanges(client, token string, behind map[int]string) {
 	e.t.Helper()
-	liveExec(e.t, e.db, `INSERT INTO datastore_changelog_ranges (client_name, range_no, resume_token)
+	pgtest.Exec(e.t, e.db, `INSERT INTO datastore_changelog_ranges (client_name, range_no, resume_token)
 	SELECT $1, g, $2::jsonb FROM generate_series(0, 63) AS g`, client, token)
 	for r, tok := range behind {
-		liveExec(e.t, e.db, `UPDATE datastore_changelog_ranges SET resume_token = $3::jsonb WHERE client_name = $1 AND range_no = $2`,
+		pgtest.Exec(e.t, e.db, `UPDATE datastore_changelog_ranges SET resume_token = $3::jsonb WHERE client_name = $1 AND range_no = $2`,
 			client, r, tok)
 	}
 }
@@ -68,7 +69,7 @@ func TestLivePruneKeepsWhatSharedRangesHold(t *testing.T) {
 			require.Equal(t, int64(len(kept)), res.Holders[0].Rows, "the rows of its range the furthest behind")
 
 			// Once every range passed every row, they all go.
-			liveExec(t, e.db, `UPDATE datastore_changelog_ranges SET resume_token = $1::jsonb WHERE client_name = 's'`, ahead)
+			pgtest.Exec(t, e.db, `UPDATE datastore_changelog_ranges SET resume_token = $1::jsonb WHERE client_name = 's'`, ahead)
 			res, err = Prune(ctx, e.db, PruneOptions{IgnoreClients: []string{"donor"}})
 			require.NoError(t, err)
 			require.Empty(t, e.queryIDs(e.db, all))

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -30,7 +31,7 @@ func (e *liveEnv) consumeTable(client, table string, n, batch int, ack int64) {
 // saveRawToken saves a token as another watcher, or a tool, wrote it.
 func (e *liveEnv) saveRawToken(client, token string) {
 	e.t.Helper()
-	liveExec(e.t, e.db, `INSERT INTO resume_tokens (client_name, resume_token) VALUES ($1, $2::jsonb)`, client, token)
+	pgtest.Exec(e.t, e.db, `INSERT INTO resume_tokens (client_name, resume_token) VALUES ($1, $2::jsonb)`, client, token)
 }
 
 // pruneScene fills the changelog with rows of two tables, some of them two hours old, and saves
@@ -43,9 +44,9 @@ func (e *liveEnv) pruneScene(extra map[string]string) {
 	e.t.Helper()
 	e.captureQuiet()
 	items := e.insert(10)
-	liveExec(e.t, e.db, `UPDATE datastore_changelog SET changed_at = changed_at - interval '2 hours' WHERE id <= $1`, items[5])
+	pgtest.Exec(e.t, e.db, `UPDATE datastore_changelog SET changed_at = changed_at - interval '2 hours' WHERE id <= $1`, items[5])
 	for range 6 {
-		liveExec(e.t, e.db, `INSERT INTO quiet DEFAULT VALUES`)
+		pgtest.Exec(e.t, e.db, `INSERT INTO quiet DEFAULT VALUES`)
 	}
 	quiet := e.queryIDs(e.db, `SELECT id FROM datastore_changelog WHERE table_name = 'quiet' ORDER BY id`)
 	late := e.openTx()
@@ -109,7 +110,7 @@ func (e *liveEnv) heldBack(only string, ignore []string) []int64 {
 }
 
 // TestLivePruneFunctionDeletesWhatPruneDeletes proves that the SQL retention function installed
-// by InstallSchema deletes exactly the rows Prune deletes, on the same changelog and tokens
+// by schema.Install deletes exactly the rows Prune deletes, on the same changelog and tokens
 // (several clients of two tables, with tokens of every form), with each token alone and all of
 // them, with and without a table, an age and ignored clients, in small batches; that neither
 // deletes a row a counting token has not certified; and that a token whose row is gone holds

@@ -10,7 +10,7 @@ import (
 
 // txidColumn is the upgraded changelog's column holding the writing transaction's id
 // (xid8, DEFAULT pg_current_xact_id()).
-const txidColumn = "txid"
+const txidColumn = changelog.TxidColumn
 
 // queries holds the watcher's SQL, with the configured identifiers quoted once.
 type queries struct {
@@ -92,7 +92,7 @@ type queries struct {
 	// and changed_at of table $1's rows not flagged, after the legacy key ($2, $3), that the
 	// loaded position certifies (the predicate certifiedBy appends, from $4 on), in (changed_at,
 	// id) order. The "processed = FALSE" predicate lets the partial unprocessed indexes serve it
-	// (the existing schema's (table_name, changed_at, id), or InstallSchema's (changed_at)), so it
+	// (the existing schema's (table_name, changed_at, id), or schema.Install's (changed_at)), so it
 	// reads the table's rows not flagged, not the whole changelog.
 	catchUp string
 	// markIDs sets the processed flag of the rows with the ids $1 (an int8 array) that do not

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/schema"
 	"github.com/stretchr/testify/require"
 )
 
@@ -13,7 +14,7 @@ func (e *liveEnv) captureQuiet() {
 	e.t.Helper()
 	_, err := e.db.Exec(`CREATE TABLE quiet (id uuid PRIMARY KEY DEFAULT gen_random_uuid())`)
 	require.NoError(e.t, err)
-	require.NoError(e.t, CaptureChanges(context.Background(), e.db, "quiet", SchemaOptions{}))
+	require.NoError(e.t, errOf(schema.Capture(context.Background(), e.db, "quiet", schema.Options{})))
 }
 
 // uncertified counts the rows of table that client's saved token does not certify.

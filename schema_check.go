@@ -11,8 +11,8 @@ import (
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
-// Checks that the trigger function and the capture triggers are still what InstallSchema and
-// CaptureChanges made them. Other DDL can undo both without an error: a service that runs
+// Checks that the trigger function and the capture triggers are still what schema.Install and
+// schema.Capture made them. Other DDL can undo both without an error: a service that runs
 // CREATE OR REPLACE FUNCTION log_table_changes() with a plain body (the upstream services do,
 // at every start in their runtime-DDL generation and in SQL migration 00002 in the newer one)
 // drops SECURITY DEFINER and the pinned search_path, and writers whose changelog grants were
@@ -32,64 +32,14 @@ const (
 	logSchemaRestored = "the trigger function and capture trigger are the library's again"
 )
 
-// repairHint says how to put the library's schema back.
-const repairHint = "re-apply the schema: InstallSchema (pgchangestream schema install), then CaptureChanges " +
-	"for each captured table (pgchangestream schema capture [--key PATH] [--no-notify] TABLE, with the options it was captured with)"
-
-// functionColumns are the columns of a function's state (functionState), from pg_proc p, with
-// the changelog's schema in cl.nspname: its name, whether it runs as its owner, whether its
-// search_path is the one the install script pins, and whether its body reads the trigger
-// arguments (the library's does; a plain log_table_changes() body does not).
-const functionColumns = `p.oid::regprocedure::text, p.prosecdef,
-	COALESCE(format('search_path=pg_catalog, %I, pg_temp', cl.nspname) = ANY (p.proconfig), false),
-	strpos(p.prosrc, 'TG_ARGV') > 0`
-
-// changelogSchemaCTE names the changelog's schema ($1, the quoted changelog) as cl.nspname.
-const changelogSchemaCTE = `WITH cl AS (SELECT n.nspname, c.oid FROM pg_catalog.pg_class c
-	JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1))`
-
-// functionState is what the catalog says of a trigger function.
-type functionState struct {
-	name      string // regprocedure, schema-qualified where it is not on the search_path
-	definer   bool   // SECURITY DEFINER
-	pinned    bool   // search_path = pg_catalog, <changelog's schema>, pg_temp
-	readsArgs bool   // the body reads TG_ARGV
-}
-
-// scanDest returns the scan destinations of functionColumns.
-func (f *functionState) scanDest() []any {
-	return []any{&f.name, &f.definer, &f.pinned, &f.readsArgs}
-}
-
-// problem describes how f differs from the function InstallSchema installs, or returns "".
-func (f functionState) problem() string {
-	var what []string
-	if !f.definer {
-		what = append(what, "is not SECURITY DEFINER (writers without changelog grants get \"permission denied for table\")")
-	}
-	if !f.pinned {
-		what = append(what, "has no pinned search_path")
-	}
-	if !f.readsArgs {
-		what = append(what, "has a body that ignores the trigger arguments (key, no_notify)")
-	}
-	if len(what) == 0 {
-		return ""
-	}
-	return fmt.Sprintf("trigger function %s is not the one InstallSchema installs: it %s", f.name, strings.Join(what, ", "))
-}
-
-// replacedBy names the DDL that replaces the library's trigger function with a plain one.
-const replacedBy = "such as a service's CREATE OR REPLACE FUNCTION with a plain body"
-
 // captureCheckSQL reads, for every capture trigger of the table named $4 (the trigger $5, in any
 // schema), the table, the number of its arguments, the state of its function, whether the
 // library's schema was installed beside the changelog $1 (its unit function $2 or its
 // dead-letter table $3 exists: before that, the existing schema's plain function is expected)
-// and whether the changelog has the unit column (where CaptureChanges gives health_events its
+// and whether the changelog has the unit column (where schema.Capture gives health_events its
 // default key).
-const captureCheckSQL = changelogSchemaCTE + `
-SELECT format('%I.%I', tn.nspname, tc.relname), t.tgnargs, ` + functionColumns + `,
+const captureCheckSQL = changelog.SchemaCTE + `
+SELECT format('%I.%I', tn.nspname, tc.relname), t.tgnargs, ` + changelog.FunctionColumns + `,
 	to_regprocedure($2) IS NOT NULL OR to_regclass($3) IS NOT NULL,
 	EXISTS (SELECT FROM pg_catalog.pg_attribute a WHERE a.attrelid = cl.oid AND a.attname = '` + changelog.UnitColumn + `'
 		AND NOT a.attisdropped)
@@ -102,7 +52,7 @@ ORDER BY 1`
 
 // captureProblems checks the capture triggers of table (a bare name) on the changelog and
 // their trigger function. It returns what differs from the schema the library installs, each
-// with the fix, or nil. A changelog beside which InstallSchema never ran is not checked: the
+// with the fix, or nil. A changelog beside which schema.Install never ran is not checked: the
 // existing schema's plain function is what it has.
 func captureProblems(ctx context.Context, db *sql.DB, log, table string) ([]string, error) {
 	rows, err := db.QueryContext(ctx, captureCheckSQL, changelog.Quote(log),
@@ -117,24 +67,24 @@ func captureProblems(ctx context.Context, db *sql.DB, log, table string) ([]stri
 		var (
 			target             string
 			nargs              int
-			fn                 functionState
+			fn                 changelog.FunctionState
 			installed, hasUnit bool
 		)
-		if err := rows.Scan(append(append([]any{&target, &nargs}, fn.scanDest()...), &installed, &hasUnit)...); err != nil {
+		if err := rows.Scan(append(append([]any{&target, &nargs}, fn.ScanDest()...), &installed, &hasUnit)...); err != nil {
 			return nil, err
 		}
 		if !installed {
 			continue
 		}
-		if p := fn.problem(); p != "" {
-			if p += "; other DDL replaced it (" + replacedBy + ")"; !slices.Contains(problems, p) {
+		if p := fn.Problem(); p != "" {
+			if p += "; other DDL replaced it (" + changelog.ReplacedBy + ")"; !slices.Contains(problems, p) {
 				problems = append(problems, p)
 			}
 		}
-		if nargs == 0 && table == healthEventsTable && hasUnit {
+		if nargs == 0 && table == changelog.HealthEventsTable && hasUnit {
 			problems = append(problems, fmt.Sprintf("trigger %s on %s has no arguments, so its rows lose their key %s "+
 				"(other DDL dropped and created it again, such as a service's DROP TRIGGER and CREATE TRIGGER)",
-				changelog.TriggerName(table), target, DefaultHealthEventsKey))
+				changelog.TriggerName(table), target, changelog.DefaultHealthEventsKey))
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -162,9 +112,9 @@ func (w *Watcher) schemaCheckLoop(ctx context.Context) {
 			w.log.Debug("cannot check the trigger function and capture trigger", "error", err)
 		case len(problems) > 0:
 			msg := strings.Join(problems, "; ")
-			w.health.fail(opSchema, fmt.Errorf("%s: %s: %s", opSchema, msg, repairHint))
+			w.health.fail(opSchema, fmt.Errorf("%s: %s: %s", opSchema, msg, changelog.RepairHint))
 			if msg != last {
-				w.log.Error(logSchemaChanged, "problem", msg, "fix", repairHint)
+				w.log.Error(logSchemaChanged, "problem", msg, "fix", changelog.RepairHint)
 			}
 			last = msg
 		default:

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+	"github.com/pgchangestream/pgchangestream/schema"
 	"github.com/stretchr/testify/require"
 )
 
@@ -48,7 +50,7 @@ $$ LANGUAGE plpgsql`
 // upstreamMigration runs what upstream's SQL migration 00002 does to the trigger function.
 func upstreamMigration(t *testing.T, db *sql.DB) {
 	t.Helper()
-	liveExec(t, db, upstreamFunction)
+	pgtest.Exec(t, db, upstreamFunction)
 }
 
 // upstreamStart runs what an upstream service's start-up (createChangeTriggers) does: the plain
@@ -58,8 +60,8 @@ func upstreamStart(t *testing.T, db *sql.DB, tables ...string) {
 	t.Helper()
 	upstreamMigration(t, db)
 	for _, table := range tables {
-		liveExec(t, db, `DROP TRIGGER IF EXISTS `+table+`_changes ON `+table)
-		liveExec(t, db, `CREATE TRIGGER `+table+`_changes
+		pgtest.Exec(t, db, `DROP TRIGGER IF EXISTS `+table+`_changes ON `+table)
+		pgtest.Exec(t, db, `CREATE TRIGGER `+table+`_changes
 			AFTER INSERT OR UPDATE OR DELETE ON `+table+`
 			FOR EACH ROW EXECUTE FUNCTION log_table_changes()`)
 	}
@@ -70,31 +72,31 @@ func upstreamStart(t *testing.T, db *sql.DB, tables ...string) {
 // the live tests' items.
 var capturedTables = []struct {
 	table string
-	opts  SchemaOptions
+	opts  schema.Options
 }{
-	{"health_events", SchemaOptions{}},
-	{"quiet", SchemaOptions{WithoutNotify: true}},
-	{"docs", SchemaOptions{Key: "document.k"}},
-	{liveTable, SchemaOptions{}},
+	{"health_events", schema.Options{}},
+	{"quiet", schema.Options{WithoutNotify: true}},
+	{"docs", schema.Options{Key: "document.k"}},
+	{liveTable, schema.Options{}},
 }
 
 // withCapturedTables creates the tables of capturedTables that the live template lacks and
 // captures them.
 func (e *liveEnv) withCapturedTables() {
 	e.t.Helper()
-	liveExec(e.t, e.db, `CREATE TABLE health_events (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), document jsonb);
+	pgtest.Exec(e.t, e.db, `CREATE TABLE health_events (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), document jsonb);
 		CREATE TABLE quiet (id bigserial PRIMARY KEY, item text);
 		CREATE TABLE docs (id bigserial PRIMARY KEY, document jsonb)`)
 	e.reapplySchema()
 }
 
-// reapplySchema is what an operator runs after upstream DDL: InstallSchema, then CaptureChanges
+// reapplySchema is what an operator runs after upstream DDL: schema.Install, then schema.Capture
 // for each captured table with the options it was captured with.
 func (e *liveEnv) reapplySchema() {
 	e.t.Helper()
-	require.NoError(e.t, InstallSchema(e.t.Context(), e.db, SchemaOptions{}))
+	require.NoError(e.t, errOf(schema.Install(e.t.Context(), e.db, schema.Options{})))
 	for _, c := range capturedTables {
-		require.NoError(e.t, CaptureChanges(e.t.Context(), e.db, c.table, c.opts), c.table)
+		require.NoError(e.t, errOf(schema.Capture(e.t.Context(), e.db, c.table, c.opts)), c.table)
 	}
 }
 
@@ -102,7 +104,7 @@ func (e *liveEnv) reapplySchema() {
 // owner, grants) and the triggers (by table: name, arguments, function) of the database.
 func schemaState(t *testing.T, db *sql.DB) string {
 	t.Helper()
-	return liveScalar[string](t, db, `SELECT concat_ws(E'\n',
+	return pgtest.Scalar[string](t, db, `SELECT concat_ws(E'\n',
 		(SELECT string_agg(concat_ws(' | ', p.oid::regprocedure, p.prosecdef, p.proconfig::text, p.proowner::regrole,
 			p.proacl::text, md5(p.prosrc)), E'\n' ORDER BY p.oid::regprocedure::text)
 		FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace),
@@ -115,7 +117,7 @@ func schemaState(t *testing.T, db *sql.DB) string {
 // triggers, and every relation of the schema with its storage.
 func catalogState(t *testing.T, db *sql.DB) string {
 	t.Helper()
-	return schemaState(t, db) + "\n" + liveScalar[string](t, db, `SELECT concat_ws(E'\n',
+	return schemaState(t, db) + "\n" + pgtest.Scalar[string](t, db, `SELECT concat_ws(E'\n',
 		(SELECT string_agg(p.oid::text, ',' ORDER BY p.oid) FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace),
 		(SELECT string_agg(t.oid::text, ',' ORDER BY t.oid) FROM pg_trigger t WHERE NOT t.tgisinternal),
 		(SELECT string_agg(concat_ws(' ', c.oid, c.relname, c.relkind, c.relfilenode, c.relacl::text), E'\n' ORDER BY c.oid)
@@ -137,10 +139,10 @@ func TestLiveUpstreamDDLDetectedAtStart(t *testing.T) {
 			waitFor(t, func() bool { return w.Health() != nil }, mode)
 			msg := w.Health().Error()
 			for _, want := range []string{
-				"capture trigger: trigger function log_table_changes() is not the one InstallSchema installs",
+				"capture trigger: trigger function log_table_changes() is not the one schema.Install installs",
 				"is not SECURITY DEFINER", "has no pinned search_path", "ignores the trigger arguments",
 				"trigger health_events_changes on public.health_events has no arguments, so its rows lose their key document.healthevent.nodename",
-				"InstallSchema (pgchangestream schema install), then CaptureChanges",
+				"schema.Install (pgchangestream schema install), then schema.Capture",
 			} {
 				require.Contains(t, msg, want, mode)
 			}
@@ -193,7 +195,7 @@ func TestLiveUpstreamDDLDetectedWhileRunning(t *testing.T) {
 	waitFor(t, func() bool { return w.Health() == nil })
 }
 
-// TestLiveReapplySchemaIsIdempotent: re-applying the schema (InstallSchema and CaptureChanges
+// TestLiveReapplySchemaIsIdempotent: re-applying the schema (schema.Install and schema.Capture
 // with the same options) changes nothing in the catalog: no function, trigger or relation is
 // replaced or rewritten.
 func TestLiveReapplySchemaIsIdempotent(t *testing.T) {
@@ -208,8 +210,8 @@ func TestLiveReapplySchemaIsIdempotent(t *testing.T) {
 }
 
 // TestLiveReapplySchemaAfterUpstreamDDL: writers without changelog grants (revoked by
-// RevokeWriterGrantsSQL) fail every write after an upstream service's start-up DDL;
-// RevokeWriterGrantsSQL then refuses; re-applying the schema restores SECURITY DEFINER, the
+// schema.RevokeWriterGrants) fail every write after an upstream service's start-up DDL;
+// schema.RevokeWriterGrants then refuses; re-applying the schema restores SECURITY DEFINER, the
 // search_path and the triggers' arguments, and the writers' changes reach the changelog again,
 // with their units.
 func TestLiveReapplySchemaAfterUpstreamDDL(t *testing.T) {
@@ -221,7 +223,7 @@ func TestLiveReapplySchemaAfterUpstreamDDL(t *testing.T) {
 	e.grant(`GRANT USAGE ON SEQUENCE quiet_id_seq, docs_id_seq TO ` + role)
 	e.grant(`GRANT INSERT, SELECT (id) ON datastore_changelog TO ` + role)
 	e.grant(`GRANT USAGE ON SEQUENCE datastore_changelog_id_seq TO ` + role)
-	stmts, err := RevokeWriterGrantsSQL(t.Context(), e.db, SchemaOptions{})
+	stmts, err := revokeSQL(t.Context(), e.db, schema.Options{})
 	require.NoError(t, err)
 	require.Len(t, stmts, 3)
 	for _, s := range stmts {
@@ -244,24 +246,24 @@ func TestLiveReapplySchemaAfterUpstreamDDL(t *testing.T) {
 		_, err := writer.Exec(q)
 		require.ErrorContains(t, err, "permission denied for table datastore_changelog", q)
 	}
-	require.Empty(t, triggerArgsOf(t, e.db, "health_events"))
-	_, err = RevokeWriterGrantsSQL(t.Context(), e.db, SchemaOptions{})
-	require.ErrorContains(t, err, "not revoking the writer grants: trigger function log_table_changes() is not the one InstallSchema installs")
+	require.Empty(t, pgtest.TriggerArgs(t, e.db, "health_events"))
+	_, err = revokeSQL(t.Context(), e.db, schema.Options{})
+	require.ErrorContains(t, err, "not revoking the writer grants: trigger function log_table_changes() is not the one schema.Install installs")
 
 	e.reapplySchema()
 	require.Equal(t, want, schemaState(t, e.db), "the function and the triggers' arguments are restored")
-	require.Equal(t, []string{"notify", "key=" + DefaultHealthEventsKey}, triggerArgsOf(t, e.db, "health_events"))
-	require.Equal(t, []string{"no_notify"}, triggerArgsOf(t, e.db, "quiet"))
-	require.Equal(t, []string{"notify", "key=document.k"}, triggerArgsOf(t, e.db, "docs"))
+	require.Equal(t, []string{"notify", "key=" + schema.DefaultHealthEventsKey}, pgtest.TriggerArgs(t, e.db, "health_events"))
+	require.Equal(t, []string{"no_notify"}, pgtest.TriggerArgs(t, e.db, "quiet"))
+	require.Equal(t, []string{"notify", "key=document.k"}, pgtest.TriggerArgs(t, e.db, "docs"))
 	for _, q := range writes {
 		_, err := writer.Exec(q)
 		require.NoError(t, err, q)
 	}
-	require.Equal(t, keyed(UnitOf("n1")), lastUnit(t, e.db, "health_events"))
-	require.Equal(t, keyed(UnitOf("x")), lastUnit(t, e.db, "docs"))
+	require.Equal(t, pgtest.Keyed(UnitOf("n1")), pgtest.LastUnit(t, e.db, "health_events"))
+	require.Equal(t, pgtest.Keyed(UnitOf("x")), pgtest.LastUnit(t, e.db, "docs"))
 }
 
-// TestLiveRevokeWriterGrantsRefusesWhereDDLWouldUndoIt: RevokeWriterGrantsSQL refuses, with the
+// TestLiveRevokeWriterGrantsRefusesWhereDDLWouldUndoIt: schema.RevokeWriterGrants refuses, with the
 // reason, to revoke the grants of a writer that could undo the trigger function the way a
 // service's start-up DDL does: one with the privileges of the function's owner, and one that
 // owns a captured table and may create functions in a schema of its own. IgnoreReplaceable
@@ -275,12 +277,12 @@ func TestLiveRevokeWriterGrantsRefusesWhereDDLWouldUndoIt(t *testing.T) {
 	}
 	member, _ := e.withRole("member")
 	grantWriter(member)
-	e.grant(`GRANT ` + changelog.Quote(liveScalar[string](t, e.db, `SELECT current_user`)) + ` TO ` + member)
-	_, err := RevokeWriterGrantsSQL(t.Context(), e.db, SchemaOptions{})
+	e.grant(`GRANT ` + changelog.Quote(pgtest.Scalar[string](t, e.db, `SELECT current_user`)) + ` TO ` + member)
+	_, err := revokeSQL(t.Context(), e.db, schema.Options{})
 	require.ErrorContains(t, err, "not revoking the writer grants: role "+member+" has the privileges of role")
 	require.ErrorContains(t, err, "so it can replace the function (CREATE OR REPLACE FUNCTION)")
-	require.ErrorContains(t, err, "SchemaOptions.IgnoreReplaceable")
-	stmts, err := RevokeWriterGrantsSQL(t.Context(), e.db, SchemaOptions{IgnoreReplaceable: true})
+	require.ErrorContains(t, err, "schema.Options.IgnoreReplaceable")
+	stmts, err := revokeSQL(t.Context(), e.db, schema.Options{IgnoreReplaceable: true})
 	require.NoError(t, err)
 	require.Len(t, stmts, 3)
 	for _, s := range stmts {
@@ -289,22 +291,22 @@ func TestLiveRevokeWriterGrantsRefusesWhereDDLWouldUndoIt(t *testing.T) {
 
 	owner, _ := e.withRole("owner")
 	grantWriter(owner)
-	liveExec(t, e.db, `CREATE TABLE own_events (id bigserial PRIMARY KEY); ALTER TABLE own_events OWNER TO `+owner)
-	require.NoError(t, CaptureChanges(t.Context(), e.db, "own_events", SchemaOptions{}))
-	stmts, err = RevokeWriterGrantsSQL(t.Context(), e.db, SchemaOptions{})
+	pgtest.Exec(t, e.db, `CREATE TABLE own_events (id bigserial PRIMARY KEY); ALTER TABLE own_events OWNER TO `+owner)
+	require.NoError(t, errOf(schema.Capture(t.Context(), e.db, "own_events", schema.Options{})))
+	stmts, err = revokeSQL(t.Context(), e.db, schema.Options{})
 	require.NoError(t, err, "it owns a captured table but can create in no other schema")
 	require.Len(t, stmts, 3)
-	liveExec(t, e.db, `CREATE SCHEMA `+owner+` AUTHORIZATION `+owner)
-	_, err = RevokeWriterGrantsSQL(t.Context(), e.db, SchemaOptions{})
+	pgtest.Exec(t, e.db, `CREATE SCHEMA `+owner+` AUTHORIZATION `+owner)
+	_, err = revokeSQL(t.Context(), e.db, schema.Options{})
 	require.ErrorContains(t, err, "role "+owner+" has the privileges of the owner of own_events, whose trigger calls "+
 		"log_table_changes(), and may create in schema "+strings.Trim(owner, `"`))
-	liveExec(t, e.db, `DROP SCHEMA `+owner)
+	pgtest.Exec(t, e.db, `DROP SCHEMA `+owner)
 
 	// What that DDL leaves: a plain function of the name in another schema, which a trigger calls.
-	liveExec(t, e.db, `CREATE SCHEMA shadow; SET search_path = shadow, public; `+upstreamFunction+`;
+	pgtest.Exec(t, e.db, `CREATE SCHEMA shadow; SET search_path = shadow, public; `+upstreamFunction+`;
 		SET search_path = public;
 		DROP TRIGGER own_events_changes ON own_events;
 		CREATE TRIGGER own_events_changes AFTER INSERT ON own_events FOR EACH ROW EXECUTE FUNCTION shadow.log_table_changes()`)
-	_, err = RevokeWriterGrantsSQL(t.Context(), e.db, SchemaOptions{IgnoreReplaceable: true})
-	require.ErrorContains(t, err, "trigger function shadow.log_table_changes() is not the one InstallSchema installs")
+	_, err = revokeSQL(t.Context(), e.db, schema.Options{IgnoreReplaceable: true})
+	require.ErrorContains(t, err, "trigger function shadow.log_table_changes() is not the one schema.Install installs")
 }

@@ -2,8 +2,6 @@ package pgchangestream
 
 import (
 	"context"
-	"crypto/md5"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,7 +20,7 @@ import (
 const (
 	// SharedUnits is the number of units a row's key hashes to. A row's unit is fixed when the
 	// row is written (see [UnitOf]).
-	SharedUnits = 1024
+	SharedUnits = changelog.Units
 	// SharedRanges is the number of ranges the units are grouped in for [Config.Shared]: range
 	// r holds the units r*16 to r*16+15. A range is the part of a client's rows that has one
 	// saved position and one owner at a time; members divide the ranges between them.
@@ -35,10 +33,7 @@ const (
 // digest, as a big-endian number, modulo [SharedUnits]. It is the Go twin of the changelog's
 // SQL function <changelog>_unit(text), which the trigger function and the changelog's index use,
 // and gives the same value on every PostgreSQL version.
-func UnitOf(key string) int {
-	sum := md5.Sum([]byte(key))
-	return int(binary.BigEndian.Uint32(sum[:4]) % SharedUnits)
-}
+func UnitOf(key string) int { return changelog.UnitOf(key) }
 
 // A Shared watcher is a member of its client. Its membership lives in two tables beside the
 // changelog: <changelog>_members, one row per member with a lease on the server's clock, and

@@ -21,6 +21,7 @@ import (
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+	"github.com/pgchangestream/pgchangestream/schema"
 	"github.com/stretchr/testify/require"
 )
 
@@ -472,7 +473,7 @@ func TestLiveSharedRefusesALegacyChangelog(t *testing.T) {
 		t.Fatal("a Shared watcher on a legacy changelog did not stop")
 	}
 	require.ErrorIs(t, w.Err(), ErrSharedSchema)
-	require.Contains(t, w.Err().Error(), "InstallSchema")
+	require.Contains(t, w.Err().Error(), "schema.Install")
 }
 
 // Two members in one process, in each mode, while writers commit out of order (transactions
@@ -702,7 +703,7 @@ func TestLiveSharedMembersReadRowsFromBeforeTheUpgrade(t *testing.T) {
 	t.Parallel()
 	e := newLegacy(t)
 	old := e.insert(150)
-	require.NoError(t, InstallSchema(context.Background(), e.db, SchemaOptions{}))
+	require.NoError(t, errOf(schema.Install(context.Background(), e.db, schema.Options{})))
 	var nulls int
 	require.NoError(t, e.db.QueryRow(`SELECT count(*) FROM datastore_changelog WHERE unit IS NULL AND txid IS NULL`).Scan(&nulls))
 	require.Equal(t, len(old), nulls)
@@ -757,12 +758,12 @@ func TestLiveSharedMarkProcessedAfterClose(t *testing.T) {
 	require.Equal(t, ids, receiveWithin(t, w, 1, liveWait))
 	require.NoError(t, w.Close(context.Background()))
 	owned := func() int {
-		return liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog_ranges WHERE owner IS NOT NULL`)
+		return pgtest.Scalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog_ranges WHERE owner IS NOT NULL`)
 	}
 	require.Equal(t, SharedRanges, owned(), "the ranges were given up with a delivery not acknowledged")
 	require.NoError(t, w.MarkProcessed(context.Background(), tok(ids[0])))
 	require.Zero(t, owned(), "the acknowledgement after Close did not give the ranges up")
-	require.Zero(t, liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog_members`))
+	require.Zero(t, pgtest.Scalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog_members`))
 
 	// The next member resumes after the acknowledged row.
 	next := e.start(cfg)
@@ -828,13 +829,13 @@ func TestLiveSharedProcessKeepsItsLeaseWhileItStops(t *testing.T) {
 			// Wait, on the server's clock, until the lease the member held at the stop ran out
 			// twice over: its lease must still hold, renewed.
 			member := a.Stats().Shared.Member
-			until := liveScalar[time.Time](t, e.db, `SELECT lease_until FROM datastore_changelog_members WHERE member = $1`, member)
+			until := pgtest.Scalar[time.Time](t, e.db, `SELECT lease_until FROM datastore_changelog_members WHERE member = $1`, member)
 			waitFor(t, func() bool {
 				var past bool
 				err := e.db.QueryRow(`SELECT now() > $1::timestamptz + $2 * interval '1 millisecond'`, until, cfg.SharedLease.Milliseconds()).Scan(&past)
 				return err == nil && past
 			}, "the server's clock did not pass the lease")
-			require.Equal(t, 1, liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog_members WHERE member = $1 AND lease_until > now()`, member),
+			require.Equal(t, 1, pgtest.Scalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog_members WHERE member = $1 AND lease_until > now()`, member),
 				"the member's lease ran out while Process was finishing its events")
 			close(release)
 			require.NoError(t, <-processed, "Process did not finish the event it took")

@@ -12,14 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// UnitOf is the first four bytes of the key's MD5, big-endian, modulo 1024 (values computed
-// with another MD5 implementation).
-func TestUnitOf(t *testing.T) {
-	for key, want := range map[string]int{"": 217, "a": 441, "items/1": 139, "node-7": 792} {
-		require.Equal(t, want, UnitOf(key), "UnitOf(%q)", key)
-	}
-}
-
 // The intersection sees as finished exactly what both see as finished.
 func TestIntersectSnapshots(t *testing.T) {
 	a, b := mustSnapshot(t, "100:110:100,104"), mustSnapshot(t, "98:108:98,105")

@@ -7,12 +7,13 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 	"github.com/stretchr/testify/require"
 )
 
 // sharedRangeOf returns the range of changelog row id.
 func sharedRangeOf(t *testing.T, e *liveEnv, id int64) int {
-	return liveScalar[int](t, e.db, `SELECT `+changelog.UnitExpression("datastore_changelog")+` / 16 FROM datastore_changelog WHERE id = $1`, id)
+	return pgtest.Scalar[int](t, e.db, `SELECT `+changelog.UnitExpression("datastore_changelog")+` / 16 FROM datastore_changelog WHERE id = $1`, id)
 }
 
 // sharedStatementsWatcher is a Shared watcher of client "c", not started, as member id; the
@@ -24,10 +25,10 @@ func sharedStatementsWatcher(t *testing.T, e *liveEnv, id int64, other int) *Wat
 	w, err := New(cfg)
 	require.NoError(t, err)
 	w.sh.id.Store(id)
-	liveExec(t, e.db, `INSERT INTO datastore_changelog_members (client_name, member, name, lease_until, valid_since)
+	pgtest.Exec(t, e.db, `INSERT INTO datastore_changelog_members (client_name, member, name, lease_until, valid_since)
 		SELECT 'c', m, 'm' || m, now() + interval '1 hour', now() - interval '1 hour' FROM unnest('{7,8,9}'::bigint[]) AS m
 		ON CONFLICT DO NOTHING`) // settled: they may claim the ranges of members whose lease ran out
-	liveExec(t, e.db, `INSERT INTO datastore_changelog_ranges (client_name, range_no, owner, resume_token)
+	pgtest.Exec(t, e.db, `INSERT INTO datastore_changelog_ranges (client_name, range_no, owner, resume_token)
 		SELECT 'c', g, CASE WHEN g = $1 THEN 8 ELSE 7 END, '{}' FROM generate_series(0, 63) AS g ON CONFLICT DO NOTHING`, other)
 	return w
 }
@@ -92,7 +93,7 @@ func TestLiveSharedTxStatements(t *testing.T) {
 	// Compaction, with a checkpoint that certifies the rows up to ids[40], and range floor under
 	// a floor (and range other in the view, as a stale one would have it: the owner check
 	// excludes it).
-	liveExec(t, e.db, `INSERT INTO datastore_changelog_acks (client_name, changelog_id)
+	pgtest.Exec(t, e.db, `INSERT INTO datastore_changelog_acks (client_name, changelog_id)
 		SELECT 'c', id FROM datastore_changelog UNION ALL SELECT 'c', 1000000 ON CONFLICT DO NOTHING`)
 	saved := Position{ID: ids[40]}
 	require.NoError(t, e.db.QueryRow(`SELECT changed_at FROM datastore_changelog WHERE id = $1`, ids[40]).Scan(&saved.ChangedAt))
@@ -117,18 +118,18 @@ func TestLiveSharedTxStatements(t *testing.T) {
 
 	// A claim of member 7 in flight holds its range: member 9's claim of that range and a
 	// free one, once 7's lease ran out, takes the free one at once and skips the held one.
-	liveExec(t, e.db, `DELETE FROM datastore_changelog_acks WHERE changelog_id = $1`, heldID)
-	liveExec(t, e.db, `UPDATE datastore_changelog_ranges SET owner = NULL WHERE range_no = $1`, free)
+	pgtest.Exec(t, e.db, `DELETE FROM datastore_changelog_acks WHERE changelog_id = $1`, heldID)
+	pgtest.Exec(t, e.db, `UPDATE datastore_changelog_ranges SET owner = NULL WHERE range_no = $1`, free)
 	inFlight, claimed, err := claimIn(t, e, w, heldID)
 	require.NoError(t, err)
 	require.True(t, claimed)
-	liveExec(t, e.db, `UPDATE datastore_changelog_members SET lease_until = now() - interval '1 second' WHERE member = 7`)
+	pgtest.Exec(t, e.db, `UPDATE datastore_changelog_members SET lease_until = now() - interval '1 second' WHERE member = 7`)
 	w9 := sharedStatementsWatcher(t, e, 9, other)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	require.NoError(t, w9.claimRanges(ctx, []int{held, free}), "the claim waited for the claim in flight")
 	owner := func(r int) int64 {
-		return liveScalar[int64](t, e.db, `SELECT COALESCE(owner, 0) FROM datastore_changelog_ranges WHERE client_name = 'c' AND range_no = $1`, r)
+		return pgtest.Scalar[int64](t, e.db, `SELECT COALESCE(owner, 0) FROM datastore_changelog_ranges WHERE client_name = 'c' AND range_no = $1`, r)
 	}
 	require.EqualValues(t, 9, owner(free))
 	require.EqualValues(t, 7, owner(held), "a range claimed while a claim of its former owner was in flight")

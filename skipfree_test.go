@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The skip-free scenarios of contract rule 11 on the upgraded schema (InstallSchema adds the
+// The skip-free scenarios of contract rule 11 on the upgraded schema (schema.Install adds the
 // transaction-id column; reads follow commit visibility in snapshot deltas): a row's position is
 // fixed at INSERT but it becomes visible at COMMIT, and no committed row may be skipped whatever
 // the commit order, in every mode, across restarts.
@@ -239,7 +239,7 @@ func TestLiveLongTransactionDoesNotDelay(t *testing.T) {
 
 // TestLiveLegacySchemaWarnsAtStart proves rule 11's legacy clause: on a changelog without the
 // transaction-id column the watcher works as before and says once, at Start, with a warning that
-// names InstallSchema, that reads are not skip-free; on the upgraded schema it says nothing of
+// names schema.Install, that reads are not skip-free; on the upgraded schema it says nothing of
 // the kind.
 func TestLiveLegacySchemaWarnsAtStart(t *testing.T) {
 	t.Parallel()
@@ -264,7 +264,7 @@ func TestLiveLegacySchemaWarnsAtStart(t *testing.T) {
 				require.NoError(t, w.MarkProcessed(context.Background(), tok(ids[2])))
 				require.NoError(t, w.Close(context.Background()))
 			}
-			warnings := logs.warningsMentioning("InstallSchema")
+			warnings := logs.warningsMentioning("schema.Install")
 			if schema == "legacy" {
 				require.Len(t, warnings, 2, "one warning per Start")
 			} else {

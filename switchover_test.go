@@ -9,10 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+	"github.com/pgchangestream/pgchangestream/schema"
 	"github.com/stretchr/testify/require"
 )
 
-// The switch-over from the legacy schema to the upgraded one: InstallSchema upgrades an existing
+// The switch-over from the legacy schema to the upgraded one: schema.Install upgrades an existing
 // changelog online, and a client resumes from its legacy token without skipping a row and without
 // replaying what it had acknowledged.
 
@@ -42,7 +44,7 @@ const (
 
 // TestLiveSwitchOver proves rule 11 across the upgrade, in every mode: a watcher on the legacy
 // schema delivers rows and the client acknowledges some of them (the token is saved in legacy
-// form); the watcher stops; writers start and keep committing while InstallSchema upgrades the
+// form); the watcher stops; writers start and keep committing while schema.Install upgrades the
 // schema; then the watcher restarts. Every committed row is delivered (the unacknowledged ones of
 // the first run again: at-least-once), and no row at or before the saved legacy token is
 // delivered again.
@@ -63,7 +65,7 @@ func TestLiveSwitchOver(t *testing.T) {
 
 		writers := e.startWriters(upgradeWriters, upgradeHold)
 		time.Sleep(200 * time.Millisecond)
-		require.NoError(t, InstallSchema(ctx, e.db, SchemaOptions{}))
+		require.NoError(t, errOf(schema.Install(ctx, e.db, schema.Options{})))
 		time.Sleep(200 * time.Millisecond)
 		got := newDeliveries()
 		got.consume(t, e.start(e.config(mode)))
@@ -89,7 +91,7 @@ func TestLiveSwitchOver(t *testing.T) {
 }
 
 // schemaState describes the changelog's columns with their defaults, its indexes with their
-// validity, the trigger function and the items triggers: what an InstallSchema run may change.
+// validity, the trigger function and the items triggers: what an schema.Install run may change.
 func (e *liveEnv) schemaState() []string {
 	e.t.Helper()
 	rows, err := e.db.Query(`
@@ -119,7 +121,7 @@ func (e *liveEnv) schemaState() []string {
 }
 
 // TestLiveUpgradePopulatedLegacySchema proves the upgrade's promises on a populated legacy
-// changelog while writers run: InstallSchema returns nil, no writer fails or waits a second, the
+// changelog while writers run: schema.Install returns nil, no writer fails or waits a second, the
 // table is not rewritten, the transaction-id and unit columns are added, the first filled for
 // new rows, the unit index and the coordination tables are built, and a second run changes
 // nothing.
@@ -128,12 +130,12 @@ func TestLiveUpgradePopulatedLegacySchema(t *testing.T) {
 	ctx := context.Background()
 	e := newLegacy(t)
 	require.NoError(t, e.writeBulk(4, 5000))
-	filenode := liveScalar[int64](t, e.db, `SELECT pg_relation_filenode('datastore_changelog')`)
+	filenode := pgtest.Scalar[int64](t, e.db, `SELECT pg_relation_filenode('datastore_changelog')`)
 
 	writers := e.startWriters(upgradeWriters, upgradeHold)
 	time.Sleep(200 * time.Millisecond)
 	began := time.Now()
-	require.NoError(t, InstallSchema(ctx, e.db, SchemaOptions{}))
+	require.NoError(t, errOf(schema.Install(ctx, e.db, schema.Options{})))
 	took := time.Since(began)
 	time.Sleep(200 * time.Millisecond)
 	writers.stop()
@@ -141,23 +143,23 @@ func TestLiveUpgradePopulatedLegacySchema(t *testing.T) {
 		took, writers.committed(), writers.maxBlock)
 	require.Zero(t, writers.errs, "writer errors: %v", writers.lastErr)
 	require.Less(t, writers.maxBlock, time.Second, "a writer was blocked by the upgrade")
-	require.Equal(t, filenode, liveScalar[int64](t, e.db, `SELECT pg_relation_filenode('datastore_changelog')`),
+	require.Equal(t, filenode, pgtest.Scalar[int64](t, e.db, `SELECT pg_relation_filenode('datastore_changelog')`),
 		"the table was rewritten")
-	require.Equal(t, "xid8", liveScalar[string](t, e.db, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+	require.Equal(t, "xid8", pgtest.Scalar[string](t, e.db, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
 		WHERE attrelid = 'datastore_changelog'::regclass AND attname = 'txid'`))
 	e.insert(1)
-	require.Positive(t, liveScalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog WHERE txid IS NOT NULL`),
+	require.Positive(t, pgtest.Scalar[int](t, e.db, `SELECT count(*) FROM datastore_changelog WHERE txid IS NOT NULL`),
 		"new rows get a transaction id")
-	require.Equal(t, wantSharedState("(record_id)::text"), sharedState(t, e.db),
+	require.Equal(t, pgtest.WantSharedState("(record_id)::text"), pgtest.SharedState(t, e.db),
 		"the unit column, the unit index (valid) and the coordination tables")
 
 	upgraded := e.schemaState()
-	require.NoError(t, InstallSchema(ctx, e.db, SchemaOptions{}))
+	require.NoError(t, errOf(schema.Install(ctx, e.db, schema.Options{})))
 	require.Equal(t, upgraded, e.schemaState(), "a second run is a no-op")
 }
 
 // TestLiveRunningWatcherSwitchesOver proves that a watcher started on a legacy changelog
-// switches over to snapshot deltas by itself once InstallSchema upgrades the changelog while it
+// switches over to snapshot deltas by itself once schema.Install upgrades the changelog while it
 // runs: it saves a switch-over token, and from then on, even in polling mode, a row that
 // commits behind rows already read is delivered.
 func TestLiveRunningWatcherSwitchesOver(t *testing.T) {
@@ -168,7 +170,7 @@ func TestLiveRunningWatcherSwitchesOver(t *testing.T) {
 	before := e.insert(2)
 	require.Equal(t, before, receiveWithin(t, w, 2, liveWait))
 	require.NoError(t, w.MarkProcessed(context.Background(), tok(before[1])))
-	require.NoError(t, InstallSchema(context.Background(), e.db, SchemaOptions{}))
+	require.NoError(t, errOf(schema.Install(context.Background(), e.db, schema.Options{})))
 	require.Eventually(t, func() bool {
 		var raw string
 		require.NoError(t, e.db.QueryRow(`SELECT resume_token::text FROM resume_tokens WHERE client_name = 'c'`).Scan(&raw))
@@ -198,7 +200,7 @@ func TestLiveSwitchOverWhileMarkerHeldBack(t *testing.T) {
 	waitStartSaved(t, w)
 	ids := e.insert(2)
 	require.Equal(t, ids, receiveWithin(t, w, 2, liveWait))
-	require.NoError(t, InstallSchema(ctx, e.db, SchemaOptions{})) // noticed upgradeCheckInterval after the start
+	require.NoError(t, errOf(schema.Install(ctx, e.db, schema.Options{}))) // noticed upgradeCheckInterval after the start
 	lock := e.openTx()
 	_, err := lock.Exec(`SELECT FROM datastore_changelog WHERE id = $1 FOR UPDATE`, ids[1])
 	require.NoError(t, err)

@@ -35,5 +35,5 @@ func (w *Watcher) checkTableName(ctx context.Context) {
 			"use", name[i+1:])
 		return
 	}
-	w.log.Warn("no changelog row and no table with a trigger has Config.TableName: check the name, and that CaptureChanges ran for the table")
+	w.log.Warn("no changelog row and no table with a trigger has Config.TableName: check the name, and that schema.Capture ran for the table")
 }

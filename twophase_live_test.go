@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgchangestream/pgchangestream/schema"
 	"github.com/stretchr/testify/require"
 )
 
@@ -46,11 +47,11 @@ func TestLivePreparedTransactionOnATableCapturedWithoutNotify(t *testing.T) {
 
 	_, err = e.db.Exec(`CREATE TABLE ledger (id uuid PRIMARY KEY DEFAULT gen_random_uuid())`)
 	require.NoError(t, err)
-	require.NoError(t, CaptureChanges(ctx, e.db, "ledger", SchemaOptions{WithoutNotify: true}))
-	require.NoError(t, CaptureChanges(ctx, e.db, "ledger", SchemaOptions{WithoutNotify: true}), "idempotent")
-	require.ErrorContains(t, CaptureChanges(ctx, e.db, "ledger", SchemaOptions{}),
+	require.NoError(t, errOf(schema.Capture(ctx, e.db, "ledger", schema.Options{WithoutNotify: true})))
+	require.NoError(t, errOf(schema.Capture(ctx, e.db, "ledger", schema.Options{WithoutNotify: true})), "idempotent")
+	require.ErrorContains(t, errOf(schema.Capture(ctx, e.db, "ledger", schema.Options{})),
 		`trigger ledger_changes on ledger exists and does not notify: drop it to capture changes with NOTIFY`)
-	require.ErrorContains(t, CaptureChanges(ctx, e.db, liveTable, SchemaOptions{WithoutNotify: true}),
+	require.ErrorContains(t, errOf(schema.Capture(ctx, e.db, liveTable, schema.Options{WithoutNotify: true})),
 		`trigger items_changes on items exists and notifies: drop it to capture changes without NOTIFY`)
 
 	for _, mode := range []Mode{ModePolling, ModeHybrid} {

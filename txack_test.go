@@ -203,7 +203,7 @@ func TestMarkProcessedTxRefusals(t *testing.T) {
 		tx := begin(t, mock, w.cfg.DB)
 		err := w.MarkProcessedTx(ctx, tx, tok(2))
 		require.ErrorIs(t, err, ErrLegacyChangelog)
-		require.ErrorContains(t, err, "InstallSchema", "the error says how to upgrade")
+		require.ErrorContains(t, err, "schema.Install", "the error says how to upgrade")
 		require.NoError(t, mock.ExpectationsWereMet(), "nothing is written")
 	})
 	t.Run("not loaded", func(t *testing.T) {

@@ -25,7 +25,7 @@ type Schema int
 const (
 	// Legacy is a changelog without the txid column: reads follow (changed_at, id) positions.
 	Legacy Schema = iota
-	// Upgraded is a changelog with the txid column InstallSchema adds: reads follow snapshot
+	// Upgraded is a changelog with the txid column schema.Install adds: reads follow snapshot
 	// deltas.
 	Upgraded
 )

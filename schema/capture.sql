@@ -5,19 +5,19 @@ record_id). The advisory lock makes the check-then-create safe against a concurr
 trigger is created only when missing, with no DROP TRIGGER (its ACCESS EXCLUSIVE lock would lock
 out readers), but for the repair below. Args is the trigger's argument list: 'no_notify'
 (WithoutNotify) or 'notify' (which the trigger function ignores: it is there so that every
-trigger CaptureChanges creates has an argument), then 'key=<path>' (the key, given or the
+trigger schema.Capture creates has an argument), then 'key=<path>' (the key, given or the
 table's default) when set; PlainArgs the same without the key, used when the key is only a
 default and the changelog has no unit column. An existing trigger's arguments (tgargs: each one
 followed by a zero byte) are read back: one that notifies the other way is reported, and so is
 one with another key than ExplicitKey (a key given); without one it is kept as it is. An existing
-trigger without arguments, which CaptureChanges never creates, is dropped and created again with
+trigger without arguments, which schema.Capture never creates, is dropped and created again with
 the arguments asked for, in the same transaction (the table stays locked until the commit, a
 moment): it is what other DDL leaves (a service's start-up that drops the trigger and creates it
-again without arguments) or an earlier release made, so running CaptureChanges again with the
+again without arguments) or an earlier release made, so running schema.Capture again with the
 options a table was captured with restores its key and no_notify. The table is
 added to the captured tables (Captured), which the trigger function writes for, whether its
 trigger was there or not; a temporary table is refused (the function never writes for one). On a
-changelog InstallSchema has not upgraded yet there is no such table: the install adopts the
+changelog schema.Install has not upgraded yet there is no such table: the install adopts the
 tables whose triggers exist then.
 */ -}}
 DO $capture$
@@ -86,7 +86,7 @@ BEGIN
             CREATE TRIGGER {{.Trigger}} AFTER INSERT OR UPDATE OR DELETE ON {{.Table}}
                 FOR EACH ROW EXECUTE FUNCTION {{.Function}}({{.PlainArgs}});
         ELSE
-            RAISE EXCEPTION 'changelog table % has no column "unit" for the key % (run InstallSchema on PostgreSQL 13 or later)',
+            RAISE EXCEPTION 'changelog table % has no column "unit" for the key % (run schema.Install on PostgreSQL 13 or later)',
                 changelog, explicit_key USING ERRCODE = 'undefined_column';
         END IF;
         RETURN;

@@ -25,7 +25,7 @@ unprocessed-event count and the legacy processed update.
 
 {{- /*
 Indexes of the changelog ($1, its quoted name) left invalid by a failed concurrent build; CREATE
-INDEX ... IF NOT EXISTS would keep them. InstallSchema drops ours with drop_index and builds them
+INDEX ... IF NOT EXISTS would keep them. schema.Install drops ours with drop_index and builds them
 again.
 */ -}}
 {{define "invalid_indexes" -}}
@@ -38,7 +38,7 @@ WHERE i.indrelid = to_regclass($1) AND NOT i.indisvalid
 {{define "drop_index"}}DROP INDEX CONCURRENTLY IF EXISTS {{.}}{{end}}
 
 {{- /*
-The session-level lock that serializes whole InstallSchema runs. It is only ever tried, never
+The session-level lock that serializes whole schema.Install runs. It is only ever tried, never
 waited for in the server: a session blocked on a lock holds a snapshot, a concurrent index build
 waits for every older snapshot, and the two deadlock.
 */ -}}

@@ -1,5 +1,5 @@
 {{- /*
-Tables and trigger function. InstallSchema sends this as one Exec call, so its commands run as
+Tables and trigger function. schema.Install sends this as one Exec call, so its commands run as
 one implicit transaction. The advisory lock serializes concurrent runs: CREATE ... IF NOT EXISTS
 and CREATE OR REPLACE FUNCTION can still race on the catalog.
 
@@ -47,7 +47,7 @@ BEGIN
         -- The writing transaction's id, for reads in snapshot deltas. It is added without a
         -- default, then given one, so existing rows stay NULL and the table is not rewritten:
         -- two catalog changes under a short ACCESS EXCLUSIVE lock, which waits at most
-        -- lock_timeout for transactions using the table (InstallSchema then tries again).
+        -- lock_timeout for transactions using the table (schema.Install then tries again).
         PERFORM set_config('lock_timeout', '{{.LockTimeout}}', true);
         IF NOT EXISTS (SELECT FROM pg_attribute
                        WHERE attrelid = changelog AND attname = '{{.TxidColumn}}' AND NOT attisdropped) THEN
@@ -152,7 +152,7 @@ CREATE TABLE IF NOT EXISTS {{.Ranges}} (
 {{/*
 The owner epoch fences the saves of exclusive watchers. A nullable column without a default is
 a catalog change only (no rewrite); its ACCESS EXCLUSIVE lock waits at most lock_timeout for the
-saves in flight (InstallSchema then tries again). Old watchers leave it alone.
+saves in flight (schema.Install then tries again). Old watchers leave it alone.
 */ -}}
 DO $tokens$
 BEGIN
@@ -165,7 +165,7 @@ END
 $tokens$;
 
 {{/*
-The captured tables: those CaptureChanges attached the trigger function to, by schema and name
+The captured tables: those schema.Capture attached the trigger function to, by schema and name
 (names, not oids, survive a dump and restore). The trigger function writes changelog rows only
 for a table listed here or owned by a role that has the changelog owner's privileges (which could
 write the changelog itself); any other relation that fires it (a temporary table, another role's
@@ -199,9 +199,9 @@ $captured$;
 {{/*
 record_id takes NEW.id / OLD.id without a cast: the assignment cast to TEXT covers uuid, integer
 and text ids, and an existing UUID record_id still takes uuid ids. A trigger created with the
-argument 'no_notify' (SchemaOptions.WithoutNotify) writes the row without the NOTIFY, which a
+argument 'no_notify' (schema.Options.WithoutNotify) writes the row without the NOTIFY, which a
 transaction that is to be prepared (PREPARE TRANSACTION) must not send. A trigger created with
-the argument 'key=<path>' (SchemaOptions.Key; the arguments come in any order) writes the unit of
+the argument 'key=<path>' (schema.Options.Key; the arguments come in any order) writes the unit of
 the value at that path of the row (the new one, the old one for deletes) into the unit column, or
 NULL where the path holds nothing; without it the INSERTs name no unit column, so they work on a
 changelog without one. It first refuses (raises, so the write fails) a relation that is not
@@ -225,7 +225,7 @@ BEGIN
         RAISE EXCEPTION 'table %.% is not captured (not in %, not the changelog owner''s): its changes cannot be recorded',
             TG_TABLE_SCHEMA, TG_TABLE_NAME, {{.CapturedLiteral}}
             USING ERRCODE = 'insufficient_privilege',
-                HINT = 'CaptureChanges (pgchangestream schema capture), run as the changelog''s owner, captures a table';
+                HINT = 'schema.Capture (pgchangestream schema capture), run as the changelog''s owner, captures a table';
     END IF;
     FOR i IN 0 .. TG_NARGS - 1 LOOP
         IF TG_ARGV[i] = 'no_notify' THEN

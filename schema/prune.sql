@@ -1,18 +1,18 @@
 {{- /*
 The retention function, for deployments that schedule retention in the database (pg_cron).
-InstallSchema appends it to the install script. It deletes what Prune deletes: the changelog rows
+schema.Install appends it to the install script. It deletes what Prune deletes: the changelog rows
 older than older_than that some saved token counts for (a token counts for the table it records,
 one that records none for every table) and that every such token, but those of ignore_clients,
 certifies, by the predicate Prune uses (a shared client's tokens are those of its ranges, and its
-token-table row no longer counts once they exist): .Certified is rendered from certifiedSQL (prune.go) over
+token-table row no longer counts once they exist): .Certified is rendered from changelog.CertifiedByToken (internal/changelog) over
 the columns of the decoded tokens. It decodes the tokens as the watcher does (token.go) and
 refuses (raises) on one it cannot read, as Prune does; a token whose row is gone (id only) holds
 every row back, so it deletes nothing. The tokens are read once, before the first batch; each
 batch is one DELETE of at most batch_size rows, in the caller's transaction. It returns the
 number of rows deleted. Its variables are named v_* so that none is mistaken for a column. It
 runs with the caller's rights, and refuses, as Prune does, a caller that a restrictive policy
-(RestrictTokens) keeps from seeing every token: .Restricted is rendered from restrictedTokens
-(prune.go), .Refusal from its message.
+(RestrictTokens) keeps from seeing every token: .Restricted is rendered from changelog.RestrictedTokens
+(internal/changelog), .Refusal from its message.
 */ -}}
 {{define "prune_function" -}}
 CREATE OR REPLACE FUNCTION {{.Function}}(

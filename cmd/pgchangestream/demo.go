@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgchangestream/pgchangestream"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+	"github.com/pgchangestream/pgchangestream/schema"
 )
 
 // demoFlags are the flags of "demo".
@@ -49,7 +50,7 @@ consumer already read commits after them). At each crash the demo
   2. restarts it after a random pause of up to `+maxDowntime.String()+`: the new watcher resumes from the saved
      position, delivers the unacknowledged deliveries again, and every row committed meanwhile.
 
-The schema InstallSchema installs is read in commit order (snapshot deltas), so no committed
+The schema the demo installs is read in commit order (snapshot deltas), so no committed
 row may be missed, however its commit lines up with the crashes. Each crash line reports the
 deliveries left unacknowledged, all delivered again after the restart, and the saved position.
 
@@ -217,13 +218,13 @@ func startDemoServer(ctx context.Context) (dsn string, stop func(), err error) {
 // setupDemo installs the schema, creates and captures the demo table, resets the demo client,
 // and returns the newest changelog id of the demo table: the demo's rows come after it.
 func setupDemo(ctx context.Context, db *sql.DB) (baseline int64, err error) {
-	if err := pgchangestream.InstallSchema(ctx, db, pgchangestream.SchemaOptions{}); err != nil {
+	if _, err := schema.Install(ctx, db, schema.Options{}); err != nil {
 		return 0, err
 	}
 	if _, err := db.ExecContext(ctx, demoTableSQL); err != nil {
 		return 0, fmt.Errorf("create table %s: %w", demoTable, err)
 	}
-	if err := pgchangestream.CaptureChanges(ctx, db, demoTable, pgchangestream.SchemaOptions{}); err != nil {
+	if _, err := schema.Capture(ctx, db, demoTable, schema.Options{}); err != nil {
 		return 0, err
 	}
 	if _, err := db.ExecContext(ctx, `DELETE FROM resume_tokens WHERE client_name = $1`, demoClient); err != nil {

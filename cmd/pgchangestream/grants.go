@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/pgchangestream/pgchangestream"
+	"github.com/pgchangestream/pgchangestream/schema"
 )
 
 // grantsUsage is the usage text of "grants" without a subcommand.
@@ -40,7 +41,7 @@ func runGrants(ctx context.Context, args []string, stdout, stderr io.Writer) int
 // grantsFlags are the flags of the grants subcommands.
 type grantsFlags struct {
 	dsn  *string
-	opts pgchangestream.SchemaOptions
+	opts schema.Options
 }
 
 // addGrantsFlags adds --dsn, --changelog-table and --token-table.
@@ -90,23 +91,24 @@ function's owner; one that owns a captured table and may create in another schem
 --ignore-replaceable lists the statements in the second case, for a role known to run no DDL.`,
 		stdout, stderr)
 	f := addGrantsFlags(c)
-	c.fs.StringVar(&f.opts.FunctionName, "function", pgchangestream.DefaultTriggerFunction, "trigger function")
+	c.fs.StringVar(&f.opts.FunctionName, "function", schema.DefaultTriggerFunction, "trigger function")
 	c.fs.BoolVar(&f.opts.IgnoreReplaceable, "ignore-replaceable", false,
 		"list the revokes even for roles that could replace the trigger function (they must run no DDL)")
 	return c.exit(func() error {
 		if err := c.parseNoArgs(args); err != nil {
 			return err
 		}
+		f.opts.DryRun = true
 		return f.withDB(ctx, func(db *sql.DB) error {
-			stmts, err := pgchangestream.RevokeWriterGrantsSQL(ctx, db, f.opts)
+			res, err := schema.RevokeWriterGrants(ctx, db, f.opts)
 			if err != nil {
 				return err
 			}
-			if len(stmts) == 0 {
+			if len(res.Statements) == 0 {
 				_, err = fmt.Fprintln(stdout, "-- no old writer grants to revoke")
 				return err
 			}
-			return printStatements(stdout, stmts)
+			return printStatements(stdout, res.Statements)
 		})
 	}())
 }
@@ -114,7 +116,7 @@ function's owner; one that owns a captured table and may create in another schem
 // runRestrict runs "grants restrict-reads" or "grants restrict-tokens".
 func runRestrict(ctx context.Context, name string, args []string, stdout, stderr io.Writer) int {
 	reads := name == "restrict-reads"
-	what, restrictSQL, restrict := "CLIENT", pgchangestream.RestrictTokensSQL, pgchangestream.RestrictTokens
+	what, restrict := "CLIENT", schema.RestrictTokens
 	about := `
 Limits ROLE (and its members) to the saved tokens of the CLIENTs: it can read, save and delete
 only theirs, so it cannot move another client's position. It enables row-level security on the
@@ -122,7 +124,7 @@ token table with a policy open to every other role, so other roles are unaffecte
 BYPASSRLS roles are never restricted: run token and prune commands as one of them. Running it
 again replaces ROLE's list. With --print, writes the SQL instead (it still connects, to quote).`
 	if reads {
-		what, restrictSQL, restrict = "TABLE", pgchangestream.RestrictReadsSQL, pgchangestream.RestrictReads
+		what, restrict = "TABLE", schema.RestrictReads
 		about = `
 Limits ROLE (and its members) to the changelog rows of the TABLEs (unqualified names, as the
 changelog's table_name holds them): its watchers stream only those, and it can neither read nor
@@ -145,18 +147,16 @@ quote).`
 			return usagef("want ROLE and at least one %s", what)
 		}
 		role, values := args[0], args[1:]
+		f.opts.DryRun = *printSQL
 		return f.withDB(ctx, func(db *sql.DB) error {
-			if *printSQL {
-				stmts, err := restrictSQL(ctx, db, role, values, f.opts)
-				if err != nil {
-					return err
-				}
-				return printStatements(stdout, append(append([]string{"BEGIN"}, stmts...), "COMMIT"))
-			}
-			if err := restrict(ctx, db, role, values, f.opts); err != nil {
+			res, err := restrict(ctx, db, role, values, f.opts)
+			if err != nil {
 				return err
 			}
-			_, err := fmt.Fprintf(stdout, "role %s restricted to %s %s\n", role, strings.ToLower(what), strings.Join(values, ", "))
+			if f.opts.DryRun {
+				return printStatements(stdout, append(append([]string{"BEGIN"}, res.Statements...), "COMMIT"))
+			}
+			_, err = fmt.Fprintf(stdout, "role %s restricted to %s %s\n", role, strings.ToLower(what), strings.Join(values, ", "))
 			return err
 		})
 	}())
@@ -177,7 +177,7 @@ unrestricted roles do. Row-level security stays enabled, with its open policy.`,
 			return usagef("want one ROLE")
 		}
 		return f.withDB(ctx, func(db *sql.DB) error {
-			if err := pgchangestream.RemoveRestrictions(ctx, db, args[0], f.opts); err != nil {
+			if _, err := schema.RemoveRestrictions(ctx, db, args[0], f.opts); err != nil {
 				return err
 			}
 			_, err := fmt.Fprintf(stdout, "role %s unrestricted\n", args[0])

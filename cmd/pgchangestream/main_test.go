@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/pgchangestream/pgchangestream"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+	"github.com/pgchangestream/pgchangestream/schema"
 )
 
 // TestMain stops the shared test server after the tests and fails the run if a goroutine is
@@ -35,14 +35,15 @@ func TestMain(m *testing.M) {
 const cmdTemplate = "pgchangestream_cmd"
 
 func setupCmdTemplate(ctx context.Context, db *sql.DB) error {
-	if err := pgchangestream.InstallSchema(ctx, db, pgchangestream.SchemaOptions{}); err != nil {
+	if _, err := schema.Install(ctx, db, schema.Options{}); err != nil {
 		return err
 	}
 	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS items (
 		id serial PRIMARY KEY, name text NOT NULL, qty int NOT NULL DEFAULT 0)`); err != nil {
 		return err
 	}
-	return pgchangestream.CaptureChanges(ctx, db, "items", pgchangestream.SchemaOptions{})
+	_, err := schema.Capture(ctx, db, "items", schema.Options{})
+	return err
 }
 
 // newItemsDB returns a fresh database copied from cmdTemplate, and its DSN.

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/pgchangestream/pgchangestream"
+	"github.com/pgchangestream/pgchangestream/schema"
 )
 
 // schemaUsage is the usage text of "schema" without a subcommand.
@@ -33,7 +34,7 @@ func runSchema(ctx context.Context, args []string, stdout, stderr io.Writer) int
 type schemaFlags struct {
 	dsn   *string
 	print *bool
-	opts  pgchangestream.SchemaOptions
+	opts  schema.Options
 }
 
 // addSchemaFlags adds --dsn, --print, --changelog-table and --function, and with all also
@@ -43,7 +44,7 @@ func addSchemaFlags(c *command, all bool) *schemaFlags {
 	f.print = c.fs.Bool("print", false, "print the SQL instead of running it (no database needed)")
 	c.fs.StringVar(&f.opts.ChangelogTable, "changelog-table", pgchangestream.DefaultChangelogTable,
 		"changelog table, name or schema.name")
-	c.fs.StringVar(&f.opts.FunctionName, "function", pgchangestream.DefaultTriggerFunction, "trigger function")
+	c.fs.StringVar(&f.opts.FunctionName, "function", schema.DefaultTriggerFunction, "trigger function")
 	if all {
 		c.fs.StringVar(&f.opts.TokenTable, "token-table", pgchangestream.DefaultTokenTable,
 			"table of saved resume tokens")
@@ -51,6 +52,13 @@ func addSchemaFlags(c *command, all bool) *schemaFlags {
 			"NOTIFY channel the trigger function notifies")
 	}
 	return f
+}
+
+// dryRun returns the options with DryRun set: the statements, checked, without a database.
+func (f *schemaFlags) dryRun() schema.Options {
+	opts := f.opts
+	opts.DryRun = true
+	return opts
 }
 
 // apply connects to the database of --dsn, makes the change and writes the line done to stdout.
@@ -69,11 +77,11 @@ func (f *schemaFlags) apply(ctx context.Context, stdout io.Writer, change func(*
 
 // flagNames names the flags behind the library's configuration fields in its messages.
 var flagNames = strings.NewReplacer(
-	"SchemaOptions.ChangelogTable", "--changelog-table", "Config.ChangelogTable", "--changelog-table",
-	"SchemaOptions.TokenTable", "--token-table", "Config.TokenTable", "--token-table",
-	"SchemaOptions.NotifyChannel", "--channel", "Config.NotifyChannel", "--channel",
-	"SchemaOptions.FunctionName", "--function", "Config.ClientName", "--client",
-	"Config.TableName", "--table", "CaptureChanges table", "TABLE",
+	"schema.Options.ChangelogTable", "--changelog-table", "Config.ChangelogTable", "--changelog-table",
+	"schema.Options.TokenTable", "--token-table", "Config.TokenTable", "--token-table",
+	"schema.Options.NotifyChannel", "--channel", "Config.NotifyChannel", "--channel",
+	"schema.Options.FunctionName", "--function", "Config.ClientName", "--client",
+	"Config.TableName", "--table", "schema.Capture table", "TABLE",
 	"AdminOptions.ChangelogTable", "--changelog-table", "AdminOptions.TokenTable", "--token-table",
 )
 
@@ -102,22 +110,23 @@ after every such migration. With --print, writes the SQL to stdout instead, for 
 		if err := c.parseNoArgs(args); err != nil {
 			return err
 		}
-		stmts, err := pgchangestream.InstallSchemaSQL(f.opts)
+		plan, err := schema.Install(ctx, nil, f.dryRun())
 		if err != nil {
 			return schemaError(err)
 		}
 		if *f.print {
-			return printInstallSQL(stdout, stmts)
+			return printInstallSQL(stdout, plan.Statements)
 		}
 		return f.apply(ctx, stdout, func(db *sql.DB) error {
-			return pgchangestream.InstallSchema(ctx, db, f.opts)
+			_, err := schema.Install(ctx, db, f.opts)
+			return err
 		}, fmt.Sprintf("schema installed: changelog %s, token table %s, function %s, channel %s",
 			f.opts.ChangelogTable, f.opts.TokenTable, f.opts.FunctionName, f.opts.NotifyChannel))
 	}())
 }
 
 // printInstallSQL writes the install statements as a psql script: the first (several commands
-// that InstallSchema sends as one implicit transaction) inside BEGIN/COMMIT, then each index
+// that schema.Install sends as one implicit transaction) inside BEGIN/COMMIT, then each index
 // build on its own.
 func printInstallSQL(w io.Writer, stmts []string) error {
 	var b strings.Builder
@@ -125,7 +134,7 @@ func printInstallSQL(w io.Writer, stmts []string) error {
 	fmt.Fprintf(&b, "-- 1: tables and trigger function, in one transaction.\nBEGIN;\n%s\nCOMMIT;\n", terminate(stmts[0]))
 	for i, s := range stmts[1:] {
 		fmt.Fprintf(&b, "\n-- %d: index build; it cannot run inside a transaction block. If it fails, drop the\n"+
-			"-- invalid index it leaves before running it again (InstallSchema does that itself).\n%s\n",
+			"-- invalid index it leaves before running it again (schema.Install does that itself).\n%s\n",
 			i+2, terminate(s))
 	}
 	_, err := io.WriteString(w, b.String())
@@ -179,12 +188,12 @@ flags the table was first captured with.`, stdout, stderr)
 			return usagef("unexpected argument %q: capture takes one TABLE", args[1])
 		}
 		table := args[0]
-		stmts, err := pgchangestream.CaptureChangesSQL(table, f.opts)
+		plan, err := schema.Capture(ctx, nil, table, f.dryRun())
 		if err != nil {
 			return schemaError(err)
 		}
 		if *f.print {
-			for _, s := range stmts {
+			for _, s := range plan.Statements {
 				if _, err := fmt.Fprintln(stdout, terminate(s)); err != nil {
 					return err
 				}
@@ -192,7 +201,8 @@ flags the table was first captured with.`, stdout, stderr)
 			return nil
 		}
 		return f.apply(ctx, stdout, func(db *sql.DB) error {
-			return pgchangestream.CaptureChanges(ctx, db, table, f.opts)
+			_, err := schema.Capture(ctx, db, table, f.opts)
+			return err
 		}, fmt.Sprintf("capturing changes of %s into %s", table,
 			cmp.Or(f.opts.ChangelogTable, pgchangestream.DefaultChangelogTable)))
 	}())

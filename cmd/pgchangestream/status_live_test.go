@@ -7,10 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/schema"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/pgchangestream/pgchangestream"
 )
 
 // TestStatusUsesTheLibrarysBacklog checks status against what the library's watchers do, for
@@ -20,7 +19,8 @@ func TestStatusUsesTheLibrarysBacklog(t *testing.T) {
 	t.Parallel()
 	db, dsn := newItemsDB(t)
 	execSQL(t, db, `CREATE TABLE notes (id serial PRIMARY KEY, body text)`)
-	require.NoError(t, pgchangestream.CaptureChanges(context.Background(), db, "notes", pgchangestream.SchemaOptions{}))
+	_, err := schema.Capture(context.Background(), db, "notes", schema.Options{})
+	require.NoError(t, err)
 	// A client of a table without rows: its token is before every row.
 	require.Empty(t, tailLines(t, "--dsn", dsn, "--table", "notes", "--client", "new", "--exit-at-end"))
 

@@ -78,3 +78,13 @@ func TestHasCode(t *testing.T) {
 		t.Error("HasCode does not tell the wrapped code apart")
 	}
 }
+
+// UnitOf is the first four bytes of the key's MD5, big-endian, modulo 1024 (values computed
+// with another MD5 implementation).
+func TestUnitOf(t *testing.T) {
+	for key, want := range map[string]int{"": 217, "a": 441, "items/1": 139, "node-7": 792} {
+		if got := UnitOf(key); got != want {
+			t.Errorf("UnitOf(%q) = %d, want %d", key, got, want)
+		}
+	}
+}

@@ -18,6 +18,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/backoff"
 )
 
 // Policy says what happens to an event whose handler failed MaxAttempts times.
@@ -190,7 +192,7 @@ func retry[T, E any](ctx context.Context, delay func(int) time.Duration, h Hooks
 			return v, true
 		}
 		h.storeFailed(err, n)
-		if !sleep(ctx, delay(n)) {
+		if !backoff.Sleep(ctx, delay(n)) {
 			h.storeRecovered(n)
 			return v, false
 		}
@@ -208,17 +210,5 @@ func (h Hooks[E]) storeFailed(err error, failures int) {
 func (h Hooks[E]) storeRecovered(failures int) {
 	if failures > 0 && h.StoreRecovered != nil {
 		h.StoreRecovered()
-	}
-}
-
-// sleep waits for d or the end of ctx; it returns false when ctx ended.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/pgchangestream/pgchangestream/internal/storeclient/client"
 	"github.com/pgchangestream/pgchangestream/internal/storeclient/datastore"
 	"github.com/pgchangestream/pgchangestream/internal/storeclient/watcher"
+	"github.com/pgchangestream/pgchangestream/schema"
 )
 
 func TestMain(m *testing.M) {
@@ -58,13 +59,15 @@ func healthEventsDB(t *testing.T) (*sql.DB, string) {
 	t.Helper()
 	ctx := t.Context()
 	db, dsn := pgtest.NewDatabase(t, "")
-	require.NoError(t, pgchangestream.InstallSchema(ctx, db, pgchangestream.SchemaOptions{}))
-	_, err := db.ExecContext(ctx, `CREATE TABLE health_events (
+	_, err := schema.Install(ctx, db, schema.Options{})
+	require.NoError(t, err)
+	_, err = db.ExecContext(ctx, `CREATE TABLE health_events (
 		id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
 		document jsonb NOT NULL,
 		created_at timestamptz NOT NULL DEFAULT now())`)
 	require.NoError(t, err)
-	require.NoError(t, pgchangestream.CaptureChanges(ctx, db, "health_events", pgchangestream.SchemaOptions{}))
+	_, err = schema.Capture(ctx, db, "health_events", schema.Options{})
+	require.NoError(t, err)
 	return db, dsn
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgchangestream/pgchangestream"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+	"github.com/pgchangestream/pgchangestream/schema"
 )
 
 // Names shared by every scenario.
@@ -56,11 +57,11 @@ type env struct {
 type variant string
 
 const (
-	// upgraded is the schema InstallSchema creates: the changelog with its txid column, read
+	// upgraded is the schema schema.Install creates: the changelog with its txid column, read
 	// with snapshot-delta reads. Figures without a variant label are of this one.
 	upgraded variant = "upgraded"
 	// legacy is the same schema without the txid column, read with (changed_at, id) reads:
-	// InstallSchema followed by ALTER TABLE ... DROP COLUMN IF EXISTS txid.
+	// schema.Install followed by ALTER TABLE ... DROP COLUMN IF EXISTS txid.
 	legacy variant = "legacy"
 )
 
@@ -105,7 +106,7 @@ func startEnv(ctx context.Context) (*env, error) {
 // the variant says, create and capture the items and health_events tables.
 func setupTemplate(v variant) func(ctx context.Context, db *sql.DB) error {
 	return func(ctx context.Context, db *sql.DB) error {
-		if err := pgchangestream.InstallSchema(ctx, db, pgchangestream.SchemaOptions{}); err != nil {
+		if _, err := schema.Install(ctx, db, schema.Options{}); err != nil {
 			return err
 		}
 		stmts := []string{
@@ -121,7 +122,7 @@ func setupTemplate(v variant) func(ctx context.Context, db *sql.DB) error {
 			}
 		}
 		for _, table := range []string{itemsTable, healthTable} {
-			if err := pgchangestream.CaptureChanges(ctx, db, table, pgchangestream.SchemaOptions{}); err != nil {
+			if _, err := schema.Capture(ctx, db, table, schema.Options{}); err != nil {
 				return err
 			}
 		}

@@ -56,7 +56,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.reps, "reps", 5, "repetitions of each throughput figure (the median and range are reported)")
 	backlogs := fs.String("backlogs", "2000,10000,50000", "comma-separated backlog sizes drained against watermill")
 	variantList := fs.String("variants", "legacy,upgraded", "comma-separated schema variants the drains run on: "+
-		"legacy (changelog without txid) and upgraded (InstallSchema as is)")
+		"legacy (changelog without txid) and upgraded (schema.Install as is)")
 	fs.DurationVar(&o.latencyDuration, "latency-duration", 10*time.Second, "length of each latency run")
 	fs.IntVar(&o.latencyRate, "latency-rate", 1000, "events per second offered in the latency runs")
 	fs.IntVar(&o.saturationRows, "saturation-rows", 1_000_000, "deliveries never acknowledged in the heap test")

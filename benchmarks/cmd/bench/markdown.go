@@ -73,7 +73,7 @@ func markdown(r *results, m machine) string {
 	p("  `drain_sync`, `drain_sync_concurrent`, `drain_bulk_sync` and `drain_health*` figures run with")
 	p("  the flag as well (`drain_sync_noflag` is `drain_sync` without it).")
 	p("- Schema variants: every drain, the watcher read ceiling, `insert_4w` and the four-writer")
-	p("  hybrid latency runs run on each variant. `upgraded` is the schema `InstallSchema` creates,")
+	p("  hybrid latency runs run on each variant. `upgraded` is the schema `schema.Install` creates,")
 	p("  read in snapshot deltas; `legacy` is the same followed by `ALTER TABLE datastore_changelog")
 	p("  DROP COLUMN IF EXISTS txid` (a changelog as the existing provider made it), read in")
 	p("  `(changed_at, id)` order. Figures of the legacy variant are prefixed `legacy/`; unprefixed")

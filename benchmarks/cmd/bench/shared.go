@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream"
+	"github.com/pgchangestream/pgchangestream/schema"
 )
 
 // Shared consumers: members of one client (Config.Shared), each a goroutine of this process
@@ -196,7 +197,7 @@ func (e *env) newSharedDatabase(ctx context.Context) (*database, error) {
 		if _, err := db.ExecContext(ctx, `CREATE TABLE `+sharedTable+` (id int PRIMARY KEY, n bigint NOT NULL, doc jsonb NOT NULL)`); err != nil {
 			return err
 		}
-		if err := pgchangestream.CaptureChanges(ctx, db, sharedTable, pgchangestream.SchemaOptions{WithoutNotify: true}); err != nil {
+		if _, err := schema.Capture(ctx, db, sharedTable, schema.Options{WithoutNotify: true}); err != nil {
 			return err
 		}
 		_, err := db.ExecContext(ctx, `INSERT INTO `+sharedTable+` (id, n, doc) SELECT g, 0, `+docSQL+`

@@ -1,4 +1,4 @@
-package pgchangestream
+package schema
 
 import (
 	"context"
@@ -24,11 +24,11 @@ var schemaExecOK = sqlmock.NewResult(0, 0)
 
 func schemaBoolRow(v bool) *sqlmock.Rows { return sqlmock.NewRows([]string{"v"}).AddRow(v) }
 
-// expectStart expects a default InstallSchema run up to the index builds: the install lock, the
+// expectStart expects a default Install run up to the index builds: the install lock, the
 // script, and the invalid-index query, which returns the (schema, name) rows in invalid.
 func expectStart(t *testing.T, mock sqlmock.Sqlmock, invalid ...[2]string) []string {
 	t.Helper()
-	stmts, err := InstallSchemaSQL(SchemaOptions{})
+	stmts, err := installSQL(Options{})
 	require.NoError(t, err)
 	mock.ExpectQuery(tryInstallLockSQL).WithArgs(installLockKey).WillReturnRows(schemaBoolRow(true))
 	mock.ExpectExec(stmts[0]).WillReturnResult(schemaExecOK)
@@ -49,8 +49,8 @@ func expectBuilds(mock sqlmock.Sqlmock, stmts []string) *sqlmock.ExpectedQuery {
 	return mock.ExpectQuery(installUnlockSQL).WithArgs(installLockKey)
 }
 
-func TestInstallSchemaSQLDefaults(t *testing.T) {
-	stmts, err := InstallSchemaSQL(SchemaOptions{})
+func TestInstallDryRunDefaults(t *testing.T) {
+	stmts, err := installSQL(Options{})
 	require.NoError(t, err)
 	require.Len(t, stmts, 5)
 	for _, want := range []string{
@@ -93,8 +93,8 @@ func TestInstallSchemaSQLDefaults(t *testing.T) {
 	}, stmts[1:])
 }
 
-func TestInstallSchemaSQLNames(t *testing.T) {
-	stmts, err := InstallSchemaSQL(SchemaOptions{
+func TestInstallDryRunNames(t *testing.T) {
+	stmts, err := installSQL(Options{
 		ChangelogTable: "audit.changes", TokenTable: "audit.tokens",
 		NotifyChannel: "audit_events", FunctionName: "audit.log_changes",
 	})
@@ -119,18 +119,18 @@ func TestSchemaRejectsInvalidNames(t *testing.T) {
 	const install, capture = 1, 2 // which calls reject the case
 	for _, tc := range []struct {
 		name, table, field string
-		opts               SchemaOptions
+		opts               Options
 		rejectedBy         int
 	}{
-		{"changelog", "orders", "SchemaOptions.ChangelogTable", SchemaOptions{ChangelogTable: "bad-name"}, install | capture},
-		{"changelog dollars", "orders", "SchemaOptions.ChangelogTable", SchemaOptions{ChangelogTable: "a$body$b"}, install | capture},
-		{"changelog index too long", "orders", "SchemaOptions.ChangelogTable",
-			SchemaOptions{ChangelogTable: strings.Repeat("c", 50)}, install},
-		{"token table", "orders", "SchemaOptions.TokenTable", SchemaOptions{TokenTable: "a.b.c"}, install | capture},
-		{"channel", "orders", "SchemaOptions.NotifyChannel", SchemaOptions{NotifyChannel: "s.events"}, install | capture},
-		{"function", "orders", "SchemaOptions.FunctionName", SchemaOptions{FunctionName: "1fn"}, install | capture},
-		{"table", "orders; DROP TABLE x", "CaptureChanges table", SchemaOptions{}, capture},
-		{"empty table", "", "CaptureChanges table", SchemaOptions{}, capture},
+		{"changelog", "orders", "schema.Options.ChangelogTable", Options{ChangelogTable: "bad-name"}, install | capture},
+		{"changelog dollars", "orders", "schema.Options.ChangelogTable", Options{ChangelogTable: "a$body$b"}, install | capture},
+		{"changelog index too long", "orders", "schema.Options.ChangelogTable",
+			Options{ChangelogTable: strings.Repeat("c", 50)}, install},
+		{"token table", "orders", "schema.Options.TokenTable", Options{TokenTable: "a.b.c"}, install | capture},
+		{"channel", "orders", "schema.Options.NotifyChannel", Options{NotifyChannel: "s.events"}, install | capture},
+		{"function", "orders", "schema.Options.FunctionName", Options{FunctionName: "1fn"}, install | capture},
+		{"table", "orders; DROP TABLE x", "schema.Capture table", Options{}, capture},
+		{"empty table", "", "schema.Capture table", Options{}, capture},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			db, mock := mockDB(t)
@@ -144,30 +144,33 @@ func TestSchemaRejectsInvalidNames(t *testing.T) {
 					assert.Contains(t, err.Error(), "pgchangestream: invalid config: "+tc.field+": ")
 				}
 			}
-			_, sqlErr := InstallSchemaSQL(tc.opts)
+			_, sqlErr := installSQL(tc.opts)
 			check(tc.rejectedBy&install != 0, sqlErr)
 			if tc.rejectedBy&install != 0 {
-				check(true, InstallSchema(t.Context(), db, tc.opts))
+				check(true, errOf(Install(t.Context(), db, tc.opts)))
 			}
-			_, sqlErr = CaptureChangesSQL(tc.table, tc.opts)
+			_, sqlErr = captureSQL(tc.table, tc.opts)
 			check(tc.rejectedBy&capture != 0, sqlErr)
 			if tc.rejectedBy&capture != 0 {
-				check(true, CaptureChanges(t.Context(), db, tc.table, tc.opts))
+				check(true, errOf(Capture(t.Context(), db, tc.table, tc.opts)))
 			}
 			require.NoError(t, mock.ExpectationsWereMet())
 		})
 	}
 }
 
-func TestInstallSchemaRunsStatementsInOrder(t *testing.T) {
+func TestInstallRunsStatementsInOrder(t *testing.T) {
 	db, mock := mockDB(t)
-	expectBuilds(mock, expectStart(t, mock)).WillReturnRows(schemaBoolRow(true))
+	stmts := expectStart(t, mock)
+	expectBuilds(mock, stmts).WillReturnRows(schemaBoolRow(true))
 
-	require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	res, err := Install(t.Context(), db, Options{})
+	require.NoError(t, err)
+	assert.Equal(t, stmts, res.Statements, "a run lists what it ran: what a dry run lists")
 	require.NoError(t, mock.ExpectationsWereMet())
 }
 
-func TestInstallSchemaRebuildsInvalidIndex(t *testing.T) {
+func TestInstallRebuildsInvalidIndex(t *testing.T) {
 	db, mock := mockDB(t)
 	stmts := expectStart(t, mock, [2]string{"public", "datastore_changelog_stream_idx"},
 		[2]string{"public", "unrelated_idx"})
@@ -175,11 +178,14 @@ func TestInstallSchemaRebuildsInvalidIndex(t *testing.T) {
 		WillReturnResult(schemaExecOK)
 	expectBuilds(mock, stmts).WillReturnRows(schemaBoolRow(true))
 
-	require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	res, err := Install(t.Context(), db, Options{})
+	require.NoError(t, err)
+	assert.Equal(t, append([]string{stmts[0], `DROP INDEX CONCURRENTLY IF EXISTS "public"."datastore_changelog_stream_idx"`},
+		stmts[1:]...), res.Statements, "the drop is listed among the statements run")
 	require.NoError(t, mock.ExpectationsWereMet())
 }
 
-func TestInstallSchemaWrapsErrors(t *testing.T) {
+func TestInstallWrapsErrors(t *testing.T) {
 	boom := errors.New("boom")
 	for _, tc := range []struct {
 		name, want string
@@ -199,13 +205,13 @@ func TestInstallSchemaWrapsErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			db, mock := mockDB(t)
-			stmts, err := InstallSchemaSQL(SchemaOptions{})
+			stmts, err := installSQL(Options{})
 			require.NoError(t, err)
 			mock.ExpectQuery(tryInstallLockSQL).WillReturnRows(schemaBoolRow(true))
 			tc.fail(mock, stmts)
 			mock.ExpectQuery(installUnlockSQL).WillReturnRows(schemaBoolRow(true))
 
-			err = InstallSchema(t.Context(), db, SchemaOptions{})
+			err = errOf(Install(t.Context(), db, Options{}))
 			require.ErrorIs(t, err, boom)
 			assert.EqualError(t, err, tc.want)
 			require.NoError(t, mock.ExpectationsWereMet())
@@ -213,16 +219,16 @@ func TestInstallSchemaWrapsErrors(t *testing.T) {
 	}
 }
 
-func TestInstallSchemaDiscardsConnectionWhenUnlockFails(t *testing.T) {
+func TestInstallDiscardsConnectionWhenUnlockFails(t *testing.T) {
 	db, mock := mockDB(t)
 	expectBuilds(mock, expectStart(t, mock)).WillReturnError(errors.New("connection reset"))
 	mock.ExpectClose() // the session, and its lock, end with the connection
 
-	require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	require.NoError(t, errOf(Install(t.Context(), db, Options{})))
 	require.NoError(t, mock.ExpectationsWereMet())
 }
 
-func TestInstallSchemaWaitsForConcurrentInstall(t *testing.T) {
+func TestInstallWaitsForConcurrentInstall(t *testing.T) {
 	t.Run("gets the lock", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			db, mock := mockDB(t)
@@ -232,7 +238,7 @@ func TestInstallSchemaWaitsForConcurrentInstall(t *testing.T) {
 			expectBuilds(mock, expectStart(t, mock)).WillReturnRows(schemaBoolRow(true))
 
 			start := time.Now()
-			require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+			require.NoError(t, errOf(Install(t.Context(), db, Options{})))
 			assert.Equal(t, 2*installLockRetry, time.Since(start))
 			require.NoError(t, mock.ExpectationsWereMet())
 		})
@@ -246,7 +252,7 @@ func TestInstallSchemaWaitsForConcurrentInstall(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 5*installLockRetry/2)
 			defer cancel()
 
-			err := InstallSchema(ctx, db, SchemaOptions{})
+			err := errOf(Install(ctx, db, Options{}))
 			require.ErrorIs(t, err, context.DeadlineExceeded)
 			assert.EqualError(t, err, "pgchangestream: install schema: wait for a concurrent install: context deadline exceeded")
 			require.NoError(t, mock.ExpectationsWereMet())
@@ -254,19 +260,19 @@ func TestInstallSchemaWaitsForConcurrentInstall(t *testing.T) {
 	})
 }
 
-func TestCaptureChangesSQL(t *testing.T) {
+func TestCaptureDryRun(t *testing.T) {
 	long := strings.Repeat("t", 60)
 	for _, tc := range []struct {
 		table, trigger, on string
-		opts               SchemaOptions
+		opts               Options
 	}{
-		{"orders", "orders_changes", `"orders"`, SchemaOptions{}},
-		{"s.orders", "orders_changes", `"s"."orders"`, SchemaOptions{}},
-		{long, (long + "_changes")[:63], `"` + long + `"`, SchemaOptions{}},
-		{"orders", "orders_changes", `"orders"`, SchemaOptions{ChangelogTable: "audit.changes", FunctionName: "audit.log_changes"}},
+		{"orders", "orders_changes", `"orders"`, Options{}},
+		{"s.orders", "orders_changes", `"s"."orders"`, Options{}},
+		{long, (long + "_changes")[:63], `"` + long + `"`, Options{}},
+		{"orders", "orders_changes", `"orders"`, Options{ChangelogTable: "audit.changes", FunctionName: "audit.log_changes"}},
 	} {
 		t.Run(tc.table, func(t *testing.T) {
-			stmts, err := CaptureChangesSQL(tc.table, tc.opts)
+			stmts, err := captureSQL(tc.table, tc.opts)
 			require.NoError(t, err)
 			require.Len(t, stmts, 1)
 			opts, err := tc.opts.resolve()
@@ -288,39 +294,24 @@ func TestCaptureChangesSQL(t *testing.T) {
 	}
 }
 
-func TestCaptureChangesWithoutNotifySQL(t *testing.T) {
-	stmts, err := CaptureChangesSQL("orders", SchemaOptions{WithoutNotify: true})
+func TestCaptureDryRunWithoutNotify(t *testing.T) {
+	stmts, err := captureSQL("orders", Options{WithoutNotify: true})
 	require.NoError(t, err)
 	assert.Contains(t, stmts[0], `FOR EACH ROW EXECUTE FUNCTION "log_table_changes"('no_notify');`)
 	assert.Contains(t, stmts[0], "IF quiet <> true THEN")
 }
 
-func TestCaptureChanges(t *testing.T) {
+func TestCapture(t *testing.T) {
 	db, mock := mockDB(t)
-	stmts, err := CaptureChangesSQL("s.orders", SchemaOptions{})
+	stmts, err := captureSQL("s.orders", Options{})
 	require.NoError(t, err)
 	mock.ExpectExec(stmts[0]).WillReturnResult(schemaExecOK)
 	mock.ExpectExec(stmts[0]).WillReturnError(errors.New("boom"))
 
-	require.NoError(t, CaptureChanges(t.Context(), db, "s.orders", SchemaOptions{}))
-	err = CaptureChanges(t.Context(), db, "s.orders", SchemaOptions{})
+	require.NoError(t, errOf(Capture(t.Context(), db, "s.orders", Options{})))
+	err = errOf(Capture(t.Context(), db, "s.orders", Options{}))
 	assert.EqualError(t, err, "pgchangestream: capture changes of s.orders: boom")
 	require.NoError(t, mock.ExpectationsWereMet())
-}
-
-// liveExec runs one or more statements.
-func liveExec(t *testing.T, db *sql.DB, query string, args ...any) {
-	t.Helper()
-	_, err := db.ExecContext(t.Context(), query, args...)
-	require.NoError(t, err)
-}
-
-// liveScalar returns the single value of query.
-func liveScalar[T any](t *testing.T, db *sql.DB, query string, args ...any) T {
-	t.Helper()
-	var v T
-	require.NoError(t, db.QueryRowContext(t.Context(), query, args...).Scan(&v))
-	return v
 }
 
 // changelogIndexState maps the changelog's index names to whether they are valid.
@@ -342,12 +333,12 @@ func changelogIndexState(t *testing.T, db *sql.DB) map[string]bool {
 }
 
 func recordIDType(t *testing.T, db *sql.DB) string {
-	return liveScalar[string](t, db, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+	return pgtest.Scalar[string](t, db, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
 		WHERE attrelid = 'datastore_changelog'::regclass AND attname = 'record_id'`)
 }
 
 func triggerCount(t *testing.T, db *sql.DB, table string) int {
-	return liveScalar[int](t, db,
+	return pgtest.Scalar[int](t, db,
 		"SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::text::regclass AND NOT tgisinternal", table)
 }
 
@@ -357,7 +348,7 @@ func liveListen(t *testing.T, dsn string) *pgx.Conn {
 	conn, err := pgx.Connect(t.Context(), dsn)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	_, err = conn.Exec(t.Context(), "LISTEN "+DefaultNotifyChannel)
+	_, err = conn.Exec(t.Context(), "LISTEN "+changelog.DefaultNotifyChannel)
 	require.NoError(t, err)
 	return conn
 }
@@ -366,9 +357,9 @@ func liveListen(t *testing.T, dsn string) *pgx.Conn {
 // changelog rows written and the notifications sent.
 func checkCapture(t *testing.T, db *sql.DB, listener *pgx.Conn, table string) {
 	t.Helper()
-	id := liveScalar[string](t, db, "INSERT INTO "+table+" (item) VALUES ('a') RETURNING id::text")
-	liveExec(t, db, "UPDATE "+table+" SET item = 'b' WHERE id::text = $1", id)
-	liveExec(t, db, "DELETE FROM "+table+" WHERE id::text = $1", id)
+	id := pgtest.Scalar[string](t, db, "INSERT INTO "+table+" (item) VALUES ('a') RETURNING id::text")
+	pgtest.Exec(t, db, "UPDATE "+table+" SET item = 'b' WHERE id::text = $1", id)
+	pgtest.Exec(t, db, "DELETE FROM "+table+" WHERE id::text = $1", id)
 
 	rows, err := db.QueryContext(t.Context(), `SELECT id, operation, old_values->>'item', new_values->>'item'
 		FROM datastore_changelog WHERE table_name = $1 AND record_id::text = $2 ORDER BY id`, changelog.Unqualified(table), id)
@@ -395,11 +386,11 @@ func checkCapture(t *testing.T, db *sql.DB, listener *pgx.Conn, table string) {
 // fillChangelog adds n changelog rows spread over four tables, one millisecond apart, and
 // analyzes the table.
 func fillChangelog(t *testing.T, db *sql.DB, n int) {
-	liveExec(t, db, `INSERT INTO datastore_changelog (table_name, record_id, operation, new_values, changed_at)
+	pgtest.Exec(t, db, `INSERT INTO datastore_changelog (table_name, record_id, operation, new_values, changed_at)
 		SELECT 'table_' || g % 4, gen_random_uuid(), 'INSERT', jsonb_build_object('n', g),
 		       now() - interval '1 day' + g * interval '1 ms'
 		FROM generate_series(1, $1::int) g`, n)
-	liveExec(t, db, "ANALYZE datastore_changelog")
+	pgtest.Exec(t, db, "ANALYZE datastore_changelog")
 }
 
 // requireStreamIndexScan checks that the read query, from an early and from a middle position,
@@ -412,7 +403,7 @@ func requireStreamIndexScan(t *testing.T, db *sql.DB) {
 		var id int64
 		require.NoError(t, db.QueryRowContext(t.Context(), `SELECT changed_at, id FROM datastore_changelog
 			WHERE table_name = 'table_1' ORDER BY changed_at, id OFFSET $1 LIMIT 1`, offset).Scan(&at, &id))
-		plan := explain(t, db, `EXPLAIN (COSTS OFF) SELECT id, record_id, operation,
+		plan := pgtest.Explain(t, db, `EXPLAIN (COSTS OFF) SELECT id, record_id, operation,
 			old_values, new_values, changed_at FROM datastore_changelog WHERE table_name = $1
 			AND (changed_at, id) > ($2, $3) ORDER BY changed_at, id LIMIT 100`, "table_1", at, id)
 		assert.Regexp(t, `^Limit
@@ -422,33 +413,18 @@ func requireStreamIndexScan(t *testing.T, db *sql.DB) {
 	}
 }
 
-// explain runs an EXPLAIN statement and returns its plan text.
-func explain(t *testing.T, db *sql.DB, q string, args ...any) string {
-	t.Helper()
-	rows, err := db.QueryContext(t.Context(), q, args...)
-	require.NoError(t, err)
-	var lines []string
-	for rows.Next() {
-		var line string
-		require.NoError(t, rows.Scan(&line))
-		lines = append(lines, line)
-	}
-	require.NoError(t, rows.Err())
-	return strings.Join(lines, "\n")
-}
-
 // txidColumnState returns the type and default of the changelog's txid column.
 func txidColumnState(t *testing.T, db *sql.DB) string {
 	t.Helper()
-	return liveScalar[string](t, db, `SELECT format_type(a.atttypid, NULL) || ' ' || pg_get_expr(d.adbin, d.adrelid)
+	return pgtest.Scalar[string](t, db, `SELECT format_type(a.atttypid, NULL) || ' ' || pg_get_expr(d.adbin, d.adrelid)
 		FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 		WHERE a.attrelid = 'datastore_changelog'::regclass AND a.attname = 'txid'`)
 }
 
-func TestLiveSchemaFreshInstall(t *testing.T) {
+func TestLiveFreshInstall(t *testing.T) {
 	db, dsn := pgtest.NewDatabase(t, "")
 	for range 2 {
-		require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+		require.NoError(t, errOf(Install(t.Context(), db, Options{})))
 	}
 	assert.Equal(t, "text", recordIDType(t, db))
 	assert.Equal(t, map[string]bool{"datastore_changelog_pkey": true, "datastore_changelog_stream_idx": true,
@@ -456,7 +432,7 @@ func TestLiveSchemaFreshInstall(t *testing.T) {
 		changelogIndexState(t, db))
 	assert.Equal(t, "xid8 pg_current_xact_id()", txidColumnState(t, db))
 
-	liveExec(t, db, `CREATE TABLE orders (id UUID PRIMARY KEY DEFAULT gen_random_uuid(), item TEXT);
+	pgtest.Exec(t, db, `CREATE TABLE orders (id UUID PRIMARY KEY DEFAULT gen_random_uuid(), item TEXT);
 		CREATE TABLE counters (id BIGSERIAL PRIMARY KEY, item TEXT);
 		CREATE SCHEMA s;
 		CREATE TABLE s.notes (id TEXT PRIMARY KEY DEFAULT md5(random()::text), item TEXT);
@@ -464,82 +440,82 @@ func TestLiveSchemaFreshInstall(t *testing.T) {
 	listener := liveListen(t, dsn)
 	for _, table := range []string{"orders", "counters", "s.notes"} {
 		for range 2 {
-			require.NoError(t, CaptureChanges(t.Context(), db, table, SchemaOptions{}))
+			require.NoError(t, errOf(Capture(t.Context(), db, table, Options{})))
 		}
 		assert.Equal(t, 1, triggerCount(t, db, table))
 		checkCapture(t, db, listener, table)
 	}
-	assert.Equal(t, 1, liveScalar[int](t, db, "SELECT count(*) FROM pg_trigger WHERE tgname = 'notes_changes'"))
+	assert.Equal(t, 1, pgtest.Scalar[int](t, db, "SELECT count(*) FROM pg_trigger WHERE tgname = 'notes_changes'"))
 
-	err := CaptureChanges(t.Context(), db, "missing", SchemaOptions{})
+	err := errOf(Capture(t.Context(), db, "missing", Options{}))
 	assert.ErrorContains(t, err, `pgchangestream: capture changes of missing: ERROR: table "missing" does not exist`)
-	err = CaptureChanges(t.Context(), db, "no_id", SchemaOptions{})
+	err = errOf(Capture(t.Context(), db, "no_id", Options{}))
 	assert.ErrorContains(t, err, `pgchangestream: capture changes of no_id: ERROR: table no_id has no column "id"`)
 }
 
-func TestLiveSchemaExistingSchema(t *testing.T) {
+func TestLiveExistingSchema(t *testing.T) {
 	db, dsn := pgtest.NewDatabase(t, "")
-	liveExec(t, db, existingSchema)
+	pgtest.Exec(t, db, pgtest.ExistingSchema)
 	fillChangelog(t, db, 20000)
 
 	// Concurrent installs build the missing index once and all succeed.
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
 	for i := range errs {
-		wg.Go(func() { errs[i] = InstallSchema(t.Context(), db, SchemaOptions{}) })
+		wg.Go(func() { errs[i] = errOf(Install(t.Context(), db, Options{})) })
 	}
 	wg.Wait()
 	for _, err := range errs {
 		require.NoError(t, err)
 	}
-	require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	require.NoError(t, errOf(Install(t.Context(), db, Options{})))
 
 	assert.Equal(t, "uuid", recordIDType(t, db))
 	assert.Equal(t, map[string]bool{"datastore_changelog_pkey": true, "datastore_changelog_stream_idx": true,
 		"datastore_changelog_txid_unit_idx": true, "idx_changelog_unprocessed": true, "idx_changelog_table_record": true,
 		"idx_changelog_resume": true}, changelogIndexState(t, db))
 	assert.Equal(t, "xid8 pg_current_xact_id()", txidColumnState(t, db))
-	assert.Equal(t, 20000, liveScalar[int](t, db, "SELECT count(*) FROM datastore_changelog WHERE txid IS NULL"),
+	assert.Equal(t, 20000, pgtest.Scalar[int](t, db, "SELECT count(*) FROM datastore_changelog WHERE txid IS NULL"),
 		"rows written before the upgrade keep a NULL txid: the table is not rewritten")
-	assert.Contains(t, liveScalar[string](t, db, "SELECT prosrc FROM pg_proc WHERE proname = 'log_table_changes'"),
+	assert.Contains(t, pgtest.Scalar[string](t, db, "SELECT prosrc FROM pg_proc WHERE proname = 'log_table_changes'"),
 		"ELSIF TG_OP = 'UPDATE' THEN", "the existing function is replaced")
 
 	// The existing trigger calls the new function.
 	listener := liveListen(t, dsn)
-	require.NoError(t, CaptureChanges(t.Context(), db, "health_events", SchemaOptions{}))
+	require.NoError(t, errOf(Capture(t.Context(), db, "health_events", Options{})))
 	assert.Equal(t, 1, triggerCount(t, db, "health_events"))
 	checkCapture(t, db, listener, "health_events")
 
 	// A UUID record_id cannot take integer ids: refuse rather than break writes to the table.
-	liveExec(t, db, "CREATE TABLE counters (id BIGSERIAL PRIMARY KEY, item TEXT)")
-	err := CaptureChanges(t.Context(), db, "counters", SchemaOptions{})
+	pgtest.Exec(t, db, "CREATE TABLE counters (id BIGSERIAL PRIMARY KEY, item TEXT)")
+	err := errOf(Capture(t.Context(), db, "counters", Options{}))
 	assert.ErrorContains(t, err, "ERROR: column counters.id is bigint, which datastore_changelog.record_id (uuid) cannot store")
 	assert.Equal(t, 0, triggerCount(t, db, "counters"))
 
 	requireStreamIndexScan(t, db)
 }
 
-func TestLiveSchemaReadQueryUsesStreamIndex(t *testing.T) {
+func TestLiveReadQueryUsesStreamIndex(t *testing.T) {
 	db, _ := pgtest.NewDatabase(t, "")
-	require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	require.NoError(t, errOf(Install(t.Context(), db, Options{})))
 	fillChangelog(t, db, 20000)
 	requireStreamIndexScan(t, db)
 }
 
-func TestLiveSchemaRebuildsInvalidIndex(t *testing.T) {
+func TestLiveRebuildsInvalidIndex(t *testing.T) {
 	db, _ := pgtest.NewDatabase(t, "")
-	require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	require.NoError(t, errOf(Install(t.Context(), db, Options{})))
 	fillChangelog(t, db, 100)
 	// A unique build over duplicate values fails and leaves an invalid index behind, as an
 	// interrupted concurrent build does.
-	liveExec(t, db, "DROP INDEX datastore_changelog_stream_idx")
+	pgtest.Exec(t, db, "DROP INDEX datastore_changelog_stream_idx")
 	_, err := db.ExecContext(t.Context(),
 		"CREATE UNIQUE INDEX CONCURRENTLY datastore_changelog_stream_idx ON datastore_changelog (table_name)")
 	require.Error(t, err)
 	require.False(t, changelogIndexState(t, db)["datastore_changelog_stream_idx"])
 
-	require.NoError(t, InstallSchema(t.Context(), db, SchemaOptions{}))
+	require.NoError(t, errOf(Install(t.Context(), db, Options{})))
 	assert.True(t, changelogIndexState(t, db)["datastore_changelog_stream_idx"])
 	assert.Equal(t, "CREATE INDEX datastore_changelog_stream_idx ON public.datastore_changelog USING btree (table_name, changed_at, id)",
-		liveScalar[string](t, db, "SELECT pg_get_indexdef('datastore_changelog_stream_idx'::regclass)"))
+		pgtest.Scalar[string](t, db, "SELECT pg_get_indexdef('datastore_changelog_stream_idx'::regclass)"))
 }

@@ -1,4 +1,4 @@
-package pgchangestream
+package schema
 
 import (
 	"context"
@@ -35,16 +35,16 @@ const (
 const rolePolicySQL = `SELECT format('CREATE POLICY %I ON %s AS RESTRICTIVE FOR ALL TO %I USING (%I = ANY (%L::text[]))',
 	$1::text, $2::text, $3::text, $4::text, $5::text[])`
 
-// RestrictReadsSQL returns the statements [RestrictReads] runs, in order, as one transaction.
-// The values are quoted by the server, so it needs db.
-func RestrictReadsSQL(ctx context.Context, db *sql.DB, role string, tables []string, opts SchemaOptions) ([]string, error) {
+// restrictReadsStatements returns the statements RestrictReads runs, in order, as one
+// transaction. The values are quoted by the server, so it needs db.
+func restrictReadsStatements(ctx context.Context, db *sql.DB, role string, tables []string, opts Options) ([]string, error) {
 	opts, err := opts.resolve()
 	if err != nil {
 		return nil, err
 	}
 	for _, t := range tables {
 		if err := changelog.CheckChannel(t); err != nil { // one identifier: table_name holds no schema
-			return nil, fmt.Errorf("%w: RestrictReads table: %v", ErrInvalidConfig, err)
+			return nil, fmt.Errorf("%w: schema.RestrictReads table: %v", ErrInvalidConfig, err)
 		}
 	}
 	var stmts []string
@@ -64,35 +64,39 @@ type policyTable struct{ table, prefix string }
 // valueTables are the tables that hold captured tables' values, by table_name: the changelog and
 // Process's dead-letter table (each parked event in full). The dead-letter table's policy has a
 // name of its own, as RestrictTokens puts one there too.
-func valueTables(opts SchemaOptions) []policyTable {
+func valueTables(opts Options) []policyTable {
 	return []policyTable{{opts.ChangelogTable, rolePolicyPrefix}, {changelog.ParkedTable(opts.ChangelogTable), readPolicyPrefix}}
 }
 
 // RestrictReads limits role (and the roles that are members of it) to the changelog rows of
 // tables (unqualified names, as the changelog's table_name holds them): its watchers stream
 // only those tables, and it can neither read nor mark the other tables' rows. The same holds for
-// the dead-letter table of [Watcher.Process], which holds parked events in full: the role reads,
+// the dead-letter table of Watcher.Process, which holds parked events in full: the role reads,
 // parks, releases and drops only those tables' events there. Calling it again replaces the list.
 // [RemoveRestrictions] lifts it. Other roles are unaffected. Run it as the changelog's owner; it
 // takes the changelog's and the dead-letter table's ACCESS EXCLUSIVE locks for a moment, waiting
 // at most one second for each.
-func RestrictReads(ctx context.Context, db *sql.DB, role string, tables []string, opts SchemaOptions) error {
-	stmts, err := RestrictReadsSQL(ctx, db, role, tables, opts)
+//
+// Its statements run in one transaction. The policy's values are quoted by the server, so
+// even with [Options.DryRun] it queries db (it writes nothing then).
+func RestrictReads(ctx context.Context, db *sql.DB, role string, tables []string, opts Options) (Result, error) {
+	stmts, err := restrictReadsStatements(ctx, db, role, tables, opts)
 	if err != nil {
-		return err
+		return Result{}, err
 	}
-	return runRestriction(ctx, db, stmts, "restrict reads of "+role)
+	return runInTx(ctx, db, stmts, opts.DryRun, "restrict reads of "+role)
 }
 
-// RestrictTokensSQL returns the statements [RestrictTokens] runs, in order, as one transaction.
-func RestrictTokensSQL(ctx context.Context, db *sql.DB, role string, clients []string, opts SchemaOptions) ([]string, error) {
+// restrictTokensStatements returns the statements RestrictTokens runs, in order, as one
+// transaction. The values are quoted by the server, so it needs db.
+func restrictTokensStatements(ctx context.Context, db *sql.DB, role string, clients []string, opts Options) ([]string, error) {
 	opts, err := opts.resolve()
 	if err != nil {
 		return nil, err
 	}
 	for _, c := range clients {
 		if c == "" || strings.ContainsRune(c, 0) {
-			return nil, fmt.Errorf("%w: RestrictTokens client: %q is not a client name", ErrInvalidConfig, c)
+			return nil, fmt.Errorf("%w: schema.RestrictTokens client: %q is not a client name", ErrInvalidConfig, c)
 		}
 	}
 	var stmts []string
@@ -109,35 +113,40 @@ func RestrictTokensSQL(ctx context.Context, db *sql.DB, role string, clients []s
 // clientTables are the tables whose rows belong to one client each, by client_name: the token
 // table, Process's dead-letter table and acknowledgement rows, and shared clients' members and
 // ranges.
-func clientTables(opts SchemaOptions) []string {
+func clientTables(opts Options) []string {
 	return []string{opts.TokenTable, changelog.ParkedTable(opts.ChangelogTable), changelog.AckTable(opts.ChangelogTable),
 		changelog.MemberTable(opts.ChangelogTable), changelog.RangeTable(opts.ChangelogTable)}
 }
 
 // RestrictTokens limits role (and its members) to the token rows of clients: it can read, save,
 // fence and delete only their tokens, so it cannot move another client's position, which
-// [Prune] trusts. The same holds for the clients' rows of the dead-letter table and of the
+// admin's Prune trusts. The same holds for the clients' rows of the dead-letter table and of the
 // acknowledgement rows of transactional handlers, by which another client's events could be
 // parked, released or marked done, and of the members and ranges of shared clients, by which
 // another client's ranges could be taken or their saved positions moved. Calling it again
 // replaces the list; [RemoveRestrictions] lifts it. Other roles are unaffected; run
-// administration ([ResetToken], [Prune]) as the token table's owner or a BYPASSRLS role. Run it
-// as the token table's owner.
-func RestrictTokens(ctx context.Context, db *sql.DB, role string, clients []string, opts SchemaOptions) error {
-	stmts, err := RestrictTokensSQL(ctx, db, role, clients, opts)
+// administration (the admin package's ResetToken and Prune) as the token table's owner or a
+// BYPASSRLS role. Run it as the token table's owner.
+//
+// Its statements run in one transaction. The policy's values are quoted by the server, so
+// even with [Options.DryRun] it queries db (it writes nothing then).
+func RestrictTokens(ctx context.Context, db *sql.DB, role string, clients []string, opts Options) (Result, error) {
+	stmts, err := restrictTokensStatements(ctx, db, role, clients, opts)
 	if err != nil {
-		return err
+		return Result{}, err
 	}
-	return runRestriction(ctx, db, stmts, "restrict tokens of "+role)
+	return runInTx(ctx, db, stmts, opts.DryRun, "restrict tokens of "+role)
 }
 
 // RemoveRestrictions drops role's policies on the changelog, the dead-letter table and the
 // client tables (see [RestrictReads], [RestrictTokens]): it sees and writes again what
-// unrestricted roles do. Row-level security stays enabled, with the open policy.
-func RemoveRestrictions(ctx context.Context, db *sql.DB, role string, opts SchemaOptions) error {
+// unrestricted roles do. Row-level security stays enabled, with the open policy. Its
+// statements run in one transaction; with [Options.DryRun] it needs no database (db may be
+// nil).
+func RemoveRestrictions(ctx context.Context, db *sql.DB, role string, opts Options) (Result, error) {
 	opts, err := opts.resolve()
 	if err != nil {
-		return err
+		return Result{}, err
 	}
 	var policies []policyTable
 	policies = append(policies, valueTables(opts)...)
@@ -148,11 +157,11 @@ func RemoveRestrictions(ctx context.Context, db *sql.DB, role string, opts Schem
 	for _, p := range policies {
 		name, err := rolePolicy(p.prefix, role)
 		if err != nil {
-			return err
+			return Result{}, err
 		}
 		stmts = append(stmts, `DROP POLICY IF EXISTS `+pgx.Identifier{name}.Sanitize()+` ON `+changelog.Quote(p.table))
 	}
-	return runRestriction(ctx, db, stmts, "remove restrictions of "+role)
+	return runInTx(ctx, db, stmts, opts.DryRun, "remove restrictions of "+role)
 }
 
 // rolePolicy returns the name of role's policy whose name starts with prefix.
@@ -195,22 +204,25 @@ func restrictSQL(ctx context.Context, db *sql.DB, table, column, prefix, role st
 	}, nil
 }
 
-// runRestriction runs stmts in one transaction.
-func runRestriction(ctx context.Context, db *sql.DB, stmts []string, what string) error {
+// runInTx runs stmts in one transaction, unless dryRun or there are none, and returns them.
+func runInTx(ctx context.Context, db *sql.DB, stmts []string, dryRun bool, what string) (Result, error) {
+	if dryRun || len(stmts) == 0 {
+		return Result{Statements: stmts}, nil
+	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("pgchangestream: %s: %w", what, err)
+		return Result{}, fmt.Errorf("pgchangestream: %s: %w", what, err)
 	}
 	for _, stmt := range stmts {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
 			_ = tx.Rollback()
-			return fmt.Errorf("pgchangestream: %s: %w", what, err)
+			return Result{}, fmt.Errorf("pgchangestream: %s: %w", what, err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("pgchangestream: %s: %w", what, err)
+		return Result{}, fmt.Errorf("pgchangestream: %s: %w", what, err)
 	}
-	return nil
+	return Result{Statements: stmts}, nil
 }
 
 // writerGrantsSQL lists the old writer grants held by roles other than the owner: INSERT on the
@@ -236,11 +248,11 @@ FROM acl JOIN cl ON acl.grantee <> cl.relowner JOIN pg_class c ON c.oid = acl.re
 JOIN pg_namespace n ON n.oid = c.relnamespace LEFT JOIN pg_roles r ON r.oid = acl.grantee
 ORDER BY acl.ord, 2`
 
-// revokeFunctionsSQL reads the state (functionColumns) of the trigger function ($2, "name()")
+// revokeFunctionsSQL reads the state (changelog.FunctionColumns) of the trigger function ($2, "name()")
 // and of every function of its name ($3) without arguments that a trigger calls: one that
 // other DDL created in another schema, which the triggers that DDL created call instead.
-const revokeFunctionsSQL = changelogSchemaCTE + `
-SELECT ` + functionColumns + `
+const revokeFunctionsSQL = changelog.SchemaCTE + `
+SELECT ` + changelog.FunctionColumns + `
 FROM cl, pg_catalog.pg_proc p
 WHERE p.oid = to_regprocedure($2) OR (p.proname = $3 AND p.pronargs = 0
 	AND EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgfoid = p.oid AND NOT t.tgisinternal))
@@ -273,27 +285,37 @@ LEFT JOIN LATERAL (SELECT n.nspname FROM pg_catalog.pg_namespace n
 	ORDER BY n.nspname LIMIT 1) sn ON true
 WHERE r.rolname = $1 AND p.oid = to_regprocedure($2)`
 
-// RevokeWriterGrantsSQL returns the REVOKE statements that take the old writer grants away:
-// INSERT on the changelog, SELECT on its id column and USAGE, UPDATE on its id sequence, from
-// every role other than the owner that holds them. Writers need neither once [InstallSchema]
-// has made the trigger function run as the changelog's owner. It only reads the catalog: review
-// the statements, then run them. A role that inserts changelog rows itself, bypassing the
-// trigger, loses that too, which is the point.
+// RevokeWriterGrants takes the old writer grants away: INSERT on the changelog, SELECT on its
+// id column and USAGE, UPDATE on its id sequence, from every role other than the owner that
+// holds them, by REVOKE statements run in one transaction. Writers need neither once [Install]
+// has made the trigger function run as the changelog's owner. A role that inserts changelog rows
+// itself, bypassing the trigger, loses that too, which is the point. It reads the catalog to
+// find the grants even with [Options.DryRun], which returns the statements to review (none if
+// there is nothing to revoke) and writes nothing.
 //
 // It returns an error, revoking nothing, where revoking would break writes, now or at the next
 // DDL of the services that write the captured tables:
 //   - the trigger function, or a function of its name that a trigger calls, is not the one
-//     InstallSchema installs (not SECURITY DEFINER, search_path not pinned, a body that ignores
-//     the trigger arguments): InstallSchema never ran, or other DDL replaced it since. Re-apply
+//     Install installs (not SECURITY DEFINER, search_path not pinned, a body that ignores
+//     the trigger arguments): Install never ran, or other DDL replaced it since. Re-apply
 //     the schema first. No option overrides this.
 //   - a role that would lose its grants can undo the function: it is a superuser; or it has
 //     the privileges of the function's owner, so it can replace the function, as a service's
 //     start-up running CREATE OR REPLACE FUNCTION as that role does; or it has the privileges of
 //     the owner of a captured table (it can drop and create its trigger) and may create objects
 //     in a schema other than the function's (its own function of that name can come first on
-//     its search_path). [SchemaOptions.IgnoreReplaceable] overrides this, for an operator who
+//     its search_path). [Options.IgnoreReplaceable] overrides this, for an operator who
 //     knows that role runs no such DDL.
-func RevokeWriterGrantsSQL(ctx context.Context, db *sql.DB, opts SchemaOptions) ([]string, error) {
+func RevokeWriterGrants(ctx context.Context, db *sql.DB, opts Options) (Result, error) {
+	stmts, err := revokeStatements(ctx, db, opts)
+	if err != nil {
+		return Result{}, err
+	}
+	return runInTx(ctx, db, stmts, opts.DryRun, "revoke the writer grants")
+}
+
+// revokeStatements returns the statements RevokeWriterGrants runs, after its checks.
+func revokeStatements(ctx context.Context, db *sql.DB, opts Options) ([]string, error) {
 	opts, err := opts.resolve()
 	if err != nil {
 		return nil, err
@@ -343,7 +365,7 @@ func RevokeWriterGrantsSQL(ctx context.Context, db *sql.DB, opts SchemaOptions) 
 			return nil, fmt.Errorf("pgchangestream: not revoking the writer grants: role %s %s; DDL run as that role, "+
 				"such as a service's start-up that creates its trigger function and triggers, would make writes without "+
 				"the grants fail (\"permission denied for table %s\"). Take that ability away from %s, or, if it runs no "+
-				"such DDL, set SchemaOptions.IgnoreReplaceable (grants revoke-writers --ignore-replaceable)",
+				"such DDL, set schema.Options.IgnoreReplaceable (grants revoke-writers --ignore-replaceable)",
 				pgx.Identifier{role}.Sanitize(), how.String, opts.ChangelogTable, pgx.Identifier{role}.Sanitize())
 		}
 	}
@@ -351,8 +373,8 @@ func RevokeWriterGrantsSQL(ctx context.Context, db *sql.DB, opts SchemaOptions) 
 }
 
 // checkRevokeFunctions returns an error unless the trigger function fn and every function of
-// its name that a trigger calls are the ones InstallSchema installs.
-func checkRevokeFunctions(ctx context.Context, db *sql.DB, opts SchemaOptions, fn string) error {
+// its name that a trigger calls are the ones Install installs.
+func checkRevokeFunctions(ctx context.Context, db *sql.DB, opts Options, fn string) error {
 	rows, err := db.QueryContext(ctx, revokeFunctionsSQL, changelog.Quote(opts.ChangelogTable), fn,
 		changelog.Unqualified(opts.FunctionName))
 	if err != nil {
@@ -361,21 +383,21 @@ func checkRevokeFunctions(ctx context.Context, db *sql.DB, opts SchemaOptions, f
 	defer rows.Close()
 	found := false
 	for rows.Next() {
-		var f functionState
-		if err := rows.Scan(f.scanDest()...); err != nil {
+		var f changelog.FunctionState
+		if err := rows.Scan(f.ScanDest()...); err != nil {
 			return fmt.Errorf("pgchangestream: read trigger function %s: %w", fn, err)
 		}
 		found = true
-		if p := f.problem(); p != "" {
-			return fmt.Errorf("pgchangestream: not revoking the writer grants: %s (InstallSchema never ran, or other DDL "+
-				"replaced it since, %s), and writes without the grants would fail: %s, then check again", p, replacedBy, repairHint)
+		if p := f.Problem(); p != "" {
+			return fmt.Errorf("pgchangestream: not revoking the writer grants: %s (schema.Install never ran, or other DDL "+
+				"replaced it since, %s), and writes without the grants would fail: %s, then check again", p, changelog.ReplacedBy, changelog.RepairHint)
 		}
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("pgchangestream: read trigger function %s: %w", fn, err)
 	}
 	if !found {
-		return fmt.Errorf("pgchangestream: trigger function %s does not exist: run InstallSchema first, "+
+		return fmt.Errorf("pgchangestream: trigger function %s does not exist: run schema.Install first, "+
 			"writers still need their grants", fn)
 	}
 	return nil
