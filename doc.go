@@ -5,9 +5,11 @@
 //
 // A trigger on each watched table writes every change into the changelog table (default
 // datastore_changelog) and sends pg_notify on a channel (default nvsentinel_changes).
-// [InstallSchema] and [CaptureChanges] create the tables, the indexes reads need and the trigger;
-// on an existing database, InstallSchema upgrades the changelog online with a txid column (the
-// writing transaction's id, filled by a column default: existing triggers keep working). A
+// The schema package ([github.com/pgchangestream/pgchangestream/schema]) creates the tables, the
+// indexes reads need and the trigger (schema.Install, schema.Capture), and restricts roles to
+// their tables and clients; on an existing database, schema.Install upgrades the changelog
+// online with a txid column (the writing transaction's id, filled by a column default:
+// existing triggers keep working). A
 // [Watcher] reads the changelog rows of one table and delivers them on [Watcher.Events]: on an
 // upgraded changelog in snapshot deltas (the rows that became visible between two snapshots,
 // each delta in changelog id order); on a changelog without the column, as the watcher it
@@ -114,7 +116,7 @@
 //   - On a changelog without the txid column only: a row that commits behind the cursor is only
 //     found through its NOTIFY. Polling mode never sees it, and neither does any mode while the
 //     LISTEN connection is down or while no watcher runs. Hybrid mode, the default, recovers such
-//     rows while it runs. Upgrade with [InstallSchema] to lift this.
+//     rows while it runs. Upgrade with schema.Install to lift this.
 //   - A watcher started before the upgrade reads as before until it switches over: at its next
 //     Start, or by itself within seconds once nothing is pending. Rows after its position are
 //     then read once, then deltas; a row that committed behind its legacy position before the
