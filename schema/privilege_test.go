@@ -56,3 +56,19 @@ func TestRevokeWriterGrantsRefusesBeforeTheUpgrade(t *testing.T) {
 	}
 	require.NoError(t, mock.ExpectationsWereMet())
 }
+
+// TestRemoveRestrictionsDryRunNeedsNoDatabase: the drops are built without the server, so a dry
+// run lists them with a nil db.
+func TestRemoveRestrictionsDryRunNeedsNoDatabase(t *testing.T) {
+	res, err := RemoveRestrictions(t.Context(), nil, "tenant", Options{ChangelogTable: "app.log", DryRun: true})
+	require.NoError(t, err)
+	require.Equal(t, []string{
+		`DROP POLICY IF EXISTS "pgchangestream_role_tenant" ON "app"."log"`,
+		`DROP POLICY IF EXISTS "pgchangestream_read_tenant" ON "app"."log_parked"`,
+		`DROP POLICY IF EXISTS "pgchangestream_role_tenant" ON "resume_tokens"`,
+		`DROP POLICY IF EXISTS "pgchangestream_role_tenant" ON "app"."log_parked"`,
+		`DROP POLICY IF EXISTS "pgchangestream_role_tenant" ON "app"."log_acks"`,
+		`DROP POLICY IF EXISTS "pgchangestream_role_tenant" ON "app"."log_members"`,
+		`DROP POLICY IF EXISTS "pgchangestream_role_tenant" ON "app"."log_ranges"`,
+	}, res.Statements)
+}
