@@ -196,7 +196,10 @@ func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 		}
 	}
 	n := len(w.batch)
-	if n == 0 {
+	// A span that ends at a snapshot taken earlier (by an earlier read, or loaded with the token,
+	// or the switch-over's) is followed by a read at once: an empty read of it has not caught up.
+	readOn := !more && from.span != nil && !tookEnd
+	if n == 0 && !readOn {
 		w.noteEmptyRead()
 	}
 	if more {
@@ -210,10 +213,9 @@ func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 	}
 	if !more && from.span != nil {
 		w.endSpan(from)
-		if !tookEnd {
-			// The span ended at a snapshot taken earlier (by an earlier read, or loaded with the
-			// token, or the switch-over's): rows committed since may have notified before, so
-			// the next delta is read at once rather than at the next NOTIFY.
+		// Rows committed since a snapshot taken earlier may have notified before: the next
+		// delta is then read at once rather than at the next NOTIFY.
+		if readOn {
 			w.readNow = true
 		}
 	}

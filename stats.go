@@ -113,7 +113,9 @@ func (w *Watcher) processStats() ProcessStats {
 }
 
 // LagState returns when a read last found nothing new, and the changed_at of the newest row
-// read. Zero times mean "not yet". [Stats].Lag is the lag itself: the age of the oldest row not
+// read. Zero times mean "not yet". A read that found nothing of a part of the stream that ends at
+// a snapshot taken earlier (the legacy part of a switch-over, a delta loaded with the token),
+// after which the next delta is read at once, does not count. [Stats].Lag is the lag itself: the age of the oldest row not
 // yet acknowledged or read, measured from its changed_at (the start of the transaction that
 // wrote it), 0 when caught up.
 func (w *Watcher) LagState() (lastEmptyBatch, lastEventRead time.Time) {
