@@ -114,7 +114,10 @@ func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, e
 	)
 	switch {
 	case !found && rewinding:
-		pos, save = w.beginning(skipFree, now), true
+		if pos, err = w.beginning(ctx, skipFree, now); err != nil {
+			return Position{}, err
+		}
+		save = true
 	case !found:
 		if pos, err = w.startPosition(ctx, skipFree, now); err != nil {
 			return Position{}, err
@@ -200,15 +203,19 @@ func (w *Watcher) transactionCounter(ctx context.Context) (pgSnapshot, string, e
 }
 
 // resumePosition adapts a saved token to the changelog: a legacy token on an upgraded changelog
-// starts a switch-over at the current snapshot (save reports that the new form must be saved at
-// once, so a restart keeps the same switch-over snapshot); a token of an upgraded changelog on a
-// legacy one resumes after its legacy position. now is a snapshot taken before the token was read
-// (see notAhead).
+// starts a switch-over at the current snapshot, cut by switchSnapshot (save reports that the new
+// form must be saved at once, so a restart keeps the same switch-over snapshot); a token of an
+// upgraded changelog on a legacy one resumes after its legacy position. now is a snapshot taken
+// before the token was read (see notAhead).
 func (w *Watcher) resumePosition(ctx context.Context, pos Position, skipFree bool, now pgSnapshot) (_ Position, save bool, err error) {
 	switch {
 	case skipFree && pos.span == nil:
-		pos.span = &span{base: now}
-		w.log.Info("switching a legacy token over to snapshot deltas", "snapshot", now)
+		s, err := w.switchSnapshot(ctx, pos, pos, now)
+		if err != nil {
+			return Position{}, false, err
+		}
+		pos.span = &span{base: s}
+		w.log.Info("switching a legacy token over to snapshot deltas", "snapshot", s)
 		return pos, true, nil
 	case skipFree:
 		top := pos.span.base
@@ -251,7 +258,7 @@ func (w *Watcher) notAhead(ctx context.Context, top, now pgSnapshot) error {
 // of transactions still open are ahead of it), or at the beginning.
 func (w *Watcher) startPosition(ctx context.Context, skipFree bool, now pgSnapshot) (Position, error) {
 	if w.cfg.StartFromBeginning {
-		return w.beginning(skipFree, now), nil
+		return w.beginning(ctx, skipFree, now)
 	}
 	var (
 		ts  time.Time
@@ -272,13 +279,18 @@ func (w *Watcher) startPosition(ctx context.Context, skipFree bool, now pgSnapsh
 	return pos, nil
 }
 
-// beginning is the position before every row of the table: on an upgraded changelog, every row
-// visible in now in legacy order, then deltas from now.
-func (w *Watcher) beginning(skipFree bool, now pgSnapshot) Position {
-	if skipFree {
-		return Position{span: &span{base: now}}
+// beginning is the position before every row of the table: on an upgraded changelog, a
+// switch-over from it (switchSnapshot): the rows without a txid in legacy order, then the rows
+// with one in deltas.
+func (w *Watcher) beginning(ctx context.Context, skipFree bool, now pgSnapshot) (Position, error) {
+	if !skipFree {
+		return Position{}, nil
 	}
-	return Position{}
+	s, err := w.switchSnapshot(ctx, Position{}, Position{}, now)
+	if err != nil {
+		return Position{}, err
+	}
+	return Position{span: &span{base: s}}, nil
 }
 
 // tokenRowPosition converts an id-only saved token by looking up its row's changed_at. If the

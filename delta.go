@@ -3,6 +3,7 @@ package pgchangestream
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"slices"
 	"strconv"
 	"time"
@@ -196,6 +197,34 @@ func (w *Watcher) endSpan(from Position) {
 	w.mu.Lock()
 	w.advanceLocked(w.cursor.nextDelta(next))
 	w.mu.Unlock()
+}
+
+// switchSnapshot returns the snapshot of a switch-over from the legacy positions lo to hi (one
+// position, or, for a Shared client's ranges, the lowest and the highest of theirs) whose latest
+// snapshot is now. The legacy part of a switch-over reads, in (changed_at, id) order, the rows
+// after its position that have no txid or that its snapshot sees; deltas from its snapshot then
+// read the rest in id order. changed_at is a transaction's start, not its commit: a transaction
+// that began first and changed a row last comes first in legacy order, while for one row the
+// changelog id follows commit order. So the snapshot is now cut (intersect) below the lowest
+// txid, among the rows after lo that now sees, that is above every txid now sees of a row at or
+// before hi: the rows with a txid at or above the cut go to the deltas, and every row at or
+// before hi that now sees stays seen (nothing the position passed is read again, nothing after
+// it is skipped). From the beginning, every row with a txid is read in the deltas.
+func (w *Watcher) switchSnapshot(ctx context.Context, lo, hi Position, now pgSnapshot) (pgSnapshot, error) {
+	var cut sql.NullString
+	err := w.cfg.DB.QueryRowContext(ctx, w.q.switchCut, w.cfg.TableName, lo.ChangedAt, lo.ID, hi.ChangedAt, hi.ID,
+		now.String(), !hi.ChangedAt.IsZero()).Scan(&cut)
+	if err != nil {
+		return pgSnapshot{}, changelogReadError{fmt.Errorf("read changelog: find the switch-over's snapshot: %w", err)}
+	}
+	if !cut.Valid { // no row after lo is left to the deltas but those now does not see
+		return now, nil
+	}
+	x, err := strconv.ParseUint(cut.String, 10, 64)
+	if err != nil {
+		return pgSnapshot{}, fmt.Errorf("read changelog: txid %q: %w", cut.String, err)
+	}
+	return intersect(now, pgSnapshot{xmin: x, xmax: x}), nil
 }
 
 // certifyRanges returns the (txid, id) index ranges holding the rows that delta position p

@@ -206,18 +206,25 @@ func TestDeltaTokensResume(t *testing.T) {
 	}
 }
 
+// A legacy token on an upgraded changelog switches over: the rows after it without a txid (or
+// with a txid below the cut) in legacy order, then deltas from the current snapshot cut below the
+// lowest txid of the rows after it above those of the rows before it (103 of 100:105:), so that
+// those rows are read in id order.
 func TestLegacyTokenSwitchesOver(t *testing.T) {
 	ctx := context.Background()
 	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
 	w, mock := newMockWatcher(t, Config{BatchSize: 2, ProcessedFlag: true})
 	expectUpgradedLoad(w, mock, "100:105:", nil, savedTokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5}`))
-	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"switchover":"100:105:","table":"t"}`).
+	mock.ExpectQuery(w.q.switchCut).WithArgs("t", ts, int64(5), ts, int64(5), "100:105:", true).
+		WillReturnRows(sqlmock.NewRows([]string{"txid"}).AddRow("103"))
+	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"switchover":"103:103:","table":"t"}`).
 		WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.load(ctx), "the switch-over snapshot is saved at once, so a restart keeps it")
 	loaded := w.Stats().Checkpoint
 
-	// The legacy part: rows after the legacy position that the switch-over snapshot sees.
-	mock.ExpectQuery(w.q.switchRead).WithArgs("t", ts, int64(5), "100:105:").
+	// The legacy part: rows after the legacy position that the switch-over snapshot sees (or
+	// without a txid).
+	mock.ExpectQuery(w.q.switchRead).WithArgs("t", ts, int64(5), "103:103:").
 		WillReturnRows(sqlmock.NewRows(changelogCols).AddRow(int64(6), "r6", "INSERT", nil, []byte(`{}`), ts))
 	n, err := w.readBatch(ctx)
 	require.NoError(t, err)
@@ -225,15 +232,27 @@ func TestLegacyTokenSwitchesOver(t *testing.T) {
 	require.Equal(t, "6", string((<-w.Events()).ResumeToken))
 	cur := w.Stats().Cursor
 	require.True(t, cur.atDeltaStart(), "the legacy part ended: deltas start at its snapshot")
-	require.Equal(t, "100:105:", cur.span.base.String())
+	require.Equal(t, "103:103:", cur.span.base.String())
 
 	// The first save after the switch-over also marks the rest of the legacy part.
-	const saved = `{"timestamp":"2025-05-06T07:08:09Z","eventID":6,"snapshot":"100:105:","table":"t"}`
+	const saved = `{"timestamp":"2025-05-06T07:08:09Z","eventID":6,"snapshot":"103:103:","table":"t"}`
 	mock.ExpectExec(wantSaveToken).WithArgs("c", saved).WillReturnResult(sqlmock.NewResult(0, 1))
 	expectCatchUp(w, mock, loaded, mustDecodeToken(t, saved), ts)
 	expectMark(mock, w.q.markSwitch, []any{"t", "{}", "{}", "{}", "{}",
-		"100:105:", "100:105:", int64(6), ts, int64(5)}, 6)
+		"103:103:", "103:103:", int64(6), ts, int64(5)}, 6)
 	require.NoError(t, w.MarkProcessed(ctx, []byte("6")))
+
+	// The first delta reads the rows of txids 103 and 104 in id order.
+	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("106:106:"))
+	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "102", int64(maxID), "105", int64(maxID), "106:106:", int64(minID)).
+		WillReturnRows(sqlmock.NewRows(deltaCols).
+			AddRow(int64(8), "r", "UPDATE", nil, []byte(`{}`), ts, "103").
+			AddRow(int64(7), "r", "UPDATE", nil, []byte(`{}`), ts.Add(time.Second), "104"))
+	n, err = w.readBatch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.Equal(t, "7", string((<-w.Events()).ResumeToken))
+	require.Equal(t, "8", string((<-w.Events()).ResumeToken))
 	require.NoError(t, mock.ExpectationsWereMet())
 }
 

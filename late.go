@@ -89,10 +89,10 @@ const upgradeCheckInterval = 5 * time.Second
 // noticeUpgrade runs on a legacy changelog after a read that caught up. At most once per
 // upgradeCheckInterval it looks for the txid column; once the changelog is upgraded, and when
 // nothing is pending, the watcher switches over to snapshot deltas in place, as a restart would:
-// the rows after its cursor that the current snapshot sees, then deltas. It saves the
-// switch-over at once, so a restart keeps its snapshot. NOTIFY ids are no longer noted from the
-// switch on; those noted before it are recovered first (late rows then become pending, and the
-// switch waits for a later check). Reader goroutine only.
+// the rows after its cursor that the switch-over's snapshot (switchSnapshot) sees, then deltas.
+// It saves the switch-over at once, so a restart keeps its snapshot. NOTIFY ids are no longer
+// noted from the switch on; those noted before it are recovered first (late rows then become
+// pending, and the switch waits for a later check). Reader goroutine only.
 func (w *Watcher) noticeUpgrade(ctx context.Context) error {
 	if w.upgradeChecked.IsZero() || time.Since(w.upgradeChecked) < upgradeCheckInterval { // zero: set by the load
 		return nil
@@ -118,16 +118,22 @@ func (w *Watcher) noticeUpgrade(ctx context.Context) error {
 		return err
 	}
 	w.mu.Lock()
-	idle := w.ring.Len() == 0 && !w.ring.HasFloor()
-	if idle {
-		w.cursor.span = &span{base: now, inc: inc}
-		w.mark.switched = w.cursor.span
-	}
+	idle := w.ring.Len() == 0 && !w.ring.HasFloor() // only this goroutine adds to the ring
+	cursor := w.cursor                              // and moves the cursor
 	w.mu.Unlock()
 	if !idle { // pending legacy positions cannot mix with the switch-over's: try again later
 		w.skipFree.Store(false)
 		return nil
 	}
-	w.log.Info("the changelog was upgraded: switching over to snapshot deltas", "snapshot", now)
+	s, err := w.switchSnapshot(ctx, cursor, cursor, now)
+	if err != nil {
+		w.skipFree.Store(false)
+		return err
+	}
+	w.mu.Lock()
+	w.cursor.span = &span{base: s, inc: inc}
+	w.mark.switched = w.cursor.span
+	w.mu.Unlock()
+	w.log.Info("the changelog was upgraded: switching over to snapshot deltas", "snapshot", s)
 	return w.saveInBackground(ctx, saveChanged)
 }

@@ -18,9 +18,10 @@ import (
 
 // markWorld is a changelog in memory for the marker's model test: legacy rows (no txid), then,
 // once upgraded, rows of transactions that begin, write, commit and abort in any order
-// (deltaModel). As a database driver it answers the load, the switch-over's statements, the
-// token saves, and the marking statements, which it evaluates as PostgreSQL would and checks
-// against the saved token: every row flagged must be one the token certifies (rule 12).
+// (deltaModel). As a database driver it answers the load, the switch-over's statements (its
+// snapshot's cut among them), the token saves, and the marking statements, which it evaluates as
+// PostgreSQL would and checks against the saved token: every row flagged must be one the token
+// certifies (rule 12).
 type markWorld struct {
 	t        testing.TB
 	q        queries
@@ -241,6 +242,8 @@ func (c markConn) QueryContext(_ context.Context, query string, args []driver.Na
 			rows.vals = append(rows.vals, []driver.Value{r.id})
 		}
 		return rows, nil
+	case mw.q.switchCut:
+		return mw.switchCutRows(values(args)), nil
 	case mw.q.deltaStart:
 		var newest driver.Value
 		for _, r := range mw.m.rows {
@@ -251,6 +254,27 @@ func (c markConn) QueryContext(_ context.Context, query string, args []driver.Na
 		return &valueRows{cols: []string{"snapshot", "newest"}, vals: [][]driver.Value{{mw.m.snapshot().String(), newest}}}, nil
 	}
 	return nil, fmt.Errorf("unexpected query %q", query)
+}
+
+// switchCutRows evaluates the switch-over's cut: the lowest txid, of the committed rows after
+// the legacy position a[1], a[2] that snapshot a[5] sees, above every txid it sees of a row at or
+// before the legacy position a[3], a[4] (when a[6]).
+func (mw *markWorld) switchCutRows(a []any) driver.Rows {
+	lo, hi, s := makePosition(a[1].(time.Time), a[2].(int64)), makePosition(a[3].(time.Time), a[4].(int64)), mustSnapshot(mw.t, a[5].(string))
+	seen := func(r modelRow) bool { return r.xid != 0 && mw.committed(r) && sees(s, r.xid) }
+	var below uint64
+	for _, r := range mw.m.rows {
+		if a[6].(bool) && seen(r) && !hi.Before(mw.legacyPos(r)) {
+			below = max(below, r.xid)
+		}
+	}
+	var cut driver.Value
+	for _, r := range mw.m.rows {
+		if seen(r) && r.xid > below && lo.Before(mw.legacyPos(r)) && (cut == nil || r.xid < parseXid(cut)) {
+			cut = strconv.FormatUint(r.xid, 10)
+		}
+	}
+	return &valueRows{cols: []string{"txid"}, vals: [][]driver.Value{{cut}}}
 }
 
 // catchUpRows evaluates a page of the catch-up after a load: the committed rows not flagged,

@@ -42,6 +42,12 @@ type queries struct {
 	byID string
 	// newest: the start position of a client without a saved token.
 	newest string
+	// switchCut: the txid a switch-over's snapshot $6 is cut below (NULL: none), so that the
+	// rows with a txid after the legacy position ($2, $3) are read in deltas: the lowest txid
+	// of them that $6 sees above every txid $6 sees of a row at or before the legacy position
+	// ($4, $5), looked for only when $7 (a position with rows before it). Both scans follow
+	// the (table_name, txid, id) index (see switchSnapshot).
+	switchCut string
 	// rowTime: the changed_at of an id-only saved token's row.
 	rowTime string
 	// loadToken, saveToken: the saved token. saveFenced: saveToken of an exclusive watcher,
@@ -181,6 +187,10 @@ func buildQueries(cfg Config) queries {
 		saveFenced:       saveTokenSQL(tok, true, ""),
 		epochColumn: `SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1)
 		AND attname = '` + epochColumn + `' AND NOT attisdropped)`,
+		switchCut: `SELECT (SELECT c.txid FROM ` + cl + ` c WHERE c.table_name = $1 AND c.txid > COALESCE(CASE WHEN $7 THEN
+		(SELECT b.txid FROM ` + cl + ` b WHERE b.table_name = $1 AND b.txid IS NOT NULL AND (b.changed_at, b.id) <= ($4, $5)
+			AND pg_visible_in_snapshot(b.txid, $6::pg_snapshot) ORDER BY b.txid DESC LIMIT 1) END, '0'::xid8)
+	AND (c.changed_at, c.id) > ($2, $3) AND pg_visible_in_snapshot(c.txid, $6::pg_snapshot) ORDER BY c.txid LIMIT 1)::text`,
 		claimEpoch: `WITH held AS (SELECT ` + heldBySessionSQL("$2", "$3") + ` AS held),
 	claimed AS (UPDATE ` + tok + ` AS tok SET ` + epochColumn + ` = COALESCE(tok.` + epochColumn + `, 0) + 1 FROM held
 		WHERE held.held AND tok.client_name = $1 AND tok.client_name IN (` + lockForUpdate(tok, "$1") + `)

@@ -309,7 +309,10 @@ func (w *Watcher) loadOwned(ctx context.Context, now pgSnapshot, inc string) (Po
 		}
 		return rows.Err()
 	}()
-	for i := 0; err == nil && i < len(ps); i++ { // with the rows closed: a check may query
+	if err == nil { // with the rows closed: the checks query
+		err = w.switchLegacyRanges(ctx, ps, now)
+	}
+	for i := 0; err == nil && i < len(ps); i++ {
 		if ps[i], _, err = w.resumePosition(ctx, ps[i], true, now); err != nil {
 			err = fmt.Errorf("range %d: %w", owned[i], err)
 		}
@@ -331,6 +334,37 @@ func (w *Watcher) loadOwned(ctx context.Context, now pgSnapshot, inc string) (Po
 	w.pager.drop()
 	w.log.Info("reading the member's ranges", "member", w.sh.id.Load(), "ranges", owned, "position", x, "floors", len(floors))
 	return x, nil
+}
+
+// switchLegacyRanges switches the ranges saved at legacy positions (a reset) over at one
+// snapshot, cut for all of them (switchSnapshot from the lowest to the highest): the legacy part
+// of a switch-over is the same for every range of the client (see rowCertified).
+func (w *Watcher) switchLegacyRanges(ctx context.Context, ps []Position, now pgSnapshot) error {
+	var lo, hi *Position
+	for i := range ps {
+		if ps[i].span == nil {
+			if lo == nil || ps[i].Before(*lo) {
+				lo = &ps[i]
+			}
+			if hi == nil || hi.Before(ps[i]) {
+				hi = &ps[i]
+			}
+		}
+	}
+	if lo == nil {
+		return nil
+	}
+	s, err := w.switchSnapshot(ctx, *lo, *hi, now)
+	if err != nil {
+		return err
+	}
+	for i := range ps {
+		if ps[i].span == nil {
+			ps[i].span = &span{base: s}
+		}
+	}
+	w.log.Info("switching the ranges' legacy tokens over to snapshot deltas", "snapshot", s)
+	return nil
 }
 
 // writeShared saves p (as tok, read in incarnation inc) to the ranges the member owns, except

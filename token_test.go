@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func mustSnapshot(t *testing.T, s string) pgSnapshot {
+func mustSnapshot(t testing.TB, s string) pgSnapshot {
 	t.Helper()
 	snap, err := parseSnapshot(s)
 	require.NoError(t, err)

@@ -69,7 +69,7 @@ func TestStatusUsesTheLibrarysBacklog(t *testing.T) {
 	}{
 		{"new", tokenSnapshot, 0, 0},
 		{"idle", tokenSnapshot, 0, 0},
-		{"behind", tokenSwitchover, 3, 30 * time.Minute},
+		{"behind", tokenDelta, 3, 30 * time.Minute}, // from the beginning, rows with a txid are read in deltas
 		{"legacy", tokenWithTime, 3, 30 * time.Minute},
 		{"id-only", tokenIDOnly, 3, 30 * time.Minute},
 		{"snapshot", tokenSnapshot, 2, 20 * time.Minute},
