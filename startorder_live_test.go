@@ -162,9 +162,9 @@ func TestLiveStartPathsDeliverInCommitOrder(t *testing.T) {
 // found nothing: it sends the read's start on held, then waits for release (or the end of the
 // watcher's context).
 type holdEmptyRead struct {
-	armed   atomic.Bool
-	held    chan time.Time
-	release chan struct{}
+	armed   atomic.Bool    // set by the test, cleared by the reader's read it holds
+	held    chan time.Time // buffered (1): sent on by the reader, received by the test
+	release chan struct{}  // closed by the test
 }
 
 func (h *holdEmptyRead) ObserveRead(ctx context.Context, r ReadObservation) {
@@ -212,9 +212,9 @@ func TestLiveInPlaceSwitchOverDeliversInCommitOrder(t *testing.T) {
 // lagAtFirstDelta is an Observer that sends on at, once, the watcher's last empty read
 // ([Watcher.LagState]) as its first delta read ends.
 type lagAtFirstDelta struct {
-	w    atomic.Pointer[Watcher]
-	once atomic.Bool
-	at   chan time.Time
+	w    atomic.Pointer[Watcher] // set by the test before Start
+	once atomic.Bool             // set by the reader at its first delta read
+	at   chan time.Time          // buffered (1): sent on by the reader, received by the test
 }
 
 func (o *lagAtFirstDelta) ObserveRead(_ context.Context, r ReadObservation) {
