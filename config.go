@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/match"
 )
 
 // Defaults for the zero values of [Config].
@@ -370,16 +371,16 @@ func (cfg Config) withPipeline() (Config, error) {
 	if len(cfg.Pipeline) == 0 {
 		return cfg, nil
 	}
-	match, err := matchCompiler{storeClient: cfg.StoreClientCompat, extended: cfg.ExtendedFilters}.pipeline(cfg.Pipeline)
+	pipeline, err := match.Compile[Event](match.Compiler{StoreClient: cfg.StoreClientCompat, Extended: cfg.ExtendedFilters}, cfg.Pipeline)
 	switch {
 	case err != nil:
 		return cfg, fmt.Errorf("%w: Config.Pipeline: %v", ErrInvalidConfig, err)
-	case match == nil: // no conditions
+	case pipeline == nil: // no conditions
 	case cfg.Filter == nil:
-		cfg.Filter = match
+		cfg.Filter = pipeline
 	default:
 		filter := cfg.Filter
-		cfg.Filter = func(ev Event) bool { return match(ev) && filter(ev) }
+		cfg.Filter = func(ev Event) bool { return pipeline(ev) && filter(ev) }
 	}
 	return cfg, nil
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/pgchangestream/pgchangestream/internal/match"
 )
 
 // The methods below give an [EventWithToken] the methods of the store-client library's
@@ -176,4 +178,45 @@ func EventUpdatesOnly(ev EventWithToken, field string) bool {
 	fields := ev.UpdatedFields()
 	_, ok := fields[field]
 	return ok && len(fields) == 1
+}
+
+// MatchFilter compiles a MongoDB-style aggregation pipeline of $match stages into a
+// [Config.Filter], for services that passed such pipelines to the store-client watcher. An
+// event passes when it matches every stage.
+//
+// A stage is {"$match": {condition}}. A condition maps field paths to values, and may hold
+// "$and" and "$or" with a non-empty array of conditions. A field path is a dotted path into
+// the event ("fullDocument.healthevent.isfatal"); each step takes the key as written, else a
+// key that itself contains the remaining dots (as updatedFields has), else the first key equal
+// to it ignoring case. A field's value is:
+//
+//   - a plain value (nil, bool, number, string, time.Time, array, object): equality. Numbers
+//     compare by value whatever their Go type (json.Number included), as float64s: a number
+//     beyond float64's range compares as an infinity, and integers beyond 2^53 compare at
+//     float64 precision; arrays and objects compare whole. A missing
+//     field, or a null one, equals nil and false (a false protobuf field is often omitted).
+//   - an object of operators, all of which must hold: $eq, $ne (the negation of equality),
+//     $in (an array; a missing or null field never matches), $gt, $gte, $lt, $lte (between
+//     two numbers, two strings or two time.Time values; otherwise false), $exists (a bool;
+//     a null field exists).
+//   - an object of field paths without operators: the field must be an object in which each
+//     path matches.
+//
+// Stages other than $match, other operators, and operands of the wrong type are errors, which
+// name the stage and the field. A pipeline without conditions (nil, empty, or only empty $match
+// stages) means no filter: MatchFilter returns nil, which [Config.Filter] treats as "deliver
+// everything". Values are nil, bool, numbers, string, time.Time, []any, []string and
+// map[string]any (with values of these types); convert driver-specific documents first.
+func MatchFilter(pipeline []map[string]any) (func(Event) bool, error) {
+	return match.Compile[Event](match.Compiler{}, pipeline)
+}
+
+// MatchFilterJSON is [MatchFilter] for a pipeline written as JSON text, such as
+// `[{"$match": {"operationType": "insert"}}]`. JSON null is the empty pipeline.
+func MatchFilterJSON(pipeline []byte) (func(Event) bool, error) {
+	var stages []map[string]any
+	if err := json.Unmarshal(pipeline, &stages); err != nil {
+		return nil, fmt.Errorf("pgchangestream: pipeline JSON: %w", err)
+	}
+	return MatchFilter(stages)
 }

@@ -1,4 +1,7 @@
-package pgchangestream
+// Package match compiles MongoDB-style $match pipelines into filters of change events: the
+// compiler behind the root package's MatchFilter, MatchFilterJSON and Config.Pipeline. It
+// works on event documents as maps and needs no database.
+package match
 
 import (
 	"encoding/json"
@@ -10,51 +13,22 @@ import (
 	"time"
 )
 
-// MatchFilter compiles a MongoDB-style aggregation pipeline of $match stages into a
-// [Config.Filter], for services that passed such pipelines to the store-client watcher. An
-// event passes when it matches every stage.
-//
-// A stage is {"$match": {condition}}. A condition maps field paths to values, and may hold
-// "$and" and "$or" with a non-empty array of conditions. A field path is a dotted path into
-// the event ("fullDocument.healthevent.isfatal"); each step takes the key as written, else a
-// key that itself contains the remaining dots (as updatedFields has), else the first key equal
-// to it ignoring case. A field's value is:
-//
-//   - a plain value (nil, bool, number, string, time.Time, array, object): equality. Numbers
-//     compare by value whatever their Go type (json.Number included), as float64s: a number
-//     beyond float64's range compares as an infinity, and integers beyond 2^53 compare at
-//     float64 precision; arrays and objects compare whole. A missing
-//     field, or a null one, equals nil and false (a false protobuf field is often omitted).
-//   - an object of operators, all of which must hold: $eq, $ne (the negation of equality),
-//     $in (an array; a missing or null field never matches), $gt, $gte, $lt, $lte (between
-//     two numbers, two strings or two time.Time values; otherwise false), $exists (a bool;
-//     a null field exists).
-//   - an object of field paths without operators: the field must be an object in which each
-//     path matches.
-//
-// Stages other than $match, other operators, and operands of the wrong type are errors, which
-// name the stage and the field. A pipeline without conditions (nil, empty, or only empty $match
-// stages) means no filter: MatchFilter returns nil, which [Config.Filter] treats as "deliver
-// everything". Values are nil, bool, numbers, string, time.Time, []any, []string and
-// map[string]any (with values of these types); convert driver-specific documents first.
-func MatchFilter(pipeline []map[string]any) (func(Event) bool, error) {
-	return matchCompiler{}.pipeline(pipeline)
-}
-
-// matchCompiler compiles pipelines. Its zero value compiles them as [MatchFilter] documents;
-// storeClient compiles them as the store-client's PostgreSQL filter evaluated them (see
-// [Config.StoreClientCompat]).
-type matchCompiler struct {
-	// storeClient: $exists never holds unless extended is set, $gt, $gte, $lt and $lte hold
+// Compiler compiles pipelines. Its zero value compiles them as the root package's MatchFilter
+// documents; StoreClient compiles them as the store-client's PostgreSQL filter evaluated them
+// (see the root package's Config.StoreClientCompat).
+type Compiler struct {
+	// StoreClient: $exists never holds unless Extended is set, $gt, $gte, $lt and $lte hold
 	// only between numbers, and {} as a value holds for any value.
-	storeClient bool
-	// extended: with storeClient, $exists is evaluated, as for a pipeline the store-client
+	StoreClient bool
+	// Extended: with StoreClient, $exists is evaluated, as for a pipeline the store-client
 	// got wrapped by client.WithExtendedFilters.
-	extended bool
+	Extended bool
 }
 
-// pipeline compiles the stages of a pipeline; see [MatchFilter].
-func (c matchCompiler) pipeline(pipeline []map[string]any) (func(Event) bool, error) {
+// Compile compiles the $match stages of pipeline into a filter of events E: the semantics and
+// errors of the root package's MatchFilter (documented there), or, with c.StoreClient, of the
+// store-client's filter. A pipeline without conditions gives a nil filter: no filter.
+func Compile[E ~map[string]any](c Compiler, pipeline []map[string]any) (func(E) bool, error) {
 	var stages []docMatcher
 	for i, stage := range pipeline {
 		if len(stage) != 1 {
@@ -82,7 +56,7 @@ func (c matchCompiler) pipeline(pipeline []map[string]any) (func(Event) bool, er
 	if len(stages) == 0 {
 		return nil, nil
 	}
-	return func(ev Event) bool {
+	return func(ev E) bool {
 		for _, m := range stages {
 			if !m(ev) {
 				return false
@@ -92,16 +66,6 @@ func (c matchCompiler) pipeline(pipeline []map[string]any) (func(Event) bool, er
 	}, nil
 }
 
-// MatchFilterJSON is [MatchFilter] for a pipeline written as JSON text, such as
-// `[{"$match": {"operationType": "insert"}}]`. JSON null is the empty pipeline.
-func MatchFilterJSON(pipeline []byte) (func(Event) bool, error) {
-	var stages []map[string]any
-	if err := json.Unmarshal(pipeline, &stages); err != nil {
-		return nil, fmt.Errorf("pgchangestream: pipeline JSON: %w", err)
-	}
-	return MatchFilter(stages)
-}
-
 // docMatcher tests one object (the event, or an object inside it).
 type docMatcher func(doc map[string]any) bool
 
@@ -109,7 +73,7 @@ type docMatcher func(doc map[string]any) bool
 type valueMatcher func(v any, present bool) bool
 
 // condition compiles {path: value, "$and": [...], "$or": [...]}: every entry must hold.
-func (c matchCompiler) condition(cond map[string]any) (docMatcher, error) {
+func (c Compiler) condition(cond map[string]any) (docMatcher, error) {
 	parts := make([]docMatcher, 0, len(cond))
 	for key, value := range cond {
 		var m docMatcher
@@ -138,7 +102,7 @@ func (c matchCompiler) condition(cond map[string]any) (docMatcher, error) {
 }
 
 // logical compiles "$and" or "$or" over a non-empty array of conditions.
-func (c matchCompiler) logical(op string, value any) (docMatcher, error) {
+func (c Compiler) logical(op string, value any) (docMatcher, error) {
 	list, ok := asArray(value)
 	if !ok || len(list) == 0 {
 		return nil, fmt.Errorf("%s takes a non-empty array of conditions, got %s", op, describe(value))
@@ -167,7 +131,7 @@ func (c matchCompiler) logical(op string, value any) (docMatcher, error) {
 }
 
 // field compiles the condition on one field path.
-func (c matchCompiler) field(path string, value any) (docMatcher, error) {
+func (c Compiler) field(path string, value any) (docMatcher, error) {
 	if path == "" {
 		return nil, fmt.Errorf("empty field path")
 	}
@@ -184,9 +148,9 @@ func (c matchCompiler) field(path string, value any) (docMatcher, error) {
 
 // value compiles the value given for a field: a plain value, an operator object or an
 // object of nested field conditions.
-func (c matchCompiler) value(value any) (valueMatcher, error) {
+func (c Compiler) value(value any) (valueMatcher, error) {
 	obj, isObj := value.(map[string]any)
-	if isObj && len(obj) == 0 && c.storeClient {
+	if isObj && len(obj) == 0 && c.StoreClient {
 		return func(any, bool) bool { return true }, nil
 	}
 	if !isObj || len(obj) == 0 {
@@ -220,7 +184,7 @@ func (c matchCompiler) value(value any) (valueMatcher, error) {
 }
 
 // operators compiles {"$op": operand, ...}: every operator must hold.
-func (c matchCompiler) operators(ops map[string]any) (valueMatcher, error) {
+func (c Compiler) operators(ops map[string]any) (valueMatcher, error) {
 	parts := make([]valueMatcher, 0, len(ops))
 	for op, operand := range ops {
 		m, err := c.operator(op, operand)
@@ -239,7 +203,7 @@ func (c matchCompiler) operators(ops map[string]any) (valueMatcher, error) {
 	}, nil
 }
 
-func (c matchCompiler) operator(op string, operand any) (valueMatcher, error) {
+func (c Compiler) operator(op string, operand any) (valueMatcher, error) {
 	switch op {
 	case "$eq", "$ne":
 		want, err := normalize(operand)
@@ -281,7 +245,7 @@ func (c matchCompiler) operator(op string, operand any) (valueMatcher, error) {
 		default:
 			return nil, fmt.Errorf("want a number, a string or a time.Time, got %s", describe(operand))
 		}
-		if _, number := want.(float64); c.storeClient && !number {
+		if _, number := want.(float64); c.StoreClient && !number {
 			return func(any, bool) bool { return false }, nil
 		}
 		accept := map[string]func(int) bool{
@@ -297,7 +261,7 @@ func (c matchCompiler) operator(op string, operand any) (valueMatcher, error) {
 		if !ok {
 			return nil, fmt.Errorf("want true or false, got %s", describe(operand))
 		}
-		if c.storeClient && !c.extended {
+		if c.StoreClient && !c.Extended {
 			return func(any, bool) bool { return false }, nil
 		}
 		return func(_ any, present bool) bool { return present == want }, nil

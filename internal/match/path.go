@@ -1,4 +1,4 @@
-package pgchangestream
+package match
 
 import "strings"
 
