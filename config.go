@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/document"
 	"github.com/pgchangestream/pgchangestream/internal/match"
 )
 
@@ -386,8 +387,8 @@ func (cfg Config) withPipeline() (Config, error) {
 }
 
 // documents returns how events' documents are built.
-func (cfg Config) documents() documentOptions {
-	return documentOptions{field: cfg.DocumentField, storeClientDiff: cfg.StoreClientCompat}
+func (cfg Config) documents() document.Options {
+	return document.Options{Field: cfg.DocumentField, StoreClientDiff: cfg.StoreClientCompat, Lazy: cfg.RawDocuments}
 }
 
 // marksProcessed reports whether the watcher sets the legacy processed flag.

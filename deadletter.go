@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/document"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
@@ -106,7 +107,7 @@ func scanParked(rows *sql.Rows) ([]ParkedEvent, error) {
 			&p.Attempts, &p.Blocking, &p.RetryRequested, &p.ParkedAt); err != nil {
 			return nil, err
 		}
-		ev, err := unmarshalObject(doc)
+		ev, err := document.UnmarshalObject(doc)
 		if err != nil {
 			return nil, fmt.Errorf("parked event %d: decode its document: %w", p.ID, err)
 		}

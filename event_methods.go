@@ -92,13 +92,7 @@ func (e EventWithToken) GetResumeToken() []byte { return e.ResumeToken }
 // takes the round trip of the map. Changes made to values inside the delivered fullDocument map in
 // place, keeping its number of keys, are not seen by the fast path: replace the map instead.
 func (e EventWithToken) UnmarshalDocument(v any) error {
-	if decoded, err := decodeBytes(e.documentJSON(), v); decoded {
-		if err != nil {
-			return fmt.Errorf("pgchangestream: decode fullDocument: %w", err)
-		}
-		return nil
-	}
-	return unmarshalDocumentMap(e.documentEvent(), v)
+	return e.raw.Unmarshal(e.Event, v)
 }
 
 // Document returns the fullDocument of ev decoded into a new T, as
@@ -111,66 +105,24 @@ func Document[T any](ev EventWithToken) (T, error) {
 	return v, err
 }
 
-// unmarshalDocumentMap is UnmarshalDocument through a JSON round trip of the fullDocument map
-// of ev: the reference the fast path is held to, and its fallback.
-func unmarshalDocumentMap(ev Event, v any) error {
-	full, ok := ev["fullDocument"]
-	if !ok {
-		return errors.New("pgchangestream: event has no fullDocument")
-	}
-	doc, ok := full.(map[string]any)
-	if !ok {
-		return fmt.Errorf("pgchangestream: fullDocument is %T, not an object", full)
-	}
-	doc = renameCreatedAt(doc) // a deep copy of the objects, so the event stays as it is
-	if inner, ok := doc["document"].(map[string]any); ok {
-		if id, ok := doc["id"]; ok {
-			inner["_id"] = id
-		}
-		doc = inner
-	}
-	data, err := json.Marshal(doc)
-	if err != nil {
-		return fmt.Errorf("pgchangestream: encode fullDocument: %w", err)
-	}
-	if err := json.Unmarshal(data, v); err != nil {
-		return fmt.Errorf("pgchangestream: decode fullDocument: %w", err)
-	}
-	return nil
-}
-
-// renameCreatedAt returns a copy of doc, and of the objects nested in it, with the key
-// "createdat" renamed "createdAt", or dropped where "createdAt" is present.
-func renameCreatedAt(doc map[string]any) map[string]any {
-	out := make(map[string]any, len(doc))
-	for key, value := range doc {
-		if m, ok := value.(map[string]any); ok {
-			value = renameCreatedAt(m)
-		}
-		if key == "createdat" {
-			if _, taken := doc["createdAt"]; taken {
-				continue // encoding/json would match either key to a createdAt field
-			}
-			key = "createdAt"
-		}
-		out[key] = value
-	}
-	return out
-}
-
 // UpdatedFields returns updateDescription.updatedFields of an update: the changed fields by
 // dotted path, removed ones with a nil value, or, with [Config.StoreClientCompat], the fields the
 // replaced watcher listed. It returns nil for other events. For an update
 // delivered with [Config.RawDocuments] it decodes and diffs both documents on each call.
 func (e EventWithToken) UpdatedFields() map[string]any {
 	ev := e.Event
-	if e.raw != nil && e.raw.row.Operation == "UPDATE" {
+	if e.raw.IsUpdate() {
 		ev = e.documentEvent()
 	}
 	desc, _ := ev["updateDescription"].(map[string]any)
 	fields, _ := desc["updatedFields"].(map[string]any)
 	return fields
 }
+
+// documentEvent returns the event whose fullDocument e's methods read: e.Event, or, for an event
+// the watcher delivered without decoding its documents, the full event decoded afresh (see
+// [document.Raw.FullEvent]).
+func (e EventWithToken) documentEvent() Event { return e.raw.FullEvent(e.Event) }
 
 // EventUpdatesOnly reports whether ev is an update that changed exactly one field, the one at
 // the dotted path field. It costs what [EventWithToken.UpdatedFields] costs.

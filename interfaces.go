@@ -1,6 +1,10 @@
 package pgchangestream
 
-import "context"
+import (
+	"context"
+
+	"github.com/pgchangestream/pgchangestream/internal/document"
+)
 
 // Mode selects how the watcher learns about new changelog rows.
 type Mode string
@@ -38,7 +42,7 @@ type EventWithToken struct {
 	// raw is what the watcher kept to decode fullDocument from the changelog's JSON text (see
 	// [EventWithToken.UnmarshalDocument]); nil for events built otherwise. Never written after
 	// the event is sent.
-	raw *rawDocument
+	raw *document.Raw
 }
 
 // ChangeStreamWatcher is a change stream with per-client resume tokens.

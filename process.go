@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/document"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
@@ -318,7 +319,7 @@ func (w *Watcher) restoreEvent(ctx context.Context, c EventWithToken) (EventWith
 	if len(rows) == 0 { // deleted by hand, or by a Prune told to ignore this client: it never comes back
 		return c, procrun.Fatal(fmt.Errorf("changelog row %d of a deferred event is gone", id))
 	}
-	ev, _, _ := buildEventWith(&rows[0], w.cfg.TableName, w.cfg.documents()) // a decode error was logged at delivery
+	ev, _, _ := document.Build(&rows[0], w.cfg.TableName, w.cfg.documents()) // a decode error was logged at delivery
 	return EventWithToken{Event: ev, ResumeToken: c.ResumeToken}, nil
 }
 

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/document"
 )
 
 // run is the reader goroutine: the only sender on events, which it closes when it exits.
@@ -352,7 +354,7 @@ func (w *Watcher) send(ctx context.Context, ev EventWithToken) error {
 // delivery at pos as pending and advances the cursor (a filtered row only advances the cursor).
 // pending is false for a filtered row; behindSaved reports a late row that sits behind the
 // token already saved. raw is what the delivery keeps of the row (see [Watcher.event]).
-func (w *Watcher) register(row *changelogRow, pos Position, late bool) (ev Event, raw *rawDocument, pending, behindSaved bool) {
+func (w *Watcher) register(row *changelogRow, pos Position, late bool) (ev Event, raw *document.Raw, pending, behindSaved bool) {
 	if w.sh != nil && w.skipShared(row, pos) { // another member's row, or one its range's floor passed: not decoded
 		w.mu.Lock()
 		w.advanceLocked(pos)

@@ -147,42 +147,6 @@ func TestConfigPipeline(t *testing.T) {
 	})
 }
 
-// TestDiffStoreClient checks updatedFields with StoreClientCompat against the replaced
-// watcher's findUpdatedFields, case by case, and that the default diff differs where stated.
-func TestDiffStoreClient(t *testing.T) {
-	type obj = map[string]any
-	for _, tc := range []struct {
-		name          string
-		old, new      obj
-		compat, ownly obj
-	}{
-		{"changed leaf", obj{"s": obj{"q": nil}}, obj{"s": obj{"q": "Quarantined"}},
-			obj{"s.q": "Quarantined"}, obj{"s.q": "Quarantined"}},
-		{"nested absent to null", obj{"s": obj{"q": "Quarantined"}}, obj{"s": obj{"q": "Quarantined", "r": nil}},
-			obj{}, obj{"s.r": nil}},
-		{"nested absent to null beside a change", obj{"s": obj{"q": nil}}, obj{"s": obj{"q": "Quarantined", "r": nil}},
-			obj{"s.q": "Quarantined"}, obj{"s.q": "Quarantined", "s.r": nil}},
-		{"top-level absent to null", obj{"a": 1.0}, obj{"a": 1.0, "b": nil}, obj{"b": nil}, obj{"b": nil}},
-		{"removed key", obj{"a": 1.0, "s": obj{"q": "x", "r": "y"}}, obj{"s": obj{"q": "x"}},
-			obj{}, obj{"a": nil, "s.r": nil}},
-		{"emptied object", obj{"s": obj{"q": "x"}}, obj{"s": obj{}}, obj{}, obj{"s": obj{}}},
-		{"scalar to object", obj{"s": "x"}, obj{"s": obj{"q": 1.0, "e": obj{}}}, obj{"s.q": 1.0}, obj{"s.q": 1.0, "s.e": obj{}}},
-		{"array compared whole", obj{"l": []any{1.0}}, obj{"l": []any{1.0, 2.0}}, obj{"l": []any{1.0, 2.0}}, obj{"l": []any{1.0, 2.0}}},
-		{"unchanged", obj{"s": obj{"q": "x"}}, obj{"s": obj{"q": "x"}}, obj{}, obj{}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got := obj{}
-			diffStoreClient(got, "", false, tc.old, tc.new)
-			require.Equal(t, tc.compat, got, "StoreClientCompat")
-			got = obj{}
-			diffInto(got, "", tc.old, tc.new)
-			require.Equal(t, tc.ownly, got, "default")
-		})
-	}
-}
-
-// TestStoreClientCompatDefaults checks that the drop-in constructor turns StoreClientCompat on
-// and New leaves it off, and that a watcher's events follow it.
 func TestStoreClientCompatDefaults(t *testing.T) {
 	db, _ := mockDB(t)
 	row := evRow("UPDATE", `{"document":{"s":{"q":"x"}}}`, `{"document":{"s":{"q":"x","r":null}}}`)

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/document"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 	"github.com/pgchangestream/pgchangestream/internal/testhooks"
 )
@@ -20,8 +21,8 @@ func init() {
 		DecodeToken:  decodeToken,
 		ParseToken:   parseToken,
 		BuildEvent: func(r testhooks.Row, table, documentField string) (map[string]any, error) {
-			ev, _, err := buildEvent(&changelogRow{ID: r.ID, RecordID: r.RecordID, Operation: r.Operation,
-				OldValues: r.OldValues, NewValues: r.NewValues, ChangedAt: r.ChangedAt}, table, documentField)
+			ev, _, err := document.Build(&changelogRow{ID: r.ID, RecordID: r.RecordID, Operation: r.Operation,
+				OldValues: r.OldValues, NewValues: r.NewValues, ChangedAt: r.ChangedAt}, table, document.Options{Field: documentField})
 			return ev, err
 		},
 	})

@@ -1,16 +1,32 @@
-package pgchangestream
+package document
 
 import (
 	"encoding/json"
 	"errors"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/document/doctest"
 	"github.com/stretchr/testify/require"
 )
+
+// healthEventWithStatus and healthRowJSON are the health event the watcher's tests share.
+type healthEventWithStatus = doctest.HealthEventWithStatus
+
+const healthRowJSON = doctest.HealthRowJSON
+
+// healthEvent returns the event of a health_events insert as the watcher delivers it, with or
+// without Config.RawDocuments, and what it keeps of it.
+func healthEvent(tb testing.TB, lazy bool) (map[string]any, *Raw) {
+	row := Row{ID: 1, RecordID: "5f0c3c1e-8c1a-4c2e-9d1e-0b6a7c2d9e11", Operation: "INSERT", NewValues: []byte(healthRowJSON)}
+	ev, raw, _, err := Decode(&row, "health_events", Options{Field: "document", Lazy: lazy})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ev, raw
+}
 
 // docStruct is a decode target with the field types whose decoding depends on the exact text
 // of a value: integers of each size, floats, json.Number, time.Time, ",string", []byte,
@@ -125,7 +141,7 @@ var rawDocSeeds = []string{
 // fuzzRow makes a changelog row of doc: wrap 0 publishes it whole, 1 as the "document" of a
 // health_events row, 2 beside a created_at column, 3 as the created_at column, unwrapped (so it
 // is also the createdAt added to itself); an odd op makes it an update of itself.
-func fuzzRow(doc string, op, wrap uint8) (*changelogRow, string) {
+func fuzzRow(doc string, op, wrap uint8) (*Row, string) {
 	field, newValues := "", doc
 	switch wrap % 4 {
 	case 1:
@@ -142,32 +158,28 @@ func fuzzRow(doc string, op, wrap uint8) (*changelogRow, string) {
 	return row, field
 }
 
-// requireSameDocument checks that the watcher's deliveries of row, with and without
-// RawDocuments, give what the map round trip of the event built today gives: the same values
-// and error-ness from UnmarshalDocument and Document for every target, and the same results of
-// the methods that read the document.
-func requireSameDocument(t *testing.T, row *changelogRow, field string) {
+// requireSameDocument checks that the events of row as the watcher delivers them, with and
+// without RawDocuments (Options.Lazy), give what the map round trip of the event built today
+// gives: the same values and error-ness from Unmarshal for every target, and the same
+// fullDocument and updateDescription for the methods that read them.
+func requireSameDocument(t *testing.T, row *Row, field string) {
 	ref, _, refErr := buildEvent(row, "t", field)
-	for _, rawDocuments := range []bool{false, true} {
-		w := newWatcher(Config{ClientName: "c", TableName: "t", DocumentField: field, RawDocuments: rawDocuments,
-			Logger: quietLogger, MaxPending: 1, BatchSize: 1, BufferSize: 1}.withDefaults()) // small: built per input
-		ev, raw, err := w.event(row)
-		require.Equal(t, refErr != nil, err != nil, "raw %v: %s: %v / %v", rawDocuments, row.NewValues, refErr, err)
-		e := EventWithToken{Event: ev, raw: raw}
+	for _, lazy := range []bool{false, true} {
+		ev, raw, _, err := Decode(row, "t", Options{Field: field, Lazy: lazy})
+		require.Equal(t, refErr != nil, err != nil, "lazy %v: %s: %v / %v", lazy, row.NewValues, refErr, err)
 		for i, want := range decodeTargets() {
-			wantErr := unmarshalDocumentMap(ref, want)
+			wantErr := UnmarshalMap(ref, want)
 			got := decodeTargets()[i]
-			gotErr := e.UnmarshalDocument(got)
-			require.Equal(t, wantErr != nil, gotErr != nil, "target %T raw %v: %v / %v", want, rawDocuments, wantErr, gotErr)
+			gotErr := raw.Unmarshal(ev, got)
+			require.Equal(t, wantErr != nil, gotErr != nil, "target %T lazy %v: %v / %v", want, lazy, wantErr, gotErr)
 			if wantErr == nil {
-				require.Equal(t, want, got, "target %T raw %v", want, rawDocuments)
+				require.Equal(t, want, got, "target %T lazy %v", want, lazy)
 			}
 		}
-		refEv := EventWithToken{Event: ref}
-		requireSameResult(t, refEv.GetRecordUUID, e.GetRecordUUID)
-		requireSameResult(t, refEv.GetNodeName, e.GetNodeName)
-		if full, _ := ref["fullDocument"].(map[string]any); !ambiguousPaths(full) {
-			require.Equal(t, refEv.UpdatedFields(), e.UpdatedFields())
+		full := raw.FullEvent(ev)
+		require.Equal(t, ref["fullDocument"], full["fullDocument"], "lazy %v", lazy)
+		if doc, _ := ref["fullDocument"].(map[string]any); !ambiguousPaths(doc) {
+			require.Equal(t, ref["updateDescription"], full["updateDescription"], "lazy %v", lazy)
 		}
 	}
 }
@@ -185,14 +197,6 @@ func ambiguousPaths(doc map[string]any) bool {
 		}
 	}
 	return false
-}
-
-// requireSameResult checks that two calls give the same value and error-ness.
-func requireSameResult(t *testing.T, want, got func() (string, error)) {
-	w, wErr := want()
-	g, gErr := got()
-	require.Equal(t, wErr != nil, gErr != nil)
-	require.Equal(t, w, g)
 }
 
 func TestUnmarshalDocumentMatchesTheMapRoundTrip(t *testing.T) {
@@ -297,10 +301,11 @@ func (g *docGenerator) value(b *strings.Builder, depth int) {
 // that would decode otherwise than the map are left to it.
 func TestUnmarshalDocumentDecodesTheText(t *testing.T) {
 	for _, rawDocuments := range []bool{false, true} {
-		data := healthEvent(t, rawDocuments).documentJSON()
+		ev, raw := healthEvent(t, rawDocuments)
+		data := raw.DocumentJSON(ev)
 		require.NotNil(t, data)
 		var v healthEventWithStatus
-		decoded, err := decodeBytes(data, &v)
+		decoded, err := DecodeBytes(data, &v)
 		require.True(t, decoded)
 		require.NoError(t, err)
 		require.Equal(t, "5f0c3c1e-8c1a-4c2e-9d1e-0b6a7c2d9e11", v.ID, "the record id is injected")
@@ -313,7 +318,7 @@ func TestUnmarshalDocumentDecodesTheText(t *testing.T) {
 		`{"document": {"n": 1}}`} {
 		var direct, viaMap docStruct
 		directErr := json.Unmarshal([]byte(doc), &direct)
-		mapErr := unmarshalDocumentMap(Event{"fullDocument": mustDecode(t, doc)}, &viaMap)
+		mapErr := UnmarshalMap(map[string]any{"fullDocument": mustDecode(t, doc)}, &viaMap)
 		require.False(t, directErr == nil && mapErr == nil && reflect.DeepEqual(direct, viaMap), doc)
 		require.False(t, canonicalJSON([]byte(doc)), doc)
 	}
@@ -321,105 +326,64 @@ func TestUnmarshalDocumentDecodesTheText(t *testing.T) {
 	// through the map, digit for digit.
 	for _, doc := range []string{`{"u": 12345678901234567890}`, `{"num": 1e400}`, `{"num": -123456789012345678901234567890}`} {
 		var direct, viaMap docStruct
-		decoded, err := decodeBytes([]byte(doc), &direct)
+		decoded, err := DecodeBytes([]byte(doc), &direct)
 		require.True(t, decoded, doc)
 		require.NoError(t, err, doc)
-		require.NoError(t, unmarshalDocumentMap(Event{"fullDocument": mustDecode(t, doc)}, &viaMap), doc)
+		require.NoError(t, UnmarshalMap(map[string]any{"fullDocument": mustDecode(t, doc)}, &viaMap), doc)
 		require.Equal(t, viaMap, direct, doc)
 	}
 	var exact docStruct
-	require.NoError(t, unmarshalDocumentMap(Event{"fullDocument": mustDecode(t, `{"u": 12345678901234567890, "num": 1e400}`)}, &exact))
+	require.NoError(t, UnmarshalMap(map[string]any{"fullDocument": mustDecode(t, `{"u": 12345678901234567890, "num": 1e400}`)}, &exact))
 	require.Equal(t, uint64(12345678901234567890), exact.U)
 	require.Equal(t, json.Number("1e400"), exact.Num)
-	decoded, _ := decodeBytes([]byte(`{"a": {"x": 1}}`), new(rawTarget))
+	decoded, _ := DecodeBytes([]byte(`{"a": {"x": 1}}`), new(rawTarget))
 	require.False(t, decoded, "a json.RawMessage sees the spacing")
 	prefilled := docStruct{Any: new(json.RawMessage)}
-	decoded, _ = decodeBytes([]byte(`{"any": {"x": 1}}`), &prefilled)
+	decoded, _ = DecodeBytes([]byte(`{"any": {"x": 1}}`), &prefilled)
 	require.False(t, decoded, "an interface may hold a decoder")
 }
 
 func mustDecode(t *testing.T, doc string) map[string]any {
-	m, err := unmarshalObject([]byte(doc))
+	m, err := UnmarshalObject([]byte(doc))
 	require.NoError(t, err)
 	return m
 }
 
-// A changed fullDocument is decoded as it is now, not from the text.
-func TestUnmarshalDocumentSeesAChangedMap(t *testing.T) {
-	ev := healthEvent(t, false)
-	doc := ev.Event["fullDocument"].(map[string]any)
-	doc["extra"] = "added"
-	var v map[string]any
-	require.NoError(t, ev.UnmarshalDocument(&v))
-	require.Equal(t, "added", v["extra"])
-
-	ev.Event["fullDocument"] = map[string]any{"replaced": true}
-	v = nil
-	require.NoError(t, ev.UnmarshalDocument(&v))
-	require.Equal(t, map[string]any{"replaced": true}, v)
-
-	raw := healthEvent(t, true)
-	raw.Event["fullDocument"] = map[string]any{"set": 1.0}
-	v = nil
-	require.NoError(t, raw.UnmarshalDocument(&v))
-	require.Equal(t, map[string]any{"set": 1.0}, v)
-	_, err := raw.GetNodeName()
-	require.Error(t, err, "the set document has no health event")
+// The faster decoder is given the types it decodes as encoding/json does: none reaching an
+// encoding.TextUnmarshaler other than time.Time.
+func TestFasterDecoderTypeGate(t *testing.T) {
+	for _, tt := range []struct {
+		v           any
+		plain, fast bool
+	}{
+		{new(healthEventWithStatus), true, true},
+		{new(docStruct), true, true},
+		{new(map[string]any), true, true},
+		{new(any), true, true},
+		{new(textTarget), true, false},
+		{new(map[textLevel]int), true, false},
+		{new([]*textLevel), true, false},
+		{new(rawTarget), false, false},
+	} {
+		typ := reflect.TypeOf(tt.v).Elem()
+		p := inspectType(typ, false, map[reflect.Type]bool{})
+		require.Equal(t, tt.plain, p.plain, "%v plain", typ)
+		require.Equal(t, tt.fast, p.plain && p.fast, "%v fast", typ)
+	}
 }
 
-// An event delivered with RawDocuments has no document map, and its methods decode on demand,
-// also from several goroutines at once (as typed reads of an event with maps do).
-func TestRawDocumentsEvent(t *testing.T) {
-	w := newWatcher(Config{ClientName: "c", TableName: "health_events", DocumentField: "document", RawDocuments: true}.withDefaults())
-	row := evRow("UPDATE", `{"id": "x", "document": {"s": {"q": null}, "n": 1}}`, `{"id": "x", "document": {"s": {"q": "Q"}, "n": 1}}`)
-	ev, raw, err := w.event(row)
+// When the faster decoder fails, the target is decoded afresh by encoding/json: its error (the
+// first in the text's order, where the round trip reports the first in sorted order), and the
+// members after the failing one, as the map round trip gives them.
+func TestUnmarshalDocumentErrorsAreEncodingJSONs(t *testing.T) {
+	ev, raw, _, err := Decode(evRow("INSERT", "", `{"i8": 300, "s": "after", "a": {"n": 1.5, "s": "in"}}`), "t", Options{})
 	require.NoError(t, err)
-	require.Nil(t, ev["fullDocument"])
-	require.NotContains(t, ev, "updateDescription")
-	e := EventWithToken{Event: ev, ResumeToken: formatToken(row.ID), raw: raw}
-	mapped := healthEvent(t, false)
-	var wg sync.WaitGroup
-	for range 4 {
-		wg.Go(func() {
-			health, err := Document[healthEventWithStatus](mapped)
-			require.NoError(t, err)
-			require.Equal(t, "GpuXidError", health.HealthEvent.CheckName)
-			doc, err := Document[map[string]any](e)
-			require.NoError(t, err)
-			require.Equal(t, map[string]any{"id": "rec-1", "s": map[string]any{"q": "Q"}, "n": 1.0}, doc)
-			id, err := e.GetRecordUUID()
-			require.NoError(t, err)
-			require.Equal(t, "rec-1", id)
-			require.Equal(t, map[string]any{"s.q": "Q"}, e.UpdatedFields())
-			require.True(t, EventUpdatesOnly(e, "s.q"))
-		})
-	}
-	wg.Wait()
-	require.Nil(t, ev["fullDocument"], "nothing is stored back")
-
-	// A row the fast path cannot vouch for is decoded when read, with its error, as without RawDocuments.
-	ev, raw, err = w.event(evRow("INSERT", "", `{"id": 1,}`))
-	require.Error(t, err)
-	require.Nil(t, ev["fullDocument"])
-	require.Error(t, EventWithToken{Event: ev, raw: raw}.UnmarshalDocument(new(map[string]any)))
-}
-
-// Deliveries on Events carry the row, with and without RawDocuments.
-func TestDeliveriesKeepTheDocumentText(t *testing.T) {
-	for _, rawDocuments := range []bool{false, true} {
-		w := newWatcher(Config{ClientName: "c", TableName: "health_events", DocumentField: "document",
-			RawDocuments: rawDocuments, CheckpointInterval: time.Hour}.withDefaults())
-		w.loaded = true
-		row := healthRow(7)
-		require.NoError(t, w.deliver(t.Context(), &row, makePosition(row.ChangedAt, row.ID), false))
-		ev := <-w.events
-		require.NotNil(t, ev.documentJSON())
-		require.Equal(t, rawDocuments, ev.Event["fullDocument"] == nil)
-		doc, err := Document[healthEventWithStatus](ev)
-		require.NoError(t, err)
-		require.Equal(t, row.RecordID, doc.ID)
-		name, err := ev.GetNodeName()
-		require.NoError(t, err)
-		require.Equal(t, "gpu-node-017.train-east-2.internal", name)
-	}
+	var got docStruct
+	gotErr := raw.Unmarshal(ev, &got)
+	var typeErr *json.UnmarshalTypeError
+	require.True(t, errors.As(gotErr, &typeErr), "%T %v", errors.Unwrap(gotErr), gotErr)
+	var want docStruct
+	require.Error(t, UnmarshalMap(ev, &want))
+	require.Equal(t, want, got)
+	require.Equal(t, "after", got.S)
 }

@@ -1,4 +1,4 @@
-package pgchangestream
+package document
 
 import (
 	"bytes"
@@ -9,7 +9,7 @@ import (
 
 // canonicalJSON reports whether decoding data, a valid JSON object, gives every decoder the
 // same input as decoding json.Marshal of the map it decodes to after the changes
-// unmarshalDocumentMap makes, except for white space and the order of members:
+// UnmarshalMap makes, except for white space and the order of members:
 //   - every string and number is written as json.Marshal writes it (so a json.Number, an int
 //     field or a time.Time sees the same bytes; "1.0", "1e2", "\u00e9" or "<" do not pass);
 //   - every member name is printable ASCII without escapes, and no two names of one object are

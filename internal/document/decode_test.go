@@ -1,4 +1,4 @@
-package pgchangestream
+package document
 
 import (
 	"bytes"
@@ -49,14 +49,14 @@ func nestedSeed(depth int) string {
 func nestedArrays(depth int) string { return strings.Repeat("[", depth) + strings.Repeat("]", depth) }
 
 // requireSameDecode checks that scanJSON agrees with encoding/json's Valid on data and that
-// unmarshalObject gives what referenceDecode gives: the same error, or the same document, float
+// UnmarshalObject gives what referenceDecode gives: the same error, or the same document, float
 // signs and the bytes of every string included.
 func requireSameDecode(t *testing.T, data []byte) {
 	t.Helper()
 	valid, _ := scanJSON(data)
 	require.Equal(t, json.Valid(data), valid, "validity of %q", data)
 	want, wantErr := referenceDecode(data)
-	got, err := unmarshalObject(data)
+	got, err := UnmarshalObject(data)
 	if wantErr != nil {
 		require.EqualError(t, err, wantErr.Error(), "input %q", data)
 		require.Equal(t, reflect.TypeOf(wantErr), reflect.TypeOf(err), "input %q", data)
@@ -66,7 +66,7 @@ func requireSameDecode(t *testing.T, data []byte) {
 	require.True(t, sameJSONValue(want, got), "input %q:\nwant %#v\ngot  %#v", data, want, got)
 }
 
-// referenceDecode is what unmarshalObject must give: encoding/json's Unmarshal into a
+// referenceDecode is what UnmarshalObject must give: encoding/json's Unmarshal into a
 // map[string]any for every input but a valid JSON object, and for a valid object its decoding
 // with UseNumber where every number a float64 holds (referenceKept is false) is that float64.
 func referenceDecode(data []byte) (map[string]any, error) {
@@ -125,7 +125,7 @@ func referenceKept(n string) bool {
 }
 
 func TestUnmarshalObjectKeepsNumbersFloat64CannotHold(t *testing.T) {
-	doc, err := unmarshalObject([]byte(`{"huge": 1e400, "label": "keep me", "neg": -1e400, "long": 123456789012345678901234567890,
+	doc, err := UnmarshalObject([]byte(`{"huge": 1e400, "label": "keep me", "neg": -1e400, "long": 123456789012345678901234567890,
 		"above": 9007199254740993, "below": -9007199254740993, "max": 9007199254740992, "min": -9007199254740992,
 		"tiny": 1e-400, "zero": 0e-400, "negzero": -0, "small": 4.9e-324, "big": 1.5e300, "frac": 12345678901234567890.5,
 		"nested": [{"x": 1e400, "y": 1}], "dup": 1, "dup": 99999999999999999999}`))
@@ -184,7 +184,7 @@ func TestUnmarshalObjectMatchesEncodingJSON(t *testing.T) {
 
 func TestUnmarshalObjectCopiesStrings(t *testing.T) {
 	data := []byte(`{"key":"value","arr":["x"],"obj":{"k":"v"}}`)
-	doc, err := unmarshalObject(data)
+	doc, err := UnmarshalObject(data)
 	require.NoError(t, err)
 	for i := range data {
 		data[i] = ' '
@@ -223,7 +223,7 @@ func BenchmarkValidJSON(b *testing.B) {
 }
 
 // BenchmarkDecodeDocument decodes a health_events row of about 1 KB into a map[string]any
-// with encoding/json, with github.com/goccy/go-json alone, and with unmarshalObject (which
+// with encoding/json, with github.com/goccy/go-json alone, and with UnmarshalObject (which
 // validates first), so the choice of decoder and the cost of its checks are measured side
 // by side.
 func BenchmarkDecodeDocument(b *testing.B) {
@@ -234,7 +234,7 @@ func BenchmarkDecodeDocument(b *testing.B) {
 	}{
 		{"encoding_json", func(data []byte) (doc map[string]any, err error) { return doc, json.Unmarshal(data, &doc) }},
 		{"goccy", func(data []byte) (doc map[string]any, err error) { return doc, gojson.Unmarshal(data, &doc) }},
-		{"unmarshalObject", unmarshalObject},
+		{"unmarshalObject", UnmarshalObject},
 	}
 	for _, d := range decoders {
 		b.Run(d.name, func(b *testing.B) {
