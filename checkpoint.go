@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/backoff"
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
@@ -16,7 +17,7 @@ import (
 // token cannot be read it retries with backoff until it succeeds or ctx ends. A restored
 // database is refused at once.
 func (w *Watcher) loadWithRetry(ctx context.Context) error {
-	retry := backoff{min: loadRetryMin, max: loadRetryMax}
+	retry := backoff.Backoff{Min: loadRetryMin, Max: loadRetryMax}
 	failed := newRepeatLog(w.log, slog.LevelError, "cannot load the start position; retrying")
 	for {
 		err := w.load(ctx)
@@ -37,9 +38,9 @@ func (w *Watcher) loadWithRetry(ctx context.Context) error {
 			w.log.Error("refusing to start", "error", err)
 			return err
 		}
-		wait := retry.next()
+		wait := retry.Next()
 		failed.fail("error", err, "retry_in", wait)
-		if !sleepCtx(ctx, wait) {
+		if !backoff.Sleep(ctx, wait) {
 			return ctx.Err()
 		}
 	}

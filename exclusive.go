@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgchangestream/pgchangestream/internal/backoff"
 )
 
 // Exclusive lock timing. A standby tries the lock every standbyPoll (jittered). The active
@@ -154,7 +155,7 @@ func (w *Watcher) becomeActive(ctx context.Context) bool {
 func (w *Watcher) settle(ctx context.Context, s lockSession) error {
 	end := time.Now().Add(lockSettle)
 	for {
-		if !sleepCtx(ctx, min(lockCheckInterval, time.Until(end))) {
+		if !backoff.Sleep(ctx, min(lockCheckInterval, time.Until(end))) {
 			return ctx.Err()
 		}
 		last := !time.Now().Before(end)
@@ -186,7 +187,7 @@ func (w *Watcher) checkHeld(ctx context.Context, s lockSession) error {
 // waitForLock opens a lock session and tries the lock until it gets it (nil when ctx ends).
 func (w *Watcher) waitForLock(ctx context.Context) lockSession {
 	key := lockKey(w.cfg.TokenTable, w.cfg.ClientName)
-	retry := backoff{min: lockRetryMin, max: lockRetryMax}
+	retry := backoff.Backoff{Min: lockRetryMin, Max: lockRetryMax}
 	failed := newRepeatLog(w.log, slog.LevelWarn, "cannot try the exclusive lock; retrying")
 	var s lockSession
 	standby := false
@@ -210,11 +211,11 @@ func (w *Watcher) waitForLock(ctx context.Context) lockSession {
 			}
 			return nil
 		}
-		wait := jitter(standbyPoll)
+		wait := backoff.Jitter(standbyPoll)
 		switch {
 		case err != nil:
 			w.health.fail(opLock, fmt.Errorf("%s: %w", opLock, err))
-			wait = retry.next()
+			wait = retry.Next()
 			failed.fail("error", err, "retry_in", wait)
 		case got:
 			failed.ok()
@@ -223,13 +224,13 @@ func (w *Watcher) waitForLock(ctx context.Context) lockSession {
 		default:
 			failed.ok()
 			w.health.ok(opLock)
-			retry.reset()
+			retry.Reset()
 			if !standby {
 				standby = true
 				w.log.Info("another watcher of this client holds the exclusive lock: waiting as a standby")
 			}
 		}
-		if !sleepCtx(ctx, wait) {
+		if !backoff.Sleep(ctx, wait) {
 			if s != nil {
 				s.close()
 			}

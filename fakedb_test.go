@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/backoff"
 )
 
 // fakeDB is an in-memory stand-in for the changelog and token tables that answers exactly the
@@ -134,7 +136,7 @@ func (f *fakeDB) markFault(ctx context.Context) error {
 
 // sleepFor waits for d (if positive), or for ctx to end.
 func sleepFor(ctx context.Context, d time.Duration) error {
-	if d > 0 && !sleepCtx(ctx, d) {
+	if d > 0 && !backoff.Sleep(ctx, d) {
 		return ctx.Err()
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgchangestream/pgchangestream/internal/backoff"
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 )
@@ -99,7 +100,7 @@ func runServerFault(t *testing.T, srv *pgtest.Server, mode Mode, fault func(cont
 				mu.Lock()
 				ackErrs++
 				mu.Unlock()
-				if !sleepCtx(ctx, 20*time.Millisecond) {
+				if !backoff.Sleep(ctx, 20*time.Millisecond) {
 					return
 				}
 			}

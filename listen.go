@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgchangestream/pgchangestream/internal/backoff"
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
@@ -54,7 +55,7 @@ func (w *Watcher) listenLoop(ctx context.Context) {
 	}
 	defer firstAttemptDone()
 	defer w.recoverPanic(opPanic, "LISTEN connection", w.stopWith)
-	retry := backoff{min: listenRetryMin, max: listenRetryMax}
+	retry := backoff.Backoff{Min: listenRetryMin, Max: listenRetryMax}
 	failed := newRepeatLog(w.log, slog.LevelWarn, "LISTEN connection failed; retrying")
 	for {
 		conn, err := w.connectListener(ctx)
@@ -64,14 +65,14 @@ func (w *Watcher) listenLoop(ctx context.Context) {
 		if err != nil {
 			w.health.fail(opListen, fmt.Errorf("%s: %w", opListen, err))
 			firstAttemptDone()
-			wait := retry.next()
+			wait := retry.Next()
 			failed.fail("error", err, "retry_in", wait)
-			if !sleepCtx(ctx, wait) {
+			if !backoff.Sleep(ctx, wait) {
 				return
 			}
 			continue
 		}
-		retry.reset()
+		retry.Reset()
 		failed.ok()
 		w.health.ok(opListen)
 		firstAttemptDone()

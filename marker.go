@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/backoff"
 )
 
 // The legacy processed flag (rule 12) is set by a marker, not by the saves. A save writes the
@@ -67,7 +69,7 @@ type marker struct {
 func (w *Watcher) markLoop(ctx context.Context) {
 	defer w.wg.Done()
 	defer w.mark.running.Store(false) // set by start
-	retry := backoff{min: markRetryMin, max: markRetryMax}
+	retry := backoff.Backoff{Min: markRetryMin, Max: markRetryMax}
 	failed := newRepeatLog(w.log, slog.LevelWarn, "cannot set the processed flag; retrying")
 	for {
 		select {
@@ -77,9 +79,9 @@ func (w *Watcher) markLoop(ctx context.Context) {
 		}
 		err := w.markPass(ctx)
 		if err == nil {
-			retry.reset()
+			retry.Reset()
 			failed.ok()
-			if !sleepCtx(ctx, markInterval) { // saves meanwhile wake the next pass
+			if !backoff.Sleep(ctx, markInterval) { // saves meanwhile wake the next pass
 				return
 			}
 			continue
@@ -87,9 +89,9 @@ func (w *Watcher) markLoop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		wait := retry.next()
+		wait := retry.Next()
 		failed.fail("error", err, "retry_in", wait)
-		if !sleepCtx(ctx, wait) {
+		if !backoff.Sleep(ctx, wait) {
 			return
 		}
 		w.wakeMarker()

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/backoff"
 	"github.com/pgchangestream/pgchangestream/internal/document"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
@@ -265,7 +266,7 @@ func (w *Watcher) runEngine(ctx context.Context, src <-chan EventWithToken, o Pr
 	po := procrun.Options{Workers: o.Workers, MaxInFlight: o.MaxInFlight, MaxKeyQueue: o.MaxKeyQueue,
 		MaxDeferred: o.MaxDeferred, MaxAttempts: o.MaxAttempts,
 		Policy: procrun.Policy(o.OnFailure), Grace: o.GracePeriod, PollInterval: o.ParkedPollInterval,
-		Delay: retryDelay(o.RetryMinBackoff, o.RetryMaxBackoff)}
+		Delay: backoff.Delays(o.RetryMinBackoff, o.RetryMaxBackoff)}
 	storeLog := newRepeatLog(w.log, slog.LevelWarn, "dead-letter table call failed; trying again")
 	restoreLog := newRepeatLog(w.log, slog.LevelWarn, "cannot read a deferred event's changelog row again; trying again")
 	h := procrun.Hooks[EventWithToken]{
@@ -363,17 +364,6 @@ func (w *Watcher) safeKey(key func(EventWithToken) string) func(EventWithToken) 
 			}
 		}()
 		return key(ev)
-	}
-}
-
-// retryDelay is the wait before try n+1 after n failures: backoff's capped, jittered doubling.
-func retryDelay(lo, hi time.Duration) func(int) time.Duration {
-	return func(n int) time.Duration {
-		b := backoff{min: lo, max: hi}
-		for range min(n, 64) - 1 {
-			b.next()
-		}
-		return b.next()
 	}
 }
 

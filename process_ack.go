@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/backoff"
 )
 
 // ackSaver is Process's side of acknowledgements: the engine calls ack (one call at a time, in
@@ -46,7 +48,7 @@ func (s *ackSaver) ack(last EventWithToken) {
 
 func (s *ackSaver) loop(ctx context.Context) {
 	defer close(s.done)
-	b := backoff{min: loadRetryMin, max: loadRetryMax}
+	b := backoff.Backoff{Min: loadRetryMin, Max: loadRetryMax}
 	failed := newRepeatLog(s.w.log, slog.LevelWarn, "checkpoint save after Process acknowledgements failed; trying again")
 	for {
 		select {
@@ -57,16 +59,16 @@ func (s *ackSaver) loop(ctx context.Context) {
 		for {
 			err := s.w.saveInBackground(ctx, saveChanged)
 			if err == nil {
-				b.reset()
+				b.Reset()
 				failed.ok()
 				break
 			}
 			failed.fail("error", err)
-			if !sleepCtx(ctx, b.next()) {
+			if !backoff.Sleep(ctx, b.Next()) {
 				return
 			}
 		}
-		if s.gap > 0 && !sleepCtx(ctx, s.gap) { // a wake meanwhile waits in s.wake
+		if s.gap > 0 && !backoff.Sleep(ctx, s.gap) { // a wake meanwhile waits in s.wake
 			return
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/backoff"
 	"github.com/pgchangestream/pgchangestream/internal/document"
 )
 
@@ -41,7 +42,7 @@ func (w *Watcher) run(ctx context.Context) {
 	case <-ctx.Done():
 		return
 	}
-	retry := backoff{min: readRetryMin, max: readRetryMax}
+	retry := backoff.Backoff{Min: readRetryMin, Max: readRetryMax}
 	failed := newRepeatLog(w.log, slog.LevelWarn, "changelog read failed; retrying from the same position")
 	for {
 		full, err := w.readOnce(ctx)
@@ -63,15 +64,15 @@ func (w *Watcher) run(ctx context.Context) {
 			return
 		case err != nil:
 			w.health.fail(opRead, err)
-			wait = retry.next()
+			wait = retry.Next()
 			failed.fail("error", err, "retry_in", wait)
 		case full:
 			w.health.readOK(true)
-			retry.reset()
+			retry.Reset()
 			continue
 		default:
 			w.health.readOK(false)
-			retry.reset()
+			retry.Reset()
 			wait = w.pollWait()
 		}
 		if !w.sleep(ctx, wait) {
@@ -111,7 +112,7 @@ func (w *Watcher) pollWait() time.Duration {
 	case w.listen == nil:
 		return w.cfg.PollInterval
 	case w.cfg.Mode == ModeHybrid:
-		return jitter(w.cfg.FallbackPollInterval)
+		return backoff.Jitter(w.cfg.FallbackPollInterval)
 	default:
 		return 0
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/backoff"
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
@@ -127,7 +128,7 @@ func (w *Watcher) schemaCheckLoop(ctx context.Context) {
 		if w.schemaChecked != nil {
 			w.schemaChecked()
 		}
-		if !sleepCtx(ctx, w.schemaEvery) {
+		if !backoff.Sleep(ctx, w.schemaEvery) {
 			return
 		}
 	}

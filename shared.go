@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/backoff"
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/lease"
 )
@@ -242,7 +243,7 @@ func (w *Watcher) waitLease(ctx context.Context) error {
 		if err := w.excl.lostErr(); err != nil {
 			return err
 		}
-		if !sleepCtx(ctx, 20*time.Millisecond) {
+		if !backoff.Sleep(ctx, 20*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -285,15 +286,12 @@ func (w *Watcher) coordinate(ctx context.Context) {
 	defer w.wg.Done()
 	defer w.recoverPanic(opMember, "shared coordinator", w.stopWith)
 	tick := w.sh.lease / sharedTicksPerLease
-	t := time.NewTimer(tick)
-	defer t.Stop()
+	wait := tick
 	failed := newRepeatLog(w.log, slog.LevelWarn, "shared membership: cannot renew or look at the split; retrying")
 	for {
-		select {
-		case <-ctx.Done():
+		if !backoff.Sleep(ctx, wait) {
 			w.renewWhileProcessing(failed)
 			return
-		case <-t.C:
 		}
 		start := time.Now()
 		busy, err := w.coordinateOnce(ctx)
@@ -308,7 +306,7 @@ func (w *Watcher) coordinate(ctx context.Context) {
 		if busy {
 			next = min(tick, sharedBusyTick)
 		}
-		t.Reset(next - time.Since(start))
+		wait = next - time.Since(start)
 	}
 }
 
@@ -344,7 +342,7 @@ func (w *Watcher) renewWhileProcessing(failed *repeatLog) {
 		if w.sh.closing.Err() != nil || !w.coordinateFailed(err, failed) {
 			return
 		}
-		if !sleepCtx(w.sh.closing, tick-time.Since(start)) {
+		if !backoff.Sleep(w.sh.closing, tick-time.Since(start)) {
 			return
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/backoff"
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/lease"
 )
@@ -450,7 +451,7 @@ func (w *Watcher) handOver(ctx context.Context) error {
 		if err := w.excl.lostErr(); err != nil {
 			return err
 		}
-		if !sleepCtx(ctx, 5*time.Millisecond) {
+		if !backoff.Sleep(ctx, 5*time.Millisecond) {
 			return ctx.Err()
 		}
 	}

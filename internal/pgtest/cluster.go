@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/backoff"
 )
 
 // cluster is a PostgreSQL cluster this package created with initdb and runs as a child process.
@@ -249,8 +251,8 @@ func (c *cluster) startSamePortLocked(ctx context.Context) error {
 			return err
 		}
 		c.logf("pgtest: start: %v; retrying", err)
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return err
+		if !backoff.Sleep(ctx, 100*time.Millisecond) {
+			return ctx.Err()
 		}
 	}
 }

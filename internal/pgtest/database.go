@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+	"github.com/pgchangestream/pgchangestream/internal/backoff"
 )
 
 // pollInterval is the cadence of the bounded loops that wait for the server.
@@ -113,21 +114,9 @@ func execRetryInUse(ctx context.Context, conn *pgx.Conn, q string, args ...any) 
 			time.Now().After(deadline) {
 			return err
 		}
-		if err := sleepCtx(ctx, pollInterval); err != nil {
-			return err
+		if !backoff.Sleep(ctx, pollInterval) {
+			return ctx.Err()
 		}
-	}
-}
-
-// sleepCtx waits for d or until ctx is done.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }
 
@@ -240,8 +229,8 @@ func (s *Server) TerminateBackends(ctx context.Context, appName string) (int, er
 			if err != nil || left == 0 {
 				return err
 			}
-			if err := sleepCtx(ctx, pollInterval); err != nil {
-				return err
+			if !backoff.Sleep(ctx, pollInterval) {
+				return ctx.Err()
 			}
 		}
 		return nil
