@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // AdminOptions names the tables of the token and retention functions ([ListTokens],
@@ -106,7 +107,7 @@ func ResetPosition(ctx context.Context, db *sql.DB, target ResetTarget, opts Adm
 		return Position{}, nil
 	case !target.Time.IsZero():
 		// Every row with changed_at before Time, whatever its id, is passed.
-		return makePosition(target.Time.Add(-time.Microsecond), math.MaxInt64), nil
+		return position.Make(target.Time.Add(-time.Microsecond), math.MaxInt64), nil
 	}
 	var (
 		ts time.Time
@@ -129,13 +130,13 @@ func ResetPosition(ctx context.Context, db *sql.DB, target ResetTarget, opts Adm
 	case err != nil:
 		return Position{}, fmt.Errorf("read changelog %s: %w", t.changelog, err)
 	}
-	return makePosition(ts, id), nil
+	return position.Make(ts, id), nil
 }
 
 // ResetTokenJSON returns the token [ResetTableToken] saves for pos and table, and [ResetToken]
 // saves for pos when the client's current token records table ("" for none).
 func ResetTokenJSON(pos Position, table string) string {
-	return string(encodeToken(pos, table))
+	return string(position.EncodeToken(pos, table))
 }
 
 // ResetToken saves pos as the client's token, in the form every schema state accepts:
@@ -186,10 +187,10 @@ func resetToken(ctx context.Context, db *sql.DB, client, table string, pos Posit
 				return fmt.Errorf("read the saved token of client %s: %w", client, err)
 			}
 			if err == nil {
-				_, table, _ = decodeTableToken([]byte(raw)) // a token that does not load keeps its table all the same
+				_, table, _ = position.DecodeTableToken([]byte(raw)) // a token that does not load keeps its table all the same
 			}
 		}
-		token := string(encodeToken(pos, table))
+		token := string(position.EncodeToken(pos, table))
 		var fenced bool
 		if err := conn.QueryRowContext(ctx, t.q.epochColumn, t.tok).Scan(&fenced); err != nil {
 			return fmt.Errorf("inspect token table %s: %w", t.tokens, err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // SharedClient is a [Config.Shared] client as its tables hold it (see [ListShared]).
@@ -87,7 +88,7 @@ func listShared(ctx context.Context, db *sql.DB, t adminTables) ([]SharedClient,
 		if err := rows.Scan(&client, &r.Range, &r.Owner, &r.OwnerName, &r.Token, &r.UpdatedAt); err != nil {
 			return err
 		}
-		if p, err := decodeToken([]byte(r.Token)); err == nil || errors.Is(err, errTokenNeedsLookup) {
+		if p, err := position.DecodeToken([]byte(r.Token)); err == nil || errors.Is(err, position.ErrTokenNeedsLookup) {
 			r.Position = p
 		}
 		if len(out) == 0 || out[len(out)-1].Client != client {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -29,7 +30,7 @@ func TestResetPosition(t *testing.T) {
 		WillReturnRows(sqlmock.NewRows([]string{"changed_at", "id"}).AddRow(t0, int64(7)))
 	pos, err = ResetPosition(ctx, db, ResetTarget{Newest: true, Table: "items"}, AdminOptions{})
 	require.NoError(t, err)
-	require.Equal(t, makePosition(t0, 7), pos)
+	require.Equal(t, position.Make(t0, 7), pos)
 	mock.ExpectQuery(`SELECT changed_at, id FROM "datastore_changelog" ORDER BY changed_at DESC, id DESC LIMIT 1`).
 		WillReturnRows(sqlmock.NewRows([]string{"changed_at", "id"}))
 	pos, err = ResetPosition(ctx, db, ResetTarget{Newest: true}, AdminOptions{})
@@ -71,12 +72,12 @@ func TestResetTokenHoldsTheClientLock(t *testing.T) {
 		lock()
 		mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(savedTokenRows(`{"eventID": 1, "table": "items"}`))
 		expectReset(fenced, `{"timestamp":"2026-01-02T03:04:05Z","eventID":3,"table":"items"}`)
-		require.NoError(t, ResetToken(ctx, db, "c", makePosition(t0, 3), AdminOptions{}), "the token keeps its table")
+		require.NoError(t, ResetToken(ctx, db, "c", position.Make(t0, 3), AdminOptions{}), "the token keeps its table")
 	}
 	lock()
 	expectReset(false, `{"timestamp":"2026-01-02T03:04:05Z","eventID":3,"table":"other"}`)
-	require.NoError(t, ResetTableToken(ctx, db, "c", "other", makePosition(t0, 3), AdminOptions{}))
-	require.ErrorIs(t, ResetTableToken(ctx, db, "c", " ", makePosition(t0, 3), AdminOptions{}), ErrInvalidConfig)
+	require.NoError(t, ResetTableToken(ctx, db, "c", "other", position.Make(t0, 3), AdminOptions{}))
+	require.ErrorIs(t, ResetTableToken(ctx, db, "c", " ", position.Make(t0, 3), AdminOptions{}), ErrInvalidConfig)
 
 	mock.ExpectQuery(`SELECT pg_try_advisory_lock($1)`).WithArgs(key).
 		WillReturnRows(sqlmock.NewRows([]string{"ok"}).AddRow(false))

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // TokenBacklog is what a saved token has not passed (see [SavedTokenBacklog]).
@@ -59,8 +61,8 @@ func SavedTokenBacklog(ctx context.Context, db *sql.DB, token, table string, opt
 // cannot be decoded is an error wrapping ErrInvalidSavedToken; table is set even then, when the
 // token names one.
 func loadSavedToken(ctx context.Context, db *sql.DB, t adminTables, token string) (pos Position, table string, rowGone bool, err error) {
-	pos, table, err = decodeTableToken([]byte(token))
-	if errors.Is(err, errTokenNeedsLookup) {
+	pos, table, err = position.DecodeTableToken([]byte(token))
+	if errors.Is(err, position.ErrTokenNeedsLookup) {
 		id := pos.ID
 		pos, err = lookUpTokenRow(ctx, db, t.q.rowTime, id)
 		switch {

@@ -6,12 +6,13 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
 // parkedDoc is a delivered document as Process parks it.
 func parkedDoc(id int64) Event {
-	return Event{"_id": map[string]any{"_data": string(formatToken(id))}, "operationType": "insert",
+	return Event{"_id": map[string]any{"_data": string(position.FormatToken(id))}, "operationType": "insert",
 		"fullDocument": map[string]any{"id": float64(id), "name": "n\u00e9"}, "ns": map[string]any{"coll": liveTable}}
 }
 

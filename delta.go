@@ -1,11 +1,14 @@
 package pgchangestream
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // readPage reads the batch after from into buf: a legacy read, a read of the legacy part of a
@@ -20,10 +23,10 @@ func (w *Watcher) readPage(ctx context.Context, from Position, buf []changelogRo
 		}()
 	}
 	switch {
-	case from.span == nil:
+	case from.Span == nil:
 		rows, err = w.query(ctx, w.rq.read, buf, rowColumns{}, w.cfg.TableName, from.ChangedAt, from.ID)
-	case from.span.seq == 0:
-		rows, err = w.query(ctx, w.rq.switchRead, buf, w.rq.columnsOf(false), w.cfg.TableName, from.ChangedAt, from.ID, from.span.base.String())
+	case from.Span.Seq == 0:
+		rows, err = w.query(ctx, w.rq.switchRead, buf, w.rq.columnsOf(false), w.cfg.TableName, from.ChangedAt, from.ID, from.Span.Base.String())
 	default:
 		return w.pager.read(ctx, w, from, buf)
 	}
@@ -36,7 +39,7 @@ const maxDeltaIDs = 1 << 20
 
 // deltaReads are the reads a deltaPager makes: SQL for the watcher, a model in tests.
 type deltaReads interface {
-	// deltaPage returns, in any order, the rows of from's delta after from.afterID(), at most
+	// deltaPage returns, in any order, the rows of from's delta after from.AfterID(), at most
 	// one more than a page.
 	deltaPage(ctx context.Context, from Position, buf []changelogRow) ([]changelogRow, error)
 	// deltaIDs returns, ascending, the ids of from's delta rows after the id after, at most the
@@ -56,7 +59,7 @@ type deltaPager struct {
 
 	// The list of the large delta being read: its ids after the id after, ascending; cut
 	// reports that the list stopped at maxIDs ids, so more may follow its last.
-	span  *span
+	span  *position.Span
 	after int64
 	ids   []int64
 	cut   bool
@@ -65,15 +68,15 @@ type deltaPager struct {
 // read returns the page of from's delta after from, in id order; more reports that the delta
 // has rows after it.
 func (d *deltaPager) read(ctx context.Context, src deltaReads, from Position, buf []changelogRow) (rows []changelogRow, more bool, err error) {
-	after := from.afterID()
-	if d.span != from.span || after < d.after {
+	after := from.AfterID()
+	if d.span != from.Span || after < d.after {
 		rows, err := src.deltaPage(ctx, from, buf)
 		if err != nil || len(rows) <= d.pageSize { // the rest of the delta
-			slices.SortFunc(rows, func(a, b changelogRow) int { return cmpOrdered(a.ID, b.ID) })
+			slices.SortFunc(rows, func(a, b changelogRow) int { return cmp.Compare(a.ID, b.ID) })
 			d.drop()
 			return rows, false, err
 		}
-		d.span, d.after, d.ids, d.cut = from.span, after, nil, true
+		d.span, d.after, d.ids, d.cut = from.Span, after, nil, true
 		buf = rows[:0]
 	}
 	i, _ := slices.BinarySearch(d.ids, after+1)
@@ -103,19 +106,19 @@ func (d *deltaPager) drop() { *d = deltaPager{pageSize: d.pageSize, maxIDs: d.ma
 
 // deltaPage reads the first page of from's delta after from (deltaReads).
 func (w *Watcher) deltaPage(ctx context.Context, from Position, buf []changelogRow) ([]changelogRow, error) {
-	ranges := deltaRanges(from.span.base, from.span.end)
+	ranges := position.DeltaRanges(from.Span.Base, from.Span.End)
 	if len(ranges) == 1 {
 		r := ranges[0]
-		return w.query(ctx, w.rq.deltaRange, buf, w.rq.columnsOf(true), w.cfg.TableName, strconv.FormatUint(r.lo, 10), r.loID,
-			strconv.FormatUint(r.hi, 10), r.hiID, from.span.end.String(), from.afterID())
+		return w.query(ctx, w.rq.deltaRange, buf, w.rq.columnsOf(true), w.cfg.TableName, strconv.FormatUint(r.Lo, 10), r.LoID,
+			strconv.FormatUint(r.Hi, 10), r.HiID, from.Span.End.String(), from.AfterID())
 	}
 	lo, loID, hi, hiID := rangeArgs(ranges)
-	return w.query(ctx, w.rq.deltaRead, buf, w.rq.columnsOf(true), w.cfg.TableName, lo, loID, hi, hiID, from.span.end.String(), from.afterID())
+	return w.query(ctx, w.rq.deltaRead, buf, w.rq.columnsOf(true), w.cfg.TableName, lo, loID, hi, hiID, from.Span.End.String(), from.AfterID())
 }
 
 // deltaIDs lists the ids of from's delta after after (deltaReads).
 func (w *Watcher) deltaIDs(ctx context.Context, from Position, after int64) ([]int64, error) {
-	lo, loID, hi, hiID := rangeArgs(deltaRanges(from.span.base, from.span.end))
+	lo, loID, hi, hiID := rangeArgs(position.DeltaRanges(from.Span.Base, from.Span.End))
 	var ids []int64
 	err := w.read(ctx, w.rq.deltaIDs, func(rows *sql.Rows) error {
 		defer rows.Close()
@@ -127,7 +130,7 @@ func (w *Watcher) deltaIDs(ctx context.Context, from Position, after int64) ([]i
 			ids = append(ids, id)
 		}
 		return rows.Err()
-	}, w.cfg.TableName, lo, loID, hi, hiID, from.span.end.String(), after)
+	}, w.cfg.TableName, lo, loID, hi, hiID, from.Span.End.String(), after)
 	return ids, err
 }
 
@@ -177,10 +180,10 @@ func keepIDs(rows []changelogRow, ids []int64) []changelogRow {
 
 // rowPosition is the position of a row read after from.
 func rowPosition(from Position, row *changelogRow) Position {
-	p := makePosition(row.ChangedAt, row.ID)
-	p.span = from.span
-	if from.inDelta() {
-		p.Xid, p.inRows = row.Xid, true
+	p := position.Make(row.ChangedAt, row.ID)
+	p.Span = from.Span
+	if from.InDelta() {
+		p.Xid, p.InRows = row.Xid, true
 	}
 	return p
 }
@@ -189,12 +192,12 @@ func rowPosition(from Position, row *changelogRow) Position {
 // been read: the delta that starts at from's end snapshot, or, after the legacy part of a
 // switch-over, at its snapshot.
 func (w *Watcher) endSpan(from Position) {
-	next := from.span.base
-	if from.span.seq > 0 {
-		next = from.span.end
+	next := from.Span.Base
+	if from.Span.Seq > 0 {
+		next = from.Span.End
 	}
 	w.mu.Lock()
-	w.advanceLocked(w.cursor.nextDelta(next))
+	w.advanceLocked(w.cursor.NextDelta(next))
 	w.mu.Unlock()
 }
 
@@ -203,12 +206,12 @@ func (w *Watcher) endSpan(from Position) {
 // and not in prev's base. They may hold rows p does not certify (the save filters them out). When
 // prev is past some rows of p's own delta, the rows between them are found by id instead
 // (certifiedByID).
-func certifyRanges(prev, p Position) []keyRange {
-	return deltaRanges(prev.span.base, p.top())
+func certifyRanges(prev, p Position) []position.KeyRange {
+	return position.DeltaRanges(prev.Span.Base, p.Top())
 }
 
 // certifiedByID reports whether the rows p certifies and prev does not are the rows of p's
 // delta with ids from prev's (excluded) to p's: both are past rows of the same delta.
 func certifiedByID(prev, p Position) bool {
-	return prev.inRows && p.inRows && prev.span.seq == p.span.seq
+	return prev.InRows && p.InRows && prev.Span.Seq == p.Span.Seq
 }

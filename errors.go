@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // The errors the library returns, matched with errors.Is.
@@ -14,7 +15,7 @@ var ErrInvalidConfig = changelog.ErrInvalidConfig
 
 // ErrInvalidToken is wrapped by the error MarkProcessed returns for a token that is not a
 // decimal int64.
-var ErrInvalidToken = errors.New("pgchangestream: invalid resume token")
+var ErrInvalidToken = position.ErrInvalidToken
 
 // ErrInvalidSavedToken is wrapped by the error [SavedTokenBacklog] returns for a saved token a
 // watcher cannot load.

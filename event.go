@@ -297,13 +297,6 @@ func decimalForm(n json.Number) string {
 	return sign + trimmed + "e" + strconv.FormatInt(exp, 10)
 }
 
-// formatToken returns the resume token for a changelog id: the id in decimal, e.g.
-// []byte("452"). It allocates once.
-func formatToken(id int64) []byte {
-	// 20 bytes hold any int64, including "-9223372036854775808".
-	return strconv.AppendInt(make([]byte, 0, 20), id, 10)
-}
-
 // event builds the event document of a row read by the watcher and what is kept to decode its
 // fullDocument from the JSON text, and warns about a row whose value has no object under
 // [Config.DocumentField]. With [Config.RawDocuments] the documents are not decoded when

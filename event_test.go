@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -246,9 +247,9 @@ func TestFormatToken(t *testing.T) {
 		{math.MinInt64, "-9223372036854775808"},
 	}
 	for _, tt := range tests {
-		require.Equal(t, []byte(tt.want), formatToken(tt.id))
+		require.Equal(t, []byte(tt.want), position.FormatToken(tt.id))
 	}
-	allocs := testing.AllocsPerRun(100, func() { evSinkToken = formatToken(math.MinInt64) })
+	allocs := testing.AllocsPerRun(100, func() { evSinkToken = position.FormatToken(math.MinInt64) })
 	require.Equal(t, 1.0, allocs)
 }
 
@@ -271,7 +272,7 @@ func FuzzBuildEvent(f *testing.F) {
 		}
 		ev, _, err := buildEvent(row, "t", documentField)
 		require.Equal(t, evObj{"_data": strconv.FormatInt(id, 10)}, ev["_id"])
-		require.Equal(t, string(formatToken(id)), strconv.FormatInt(id, 10))
+		require.Equal(t, string(position.FormatToken(id)), strconv.FormatInt(id, 10))
 		if err != nil {
 			require.Contains(t, err.Error(), "changelog row "+strconv.FormatInt(id, 10)+": ")
 			return
@@ -328,7 +329,7 @@ func BenchmarkBuildEvent(b *testing.B) {
 func BenchmarkFormatToken(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
-		evSinkToken = formatToken(123456789)
+		evSinkToken = position.FormatToken(123456789)
 	}
 }
 

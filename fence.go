@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // Owner epochs fence the saves of exclusive watchers (contract rule 18). The token table's
@@ -99,10 +100,10 @@ func (w *Watcher) lockLostErr() error {
 // save that matches no row stops the watcher and returns an error wrapping ErrFenced; a save
 // whose incarnation ended writes nothing and returns ErrServerRecovered. ckMu must be held.
 func (w *Watcher) writeToken(ctx context.Context, p Position, seq uint64) error {
-	tok := encodeToken(p, w.cfg.TableName)
+	tok := position.EncodeToken(p, w.cfg.TableName)
 	var inc string
-	if p.span != nil {
-		inc = p.span.inc
+	if p.Span != nil {
+		inc = p.Span.Inc
 	}
 	switch {
 	case w.sh != nil:

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -58,7 +59,7 @@ func consumeAndAck(t *testing.T, w *Watcher) *ackingConsumer {
 	go func() {
 		defer close(c.done)
 		for ev := range w.Events() {
-			id, ok, err := parseToken(ev.ResumeToken)
+			id, ok, err := position.ParseToken(ev.ResumeToken)
 			if err != nil || !ok {
 				t.Errorf("bad token %q", ev.ResumeToken)
 				return
@@ -235,7 +236,7 @@ func TestLiveExclusiveMixedTokenStates(t *testing.T) {
 		e := newLive(t)
 		ids := e.insert(3)
 		_, err := e.db.Exec(`INSERT INTO resume_tokens (client_name, resume_token) VALUES ('c', $1::jsonb)`,
-			string(encodeToken(e.position(ids[0]), liveTable)))
+			string(position.EncodeToken(e.position(ids[0]), liveTable)))
 		require.NoError(t, err)
 		cfg := e.config(ModeHybrid)
 		cfg.Exclusive = true

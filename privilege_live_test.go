@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -269,7 +270,7 @@ func TestLiveConsumerReadsOnlyItsTables(t *testing.T) {
 	b := e.snapshot()
 	e.insert(1)
 	end := e.snapshot()
-	lo, loID, hi, hiID := rangeArgs(deltaRanges(b, end))
+	lo, loID, hi, hiID := rangeArgs(position.DeltaRanges(b, end))
 	for _, q := range []struct {
 		name, sql string
 		args      []any
@@ -277,7 +278,7 @@ func TestLiveConsumerReadsOnlyItsTables(t *testing.T) {
 	}{
 		{"read", w.q.read, []any{liveTable, at, id},
 			`^Limit\n  ->  Index Scan using datastore_changelog_stream_idx on datastore_changelog\n.*Index Cond: .*ROW\(changed_at, id\) > ROW\(`},
-		{"deltaRead", w.q.deltaRead, []any{liveTable, lo, loID, hi, hiID, end.String(), int64(minID)},
+		{"deltaRead", w.q.deltaRead, []any{liveTable, lo, loID, hi, hiID, end.String(), int64(position.MinID)},
 			`(Bitmap Index Scan on|Index Scan using) datastore_changelog_txid_unit_idx.*\n.*Index Cond: .*ROW\(txid, id\) > ROW\(r\.lo, r\.lo_id\)`},
 	} {
 		explainAs := func(db *sql.DB) string {

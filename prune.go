@@ -1,6 +1,7 @@
 package pgchangestream
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -8,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // DefaultPruneBatch is the number of rows [Prune] deletes per statement by default.
@@ -300,7 +303,7 @@ func findHolders(ctx context.Context, db *sql.DB, tables adminTables, opts Prune
 		}
 		res.Holders = append(res.Holders, h)
 	}
-	slices.SortStableFunc(res.Holders, func(a, b PruneHolder) int { return cmpOrdered(b.Rows, a.Rows) })
+	slices.SortStableFunc(res.Holders, func(a, b PruneHolder) int { return cmp.Compare(b.Rows, a.Rows) })
 	return nil
 }
 
@@ -311,7 +314,7 @@ func lookUpTokenRow(ctx context.Context, db *sql.DB, rowTime string, id int64) (
 	if err := db.QueryRowContext(ctx, rowTime, id).Scan(&ts); err != nil {
 		return Position{}, err
 	}
-	return makePosition(ts, id), nil
+	return position.Make(ts, id), nil
 }
 
 // The forms of a saved token's position, by what it certifies (see [savedToken]): a legacy
@@ -337,17 +340,17 @@ func certifiedBy(p Position, arg func(any) string) string {
 		form string
 	)
 	switch { // the parameters in the order the predicate names them
-	case p.span == nil || !p.inDelta():
+	case p.Span == nil || !p.InDelta():
 		form = formLegacy
 		f.ts, f.id = arg(p.ChangedAt)+"::timestamptz", arg(p.ID)+"::bigint"
-		if p.span != nil {
-			form, f.base = formSwitchover, arg(p.span.base.String())+"::pg_snapshot"
+		if p.Span != nil {
+			form, f.base = formSwitchover, arg(p.Span.Base.String())+"::pg_snapshot"
 		}
-	case !p.inRows:
-		form, f.base = formSnapshot, arg(p.span.base.String())+"::pg_snapshot"
+	case !p.InRows:
+		form, f.base = formSnapshot, arg(p.Span.Base.String())+"::pg_snapshot"
 	default:
-		form, f.base = formInRows, arg(p.span.base.String())+"::pg_snapshot"
-		f.end, f.id = arg(p.span.end.String())+"::pg_snapshot", arg(p.ID)+"::bigint"
+		form, f.base = formInRows, arg(p.Span.Base.String())+"::pg_snapshot"
+		f.end, f.id = arg(p.Span.End.String())+"::pg_snapshot", arg(p.ID)+"::bigint"
 	}
 	return certifiedSQL(form, f)
 }
@@ -388,12 +391,12 @@ func certifiedByTokenSQL() string {
 // xmin, below which every transaction is visible.
 func notCertifiedBy(p Position, arg func(any) string) string {
 	var bound string
-	if p.inDelta() {
-		bound = "c.txid >= " + arg(strconv.FormatUint(p.span.base.xmin, 10)) + "::xid8"
+	if p.InDelta() {
+		bound = "c.txid >= " + arg(strconv.FormatUint(p.Span.Base.Xmin, 10)) + "::xid8"
 	} else {
 		bound = "(c.changed_at, c.id) > (" + arg(p.ChangedAt) + "::timestamptz, " + arg(p.ID) + "::bigint)"
-		if p.span != nil { // the switch-over's legacy part: rows it does not see are ahead too
-			bound = "(" + bound + " OR NOT pg_visible_in_snapshot(c.txid, " + arg(p.span.base.String()) + "::pg_snapshot))"
+		if p.Span != nil { // the switch-over's legacy part: rows it does not see are ahead too
+			bound = "(" + bound + " OR NOT pg_visible_in_snapshot(c.txid, " + arg(p.Span.Base.String()) + "::pg_snapshot))"
 		}
 	}
 	return bound + " AND NOT " + certifiedBy(p, arg)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -86,7 +87,7 @@ func (e *liveEnv) heldBack(only string, ignore []string) []int64 {
 	require.NoError(e.t, err)
 	var ids []int64
 	for _, st := range tokens {
-		p, table, err := decodeTableToken([]byte(st.Token))
+		p, table, err := position.DecodeTableToken([]byte(st.Token))
 		if slices.Contains(ignore, st.Client) || (only != "" && table != "" && table != only) {
 			continue
 		}
@@ -95,7 +96,7 @@ func (e *liveEnv) heldBack(only string, ignore []string) []int64 {
 			if e.db.QueryRow(`SELECT changed_at FROM datastore_changelog WHERE id = $1`, p.ID).Scan(&ts) != nil {
 				return e.queryIDs(e.db, `SELECT id FROM datastore_changelog ORDER BY id`) // its row is gone: all of them
 			}
-			p = makePosition(ts, p.ID)
+			p = position.Make(ts, p.ID)
 		}
 		var args params
 		cond := "(" + certifiedBy(p, args.add) + ") IS NOT TRUE"

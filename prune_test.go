@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
 // predicate returns the certification predicate of a saved token and its parameters.
 func predicate(t *testing.T, raw string) (string, []any) {
 	t.Helper()
-	pos, err := decodeToken([]byte(raw))
+	pos, err := position.DecodeToken([]byte(raw))
 	require.NoError(t, err)
 	var args []any
 	p := certifiedBy(pos, func(v any) string {
@@ -26,7 +27,7 @@ func predicate(t *testing.T, raw string) (string, []any) {
 
 func TestPrunePredicateOfEveryTokenForm(t *testing.T) {
 	ts := `"2026-01-02T03:04:05.123456Z"`
-	pos := makePosition(t0.Add(123456000), 42)
+	pos := position.Make(t0.Add(123456000), 42)
 	for _, tc := range []struct {
 		name, token, want string
 		args              []any

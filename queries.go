@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // txidColumn is the upgraded changelog's column holding the writing transaction's id
@@ -307,11 +308,11 @@ func pgArray[T int64 | uint64](xs []T) string {
 
 // rangeArgs returns the four array arguments of key ranges: lower txids, lower ids, upper txids,
 // upper ids.
-func rangeArgs(rs []keyRange) (lo string, loID string, hi string, hiID string) {
+func rangeArgs(rs []position.KeyRange) (lo string, loID string, hi string, hiID string) {
 	los, hts := make([]uint64, len(rs)), make([]uint64, len(rs))
 	loIDs, hiIDs := make([]int64, len(rs)), make([]int64, len(rs))
 	for i, r := range rs {
-		los[i], loIDs[i], hts[i], hiIDs[i] = r.lo, r.loID, r.hi, r.hiID
+		los[i], loIDs[i], hts[i], hiIDs[i] = r.Lo, r.LoID, r.Hi, r.HiID
 	}
 	return pgArray(los), pgArray(loIDs), pgArray(hts), pgArray(hiIDs)
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -21,7 +22,7 @@ func (e *liveEnv) uncertified(client, table string) int64 {
 	e.t.Helper()
 	var raw string
 	require.NoError(e.t, e.db.QueryRow(`SELECT resume_token::text FROM resume_tokens WHERE client_name = $1`, client).Scan(&raw))
-	p, err := decodeToken([]byte(raw))
+	p, err := position.DecodeToken([]byte(raw))
 	require.NoError(e.t, err)
 	args := params{table}
 	var n int64
@@ -70,7 +71,7 @@ func TestLivePruneReasonsPerTable(t *testing.T) {
 	require.NoError(t, ResetTableToken(ctx, e.db, "quiet-client", "quiet", Position{}, AdminOptions{}))
 	// A token that records no table (an older watcher's) holds back every table.
 	_, err := e.db.Exec(`INSERT INTO resume_tokens (client_name, resume_token, last_updated)
-		VALUES ('old-client', $1, now() - interval '3 days')`, string(encodeToken(e.position(ids[1]), "")))
+		VALUES ('old-client', $1, now() - interval '3 days')`, string(position.EncodeToken(e.position(ids[1]), "")))
 	require.NoError(t, err)
 
 	res, err := Prune(ctx, e.db, PruneOptions{DryRun: true, Table: liveTable})

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"testing"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // healthRowJSON is the new_values of a health_events row as PostgreSQL's jsonb writes it (keys
@@ -76,7 +78,7 @@ func healthEvent(tb testing.TB, rawDocuments bool) EventWithToken {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return EventWithToken{Event: ev, ResumeToken: formatToken(row.ID), raw: raw}
+	return EventWithToken{Event: ev, ResumeToken: position.FormatToken(row.ID), raw: raw}
 }
 
 // BenchmarkUnmarshalDocument decodes the fullDocument of a ~1 KB health event into a
@@ -143,7 +145,7 @@ func BenchmarkDeliveryPathHealthTyped(b *testing.B) {
 			b.ReportAllocs()
 			for i := range b.N {
 				row := healthRow(int64(i + 1))
-				if err := w.deliver(ctx, &row, makePosition(row.ChangedAt, row.ID), false); err != nil {
+				if err := w.deliver(ctx, &row, position.Make(row.ChangedAt, row.ID), false); err != nil {
 					b.Fatal(err)
 				}
 				ev := <-w.events
