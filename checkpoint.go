@@ -518,9 +518,9 @@ func (w *Watcher) Backlog(ctx context.Context) (int64, error) {
 	if !loaded {
 		return 0, errors.New("pgchangestream: backlog: the saved token is not loaded yet")
 	}
-	var args params
-	conds := []string{"c.table_name = " + args.add(w.cfg.TableName)}
-	n, _, _, err := countNotCertified(ctx, w.cfg.DB, changelog.Quote(w.cfg.ChangelogTable), saved, conds, args)
+	var args changelog.Params
+	conds := []string{"c.table_name = " + args.Add(w.cfg.TableName)}
+	n, _, _, err := changelog.CountNotCertified(ctx, w.cfg.DB, changelog.Quote(w.cfg.ChangelogTable), saved, conds, args)
 	if err != nil {
 		return 0, fmt.Errorf("pgchangestream: count backlog in changelog %s: %w", w.cfg.ChangelogTable, err)
 	}

@@ -191,7 +191,7 @@ func loadedAt(w *Watcher, p Position) {
 }
 
 // A caught-up watcher whose table gets no writes still saves the newer snapshot its reads moved
-// on to (so Prune can delete what other transactions wrote), at most once per
+// on to (so admin.Prune can delete what other transactions wrote), at most once per
 // CheckpointRefreshInterval, and never past a pending delivery.
 func TestCaughtUpWatcherSavesItsNewerSnapshot(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

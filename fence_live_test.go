@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pgchangestream/pgchangestream/internal/lock"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
@@ -19,7 +20,7 @@ import (
 // lockHolder returns the backend pid holding client "c"'s lock in exclusive mode, 0 if none.
 func (e *liveEnv) lockHolder() int {
 	e.t.Helper()
-	c, o := lockHalves(lockKey(DefaultTokenTable, "c"))
+	c, o := lockHalves(lock.Key(DefaultTokenTable, "c"))
 	var pid int
 	err := e.db.QueryRow(`SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND mode = 'ExclusiveLock'
 		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -298,7 +299,7 @@ func TestLiveTokenResetFencesAPausedOwner(t *testing.T) {
 	<-tracer.paused
 	e.terminate(e.lockHolder())
 	requireClosed(t, owner)
-	require.NoError(t, ResetToken(ctx, e.db, "c", e.position(ids[0]), AdminOptions{}))
+	require.NoError(t, resetTo(ctx, e.db, "c", e.position(ids[0]), ""))
 	reset := e.rawToken("c")
 	wake.Do(func() { close(tracer.release) })
 	require.ErrorIs(t, <-saved, ErrFenced)

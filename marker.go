@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
@@ -270,9 +271,9 @@ func (w *Watcher) catchUp(ctx context.Context) error {
 
 // catchUpStatement returns the statement, and its arguments, that selects the next page of the
 // catch-up after the legacy key of after: rows that loaded and saved both certify.
-func (w *Watcher) catchUpStatement(loaded, saved, after Position) (string, params) {
-	args := params{w.cfg.TableName, after.ChangedAt, after.ID}
-	return w.q.catchUp + certifiedBy(loaded, args.add) + "\n\tAND " + certifiedBy(saved, args.add) +
+func (w *Watcher) catchUpStatement(loaded, saved, after Position) (string, changelog.Params) {
+	args := changelog.Params{w.cfg.TableName, after.ChangedAt, after.ID}
+	return w.q.catchUp + position.CertifiedBy(loaded, args.Add) + "\n\tAND " + position.CertifiedBy(saved, args.Add) +
 		"\n\tORDER BY c.changed_at, c.id LIMIT " + strconv.Itoa(catchUpPage), args
 }
 

@@ -309,13 +309,13 @@ func TestLiveLargeDeltaInRowOrderAcrossRestart(t *testing.T) {
 }
 
 // markedNotCertified counts the changelog rows marked processed that the saved token raw does
-// not certify (the predicate Prune deletes by).
+// not certify (the predicate admin.Prune deletes by).
 func (e *liveEnv) markedNotCertified(raw string) int {
 	e.t.Helper()
 	p, err := position.DecodeToken([]byte(raw))
 	require.NoError(e.t, err)
 	var args []any
-	cond := certifiedBy(p, func(v any) string {
+	cond := position.CertifiedBy(p, func(v any) string {
 		args = append(args, v)
 		return "$" + strconv.Itoa(len(args))
 	})

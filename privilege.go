@@ -116,12 +116,12 @@ func clientTables(opts SchemaOptions) []string {
 
 // RestrictTokens limits role (and its members) to the token rows of clients: it can read, save,
 // fence and delete only their tokens, so it cannot move another client's position, which
-// [Prune] trusts. The same holds for the clients' rows of the dead-letter table and of the
+// admin.Prune trusts. The same holds for the clients' rows of the dead-letter table and of the
 // acknowledgement rows of transactional handlers, by which another client's events could be
 // parked, released or marked done, and of the members and ranges of shared clients, by which
 // another client's ranges could be taken or their saved positions moved. Calling it again
 // replaces the list; [RemoveRestrictions] lifts it. Other roles are unaffected; run
-// administration ([ResetToken], [Prune]) as the token table's owner or a BYPASSRLS role. Run it
+// administration (admin.ResetToken, admin.Prune) as the token table's owner or a BYPASSRLS role. Run it
 // as the token table's owner.
 func RestrictTokens(ctx context.Context, db *sql.DB, role string, clients []string, opts SchemaOptions) error {
 	stmts, err := RestrictTokensSQL(ctx, db, role, clients, opts)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/admin"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
@@ -101,7 +102,7 @@ func TestLiveClientCannotMoveAnotherClientsToken(t *testing.T) {
 	require.NoError(t, err, "its own client's ranges")
 	_, err = client.Exec(`INSERT INTO datastore_changelog_acks (client_name, changelog_id) VALUES ('a', $1)`, ids[1])
 	require.NoError(t, err, "its own client's acknowledgement rows")
-	_, err = Prune(t.Context(), client, PruneOptions{})
+	_, err = admin.Prune(t.Context(), client, admin.PruneOptions{})
 	require.ErrorContains(t, err, "hides other clients' tokens")
 
 	cfg := e.fromBeginning(ModeHybrid)
@@ -113,12 +114,12 @@ func TestLiveClientCannotMoveAnotherClientsToken(t *testing.T) {
 	require.NoError(t, w.MarkProcessed(t.Context(), []byte(strconv.FormatInt(got[2], 10))))
 	require.Equal(t, e.position(ids[2]), e.savedToken("a"), "its own fenced save works")
 	require.Equal(t, int64(1), liveScalar[int64](t, e.db, `SELECT owner_epoch FROM resume_tokens WHERE client_name = 'a'`))
-	listed, err := ListTokens(t.Context(), client, AdminOptions{})
+	listed, err := admin.ListTokens(t.Context(), client, admin.Options{})
 	require.NoError(t, err)
 	require.Len(t, listed, 1, "it sees its own token only")
 	require.NoError(t, w.Close(t.Context()))
 
-	require.NoError(t, ResetToken(t.Context(), e.db, "c", Position{}, AdminOptions{}), "the owner administers every token")
+	require.NoError(t, resetTo(t.Context(), e.db, "c", Position{}, ""), "the owner administers every token")
 	require.NoError(t, RemoveRestrictions(t.Context(), e.db, strings.Trim(role, `"`), SchemaOptions{}))
 	_, err = client.Exec(`UPDATE resume_tokens SET last_updated = now() WHERE client_name = 'c'`)
 	require.NoError(t, err)
@@ -445,7 +446,7 @@ func TestLiveRestrictedReadsHideParkedEvents(t *testing.T) {
 	}} {
 		restrict()
 		require.Zero(t, liveScalar[int](t, reader, count), "another table's parked event is hidden")
-		listed, err := ListParked(t.Context(), reader, "c", AdminOptions{})
+		listed, err := ListParked(t.Context(), reader, "c", admin.Options{})
 		require.NoError(t, err)
 		require.Len(t, listed, 1+i, "its own table's, one more parked each round")
 		for _, p := range listed {
@@ -464,7 +465,7 @@ func TestLiveRestrictedReadsHideParkedEvents(t *testing.T) {
 }
 
 // TestLivePruneFunctionRefusesRestrictedRole: the SQL retention function, called by a role that
-// RestrictTokens keeps from seeing a client's token, refuses as Prune does, instead of deleting
+// RestrictTokens keeps from seeing a client's token, refuses as admin.Prune does, instead of deleting
 // rows that client has not read; the owner's call keeps them.
 func TestLivePruneFunctionRefusesRestrictedRole(t *testing.T) {
 	t.Parallel()
@@ -477,7 +478,7 @@ func TestLivePruneFunctionRefusesRestrictedRole(t *testing.T) {
 	e.grant(`GRANT SELECT ON resume_tokens, datastore_changelog_ranges, datastore_changelog_members TO ` + role)
 	require.NoError(t, RestrictTokens(t.Context(), e.db, strings.Trim(role, `"`), []string{"a"}, SchemaOptions{}))
 
-	_, err := Prune(t.Context(), pruner, PruneOptions{})
+	_, err := admin.Prune(t.Context(), pruner, admin.PruneOptions{})
 	require.ErrorContains(t, err, "hides other clients' tokens")
 	_, err = pruner.Exec(`SELECT datastore_changelog_prune()`)
 	require.ErrorContains(t, err, `token table "resume_tokens" hides other clients' tokens from this role (RestrictTokens)`)

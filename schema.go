@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // DefaultTriggerFunction is the default [SchemaOptions.FunctionName]. It is the existing schema's
@@ -243,7 +244,7 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 		ddlLockKey, p.changelog, changelog.QuoteLiteral(p.changelog), changelog.Quote(opts.TokenTable),
 		changelog.Quote(opts.FunctionName), changelog.QuoteLiteral(opts.NotifyChannel), inTx, txidInTx,
 		txidColumn, alterLockTimeout.String(), changelog.Quote(changelog.IncarnationTable(opts.ChangelogTable)),
-		changelog.QuoteLiteral(changelog.Quote(opts.TokenTable)), epochColumn,
+		changelog.QuoteLiteral(changelog.Quote(opts.TokenTable)), changelog.EpochColumn,
 		changelog.QuoteLiteral(changelog.Quote(opts.FunctionName) + "()"),
 		changelog.Quote(changelog.ParkedTable(opts.ChangelogTable)), changelog.Quote(changelog.Unqualified(changelog.ParkedTable(opts.ChangelogTable)) + "_key_idx"),
 		changelog.Quote(changelog.AckTable(opts.ChangelogTable)),
@@ -263,10 +264,10 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 		DefaultBatch                                       int
 	}{
 		changelog.Quote(changelog.PruneFunction(opts.ChangelogTable)), p.changelog, tokenTable,
-		changelog.Quote(changelog.RangeTable(opts.ChangelogTable)), certifiedByTokenSQL(), formLegacy, formSwitchover, formSnapshot, formInRows,
-		restrictedTokens("to_regclass(" + changelog.QuoteLiteral(tokenTable) + ")"),
-		changelog.QuoteLiteral(strings.ReplaceAll(restrictedTokensMessage, "%s", "%")), changelog.QuoteLiteral(tokenTable),
-		DefaultPruneBatch,
+		changelog.Quote(changelog.RangeTable(opts.ChangelogTable)), position.CertifiedByTokenSQL(), position.FormLegacy, position.FormSwitchover, position.FormSnapshot, position.FormInRows,
+		changelog.RestrictedTokens("to_regclass(" + changelog.QuoteLiteral(tokenTable) + ")"),
+		changelog.QuoteLiteral(strings.ReplaceAll(changelog.RestrictedTokensMessage, "%s", "%")), changelog.QuoteLiteral(tokenTable),
+		changelog.DefaultPruneBatch,
 	})
 	if err != nil {
 		return installPlan{}, err
@@ -291,7 +292,7 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 //     the trigger function as SECURITY DEFINER, writing only for captured tables, then its
 //     search_path pinned to pg_catalog, the changelog's schema and pg_temp, its owner set to the
 //     changelog's, and EXECUTE revoked from PUBLIC; CREATE OR REPLACE of the retention function "<changelog>_prune"
-//     (schema/prune.sql, the SQL form of [Prune]);
+//     (schema/prune.sql, the SQL form of admin.Prune);
 //  2. CREATE INDEX CONCURRENTLY IF NOT EXISTS for the read index (table_name, changed_at, id),
 //     named "<changelog>_stream_idx";
 //  3. the same for the index of snapshot-delta reads, (table_name, txid, id, unit expression),

@@ -287,7 +287,7 @@ func newInstanceID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// saveArgs returns the parameters of a save statement (see saveTokenSQL).
+// saveArgs returns the parameters of a save statement (see changelog.SaveTokenSQL).
 func saveArgs(client, tok string, fenced bool, epoch int64, inc string) []any {
 	args := []any{client, tok}
 	if fenced {
@@ -323,7 +323,7 @@ func ackSaveSQL(tokenTable string, fenced bool, incarnation string, nowait bool)
 	WHERE tok.client_name = $1`
 	n := 3
 	if fenced {
-		q += ` AND ` + fenceCondition
+		q += ` AND ` + changelog.FenceCondition
 		n++
 	}
 	if incarnation != "" {

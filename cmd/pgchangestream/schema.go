@@ -74,7 +74,7 @@ var flagNames = strings.NewReplacer(
 	"SchemaOptions.NotifyChannel", "--channel", "Config.NotifyChannel", "--channel",
 	"SchemaOptions.FunctionName", "--function", "Config.ClientName", "--client",
 	"Config.TableName", "--table", "CaptureChanges table", "TABLE",
-	"AdminOptions.ChangelogTable", "--changelog-table", "AdminOptions.TokenTable", "--token-table",
+	"admin.Options.ChangelogTable", "--changelog-table", "admin.Options.TokenTable", "--token-table",
 )
 
 // schemaError turns an invalid configuration (a bad name) into a usage error naming the flag.

@@ -59,3 +59,11 @@ func MemberSequence(changelog string) string { return changelog + "_member_seq" 
 // RangeTable holds each shared client's ranges, their owners and saved positions, beside
 // changelog ("<name>_ranges").
 func RangeTable(changelog string) string { return changelog + "_ranges" }
+
+// DefaultPruneBatch is the number of rows the admin package's Prune and the SQL retention
+// function delete per statement by default.
+const DefaultPruneBatch = 10000
+
+// MaxTableNameLen is the length, in characters, of the changelog's table_name column
+// (VARCHAR(100)).
+const MaxTableNameLen = 100

@@ -268,3 +268,7 @@ func truncateForError(b []byte) []byte {
 	}
 	return b
 }
+
+// Token returns the saved-token JSON of p for a client of table ("": none recorded): what a
+// watcher saves at p, and what the admin package's ResetToken saves for a client of table.
+func (p Position) Token(table string) string { return string(EncodeToken(p, table)) }

@@ -1,17 +1,17 @@
-package pgchangestream
+package admin
 
 import (
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
-// TokenBacklog is what a saved token has not passed (see [SavedTokenBacklog]).
+// TokenBacklog is what a saved token has not passed (see [Backlog]).
 type TokenBacklog struct {
 	// Position is where a watcher loading the token resumes: after it. ChangedAt is zero for a
 	// position before every row (a client that started on a table without rows).
@@ -22,19 +22,19 @@ type TokenBacklog struct {
 	// replays from the beginning, and every row counts.
 	RowGone bool
 	// Rows is the number of changelog rows, visible now, that the token does not certify: what
-	// a watcher restarting from it would deliver. The same count as [Watcher.Backlog], and the
+	// a watcher restarting from it would deliver. The same count as the watcher's Backlog, and the
 	// rows [Prune] keeps for this token.
 	Rows int64
 	// Lag is the age of the oldest of those rows, from its changed_at, by the database's clock;
-	// 0 when there is none: [Stats].Lag, seen from the saved token.
+	// 0 when there is none: the watcher's Stats.Lag, seen from the saved token.
 	Lag time.Duration
 }
 
-// SavedTokenBacklog loads a saved token (its JSON, as [ListTokens] returns it) the way a watcher
+// Backlog loads a saved token (its JSON, as [ListTokens] returns it) the way a watcher
 // does and counts the changelog rows of table ("" for every table) it does not certify. An
 // id-only token's row is looked up; a token that cannot be loaded is an error wrapping
 // ErrInvalidSavedToken.
-func SavedTokenBacklog(ctx context.Context, db *sql.DB, token, table string, opts AdminOptions) (TokenBacklog, error) {
+func Backlog(ctx context.Context, db *sql.DB, token, table string, opts Options) (TokenBacklog, error) {
 	t, err := opts.resolve()
 	if err != nil {
 		return TokenBacklog{}, err
@@ -44,12 +44,12 @@ func SavedTokenBacklog(ctx context.Context, db *sql.DB, token, table string, opt
 	if err != nil {
 		return TokenBacklog{}, err
 	}
-	var args params
+	var args changelog.Params
 	var conds []string
 	if table != "" {
-		conds = append(conds, "c.table_name = "+args.add(table))
+		conds = append(conds, "c.table_name = "+args.Add(table))
 	}
-	b.Rows, b.Lag, _, err = countNotCertified(ctx, db, t.cl, b.Position, conds, args)
+	b.Rows, b.Lag, _, err = changelog.CountNotCertified(ctx, db, t.cl, b.Position, conds, args)
 	if err != nil {
 		return TokenBacklog{}, fmt.Errorf("count backlog in changelog %s: %w", t.changelog, err)
 	}
@@ -58,13 +58,13 @@ func SavedTokenBacklog(ctx context.Context, db *sql.DB, token, table string, opt
 
 // loadSavedToken decodes a saved token as a watcher loads it: an id-only token takes its row's
 // changed_at or, with rowGone, is placed before every row when that row is gone. A token that
-// cannot be decoded is an error wrapping ErrInvalidSavedToken; table is set even then, when the
+// cannot be decoded is an error wrapping changelog.ErrInvalidSavedToken; table is set even then, when the
 // token names one.
-func loadSavedToken(ctx context.Context, db *sql.DB, t adminTables, token string) (pos Position, table string, rowGone bool, err error) {
+func loadSavedToken(ctx context.Context, db *sql.DB, t resolved, token string) (pos Position, table string, rowGone bool, err error) {
 	pos, table, err = position.DecodeTableToken([]byte(token))
 	if errors.Is(err, position.ErrTokenNeedsLookup) {
 		id := pos.ID
-		pos, err = lookUpTokenRow(ctx, db, t.q.rowTime, id)
+		pos, err = lookUpTokenRow(ctx, db, t.rowTime, id)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			return Position{ID: id}, table, true, nil
@@ -73,26 +73,7 @@ func loadSavedToken(ctx context.Context, db *sql.DB, t adminTables, token string
 		}
 	}
 	if err != nil {
-		return Position{}, table, false, fmt.Errorf("%w: %v", ErrInvalidSavedToken, err)
+		return Position{}, table, false, fmt.Errorf("%w: %v", changelog.ErrInvalidSavedToken, err)
 	}
 	return pos, table, false, nil
-}
-
-// countNotCertified counts the rows of changelog cl (quoted) matching conds (on row c, with
-// their parameters in args) that a saved token at p has not passed. It also returns the age of
-// the oldest of them (0 for none) and now, both by the database's clock. Watcher.Backlog,
-// Prune and SavedTokenBacklog count through it, so that they agree.
-func countNotCertified(ctx context.Context, db *sql.DB, cl string, p Position, conds []string, args params) (
-	n int64, lag time.Duration, now time.Time, err error) {
-	conds = append(conds, notCertifiedBy(p, args.add))
-	var oldest sql.NullTime
-	err = db.QueryRowContext(ctx, `SELECT count(*), min(c.changed_at), now() FROM `+cl+` c WHERE `+
-		strings.Join(conds, "\n\tAND "), args...).Scan(&n, &oldest, &now)
-	if err != nil {
-		return 0, 0, time.Time{}, err
-	}
-	if oldest.Valid {
-		lag = max(now.Sub(oldest.Time), 0)
-	}
-	return n, lag, now, nil
 }

@@ -1,4 +1,4 @@
-package pgchangestream
+package admin
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
-// SharedClient is a [Config.Shared] client as its tables hold it (see [ListShared]).
+// SharedClient is a Config.Shared client as its tables hold it (see [ListShared]).
 type SharedClient struct {
 	Client string
 	// Members are the client's members, by id; a member whose lease ran out stays listed (with
@@ -54,7 +54,7 @@ type SharedRangeInfo struct {
 // ListShared returns every shared client of the changelog (those with rows in its _ranges
 // table), ordered by client name, with their members and ranges. A changelog without the
 // shared tables (InstallSchema adds them) has none.
-func ListShared(ctx context.Context, db *sql.DB, opts AdminOptions) ([]SharedClient, error) {
+func ListShared(ctx context.Context, db *sql.DB, opts Options) ([]SharedClient, error) {
 	t, err := opts.resolve()
 	if err != nil {
 		return nil, err
@@ -62,7 +62,7 @@ func ListShared(ctx context.Context, db *sql.DB, opts AdminOptions) ([]SharedCli
 	return listShared(ctx, db, t)
 }
 
-func listShared(ctx context.Context, db *sql.DB, t adminTables) ([]SharedClient, error) {
+func listShared(ctx context.Context, db *sql.DB, t resolved) ([]SharedClient, error) {
 	ranges, members := changelog.RangeTable(t.changelog), changelog.MemberTable(t.changelog)
 	var exists bool
 	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL`,
