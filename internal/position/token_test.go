@@ -47,6 +47,7 @@ func TestTokenRecordsItsTable(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, p, got)
 	require.Equal(t, `odd "name" é`, table)
+	require.Equal(t, string(data), p.Token(`odd "name" é`), "Token is the saved-token JSON")
 
 	got, table, err = DecodeTableToken([]byte(`{"timestamp":"2025-05-06T07:08:09Z","eventID":7}`))
 	require.NoError(t, err)
