@@ -8,7 +8,6 @@ import (
 	"strconv"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
-	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // Acknowledgement rows of transactional handlers. A handler's transaction first claims its
@@ -97,7 +96,7 @@ func (w *Watcher) compactAcks(ctx context.Context) (int64, error) {
 	w.mu.Unlock()
 	certified := ""
 	if loaded {
-		certified = position.CertifiedBy(saved, args.Add)
+		certified = changelog.CertifiedBy(saved, args.Add)
 		if w.sh != nil {
 			certified = "(" + certified + w.sharedCompaction(args.Add) + ")"
 		}

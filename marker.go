@@ -273,7 +273,7 @@ func (w *Watcher) catchUp(ctx context.Context) error {
 // catch-up after the legacy key of after: rows that loaded and saved both certify.
 func (w *Watcher) catchUpStatement(loaded, saved, after Position) (string, changelog.Params) {
 	args := changelog.Params{w.cfg.TableName, after.ChangedAt, after.ID}
-	return w.q.catchUp + position.CertifiedBy(loaded, args.Add) + "\n\tAND " + position.CertifiedBy(saved, args.Add) +
+	return w.q.catchUp + changelog.CertifiedBy(loaded, args.Add) + "\n\tAND " + changelog.CertifiedBy(saved, args.Add) +
 		"\n\tORDER BY c.changed_at, c.id LIMIT " + strconv.Itoa(catchUpPage), args
 }
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
@@ -315,7 +316,7 @@ func (e *liveEnv) markedNotCertified(raw string) int {
 	p, err := position.DecodeToken([]byte(raw))
 	require.NoError(e.t, err)
 	var args []any
-	cond := position.CertifiedBy(p, func(v any) string {
+	cond := changelog.CertifiedBy(p, func(v any) string {
 		args = append(args, v)
 		return "$" + strconv.Itoa(len(args))
 	})

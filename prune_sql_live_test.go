@@ -101,7 +101,7 @@ func (e *liveEnv) heldBack(only string, ignore []string) []int64 {
 			p = position.Make(ts, p.ID)
 		}
 		var args changelog.Params
-		cond := "(" + position.CertifiedBy(p, args.Add) + ") IS NOT TRUE"
+		cond := "(" + changelog.CertifiedBy(p, args.Add) + ") IS NOT TRUE"
 		if table != "" {
 			cond += " AND c.table_name = " + args.Add(table)
 		}

@@ -29,7 +29,7 @@ func (e *liveEnv) uncertified(client, table string) int64 {
 	args := changelog.Params{table}
 	var n int64
 	require.NoError(e.t, e.db.QueryRow(`SELECT count(*) FROM datastore_changelog c WHERE c.table_name = $1 AND NOT `+
-		position.CertifiedBy(p, args.Add), args...).Scan(&n))
+		changelog.CertifiedBy(p, args.Add), args...).Scan(&n))
 	return n
 }
 

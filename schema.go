@@ -15,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
-	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // DefaultTriggerFunction is the default [SchemaOptions.FunctionName]. It is the existing schema's
@@ -264,7 +263,7 @@ func renderInstallPlan(opts SchemaOptions) (installPlan, error) {
 		DefaultBatch                                       int
 	}{
 		changelog.Quote(changelog.PruneFunction(opts.ChangelogTable)), p.changelog, tokenTable,
-		changelog.Quote(changelog.RangeTable(opts.ChangelogTable)), position.CertifiedByTokenSQL(), position.FormLegacy, position.FormSwitchover, position.FormSnapshot, position.FormInRows,
+		changelog.Quote(changelog.RangeTable(opts.ChangelogTable)), changelog.CertifiedByToken(), changelog.FormLegacy, changelog.FormSwitchover, changelog.FormSnapshot, changelog.FormInRows,
 		changelog.RestrictedTokens("to_regclass(" + changelog.QuoteLiteral(tokenTable) + ")"),
 		changelog.QuoteLiteral(strings.ReplaceAll(changelog.RestrictedTokensMessage, "%s", "%")), changelog.QuoteLiteral(tokenTable),
 		changelog.DefaultPruneBatch,

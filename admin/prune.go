@@ -117,10 +117,10 @@ func Prune(ctx context.Context, db *sql.DB, opts PruneOptions) (PruneResult, err
 		case opts.Table == "": // it holds back only the rows of its table
 			tokenTables = append(tokenTables, t.table)
 			other := args.Add(t.table)
-			conds = append(conds, "(c.table_name <> "+other+" OR "+position.CertifiedBy(t.pos, args.Add)+")")
+			conds = append(conds, "(c.table_name <> "+other+" OR "+changelog.CertifiedBy(t.pos, args.Add)+")")
 			continue
 		}
-		conds = append(conds, position.CertifiedBy(t.pos, args.Add))
+		conds = append(conds, changelog.CertifiedBy(t.pos, args.Add))
 	}
 	if !everyTable && opts.Table == "" { // keep the rows of tables no token counts for
 		slices.Sort(tokenTables)
@@ -152,6 +152,9 @@ func (opts PruneOptions) reach(arg func(any) string) []string {
 	return conds
 }
 
+// restrictedTokensSQL reads changelog.RestrictedTokens of the token table $1.
+var restrictedTokensSQL = `SELECT ` + changelog.RestrictedTokens("to_regclass($1)")
+
 // pruneTokens returns the tokens that count for the rows Prune may delete: all but the ignored
 // ones and, with Table set, those of other tables. A shared client's tokens are those of its
 // ranges, each counted as a client's token is; its token-table row, which only gave the ranges
@@ -159,7 +162,7 @@ func (opts PruneOptions) reach(arg func(any) string) []string {
 // res.Unresolved for those whose row is gone.
 func pruneTokens(ctx context.Context, db *sql.DB, tables resolved, opts PruneOptions, res *PruneResult) ([]pruneToken, error) {
 	var restricted bool
-	if err := db.QueryRowContext(ctx, changelog.RestrictedTokensSQL, tables.tok).Scan(&restricted); err != nil {
+	if err := db.QueryRowContext(ctx, restrictedTokensSQL, tables.tok).Scan(&restricted); err != nil {
 		return nil, fmt.Errorf("read the policies of token table %s: %w", tables.tokens, err)
 	}
 	if restricted {

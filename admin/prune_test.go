@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
-	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/stretchr/testify/require"
 )
 
@@ -176,7 +175,7 @@ func TestPruneCountsATokenForItsTableOnly(t *testing.T) {
 // expectTokensVisible expects Prune's check of the token table's policies: restricted, whether a
 // restrictive policy hides other clients' tokens from this role.
 func expectTokensVisible(mock sqlmock.Sqlmock, restricted bool) {
-	mock.ExpectQuery(changelog.RestrictedTokensSQL).WithArgs(`"resume_tokens"`).
+	mock.ExpectQuery(restrictedTokensSQL).WithArgs(`"resume_tokens"`).
 		WillReturnRows(sqlmock.NewRows([]string{"restricted"}).AddRow(restricted))
 }
 

@@ -10,6 +10,23 @@ const (
 	DefaultTriggerFunction = "log_table_changes"
 )
 
+// TxidColumn is the upgraded changelog's column holding the writing transaction's id
+// (xid8, PostgreSQL 13 and later).
+const TxidColumn = "txid"
+
+// EpochColumn is the token table's column of an exclusive client's owner epoch.
+const EpochColumn = "owner_epoch"
+
+// HealthEventsTable is the table whose default key is DefaultHealthEventsKey.
+const HealthEventsTable = "health_events"
+
+// DefaultHealthEventsKey is the key the schema's Capture gives the table named health_events
+// when none is set: the node name of the row's health event, as the store's rows
+// ({id, document: {healthevent: {nodename, ...}, ...}, created_at, ...}) hold it, so that the
+// events of one node keep one unit and are read in order by one shared member. A row whose
+// event spells it otherwise (healthevent.nodeName) gets the unit of its record id.
+const DefaultHealthEventsKey = "document.healthevent.nodename"
+
 // UnitColumn is the changelog's column of a row's unit, written by the trigger function from
 // the row's key; NULL stands for the unit of the record id.
 const UnitColumn = "unit"
@@ -59,10 +76,6 @@ func MemberSequence(changelog string) string { return changelog + "_member_seq" 
 // RangeTable holds each shared client's ranges, their owners and saved positions, beside
 // changelog ("<name>_ranges").
 func RangeTable(changelog string) string { return changelog + "_ranges" }
-
-// DefaultPruneBatch is the number of rows the admin package's Prune and the SQL retention
-// function delete per statement by default.
-const DefaultPruneBatch = 10000
 
 // MaxTableNameLen is the length, in characters, of the changelog's table_name column
 // (VARCHAR(100)).

@@ -25,7 +25,7 @@ func (p *Params) Add(v any) string {
 // admin.Prune and admin.Backlog count through it, so that they agree.
 func CountNotCertified(ctx context.Context, db *sql.DB, cl string, p position.Position, conds []string, args Params) (
 	n int64, lag time.Duration, now time.Time, err error) {
-	conds = append(conds, position.NotCertifiedBy(p, args.Add))
+	conds = append(conds, NotCertifiedBy(p, args.Add))
 	var oldest sql.NullTime
 	err = db.QueryRowContext(ctx, `SELECT count(*), min(c.changed_at), now() FROM `+cl+` c WHERE `+
 		strings.Join(conds, "\n\tAND "), args...).Scan(&n, &oldest, &now)

@@ -3,9 +3,6 @@ package changelog
 // The statements on the token table that the watcher and the admin package both run.
 
 const (
-	// EpochColumn is the token table's column that counts a client's owners (see the root's
-	// fence.go).
-	EpochColumn = "owner_epoch"
 	// FenceCondition is the condition that fences a statement on the token row (alias tok) to
 	// the owner epoch $3.
 	FenceCondition = `tok.` + EpochColumn + ` = $3`

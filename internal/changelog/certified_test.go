@@ -1,16 +1,18 @@
-package position
+package changelog
 
 import (
 	"strconv"
 	"testing"
+	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
 // predicate returns the certification predicate of a saved token and its parameters.
 func predicate(t *testing.T, raw string) (string, []any) {
 	t.Helper()
-	pos, err := DecodeToken([]byte(raw))
+	pos, err := position.DecodeToken([]byte(raw))
 	require.NoError(t, err)
 	var args []any
 	p := CertifiedBy(pos, func(v any) string {
@@ -22,7 +24,7 @@ func predicate(t *testing.T, raw string) (string, []any) {
 
 func TestPrunePredicateOfEveryTokenForm(t *testing.T) {
 	ts := `"2026-01-02T03:04:05.123456Z"`
-	pos := Make(t0.Add(123456000), 42)
+	pos := position.Make(time.Date(2026, 1, 2, 3, 4, 5, 123456000, time.UTC), 42)
 	for _, tc := range []struct {
 		name, token, want string
 		args              []any
