@@ -1,11 +1,12 @@
 // Package admin is what an operator does to the clients of a changelog, beside the watchers:
 // read and move their saved tokens, delete the rows every client has passed, count what a token
-// has not passed, look at shared clients, and handle the events Process parked.
+// has not passed, and look at shared clients. The events Process parked are handled by the root
+// package's ListParked, RetryParked and DropParked, which take this package's [Options].
 //
 // Every call takes the *sql.DB of the changelog's database and [Options] naming its tables; zero
 // values take the watcher's defaults. Errors match the sentinels of the root package with
-// errors.Is: pgchangestream.ErrInvalidConfig for a bad name or target, ErrClientActive,
-// ErrInvalidSavedToken and ErrNotParked as each call says.
+// errors.Is: pgchangestream.ErrInvalidConfig for a bad name or target, ErrClientActive and
+// ErrInvalidSavedToken as each call says.
 //
 // # Tokens
 //
