@@ -3,6 +3,8 @@ package pgchangestream
 import (
 	"context"
 	"errors"
+
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // MarkProcessed acknowledges the earliest pending delivery whose token is token, and every
@@ -21,7 +23,7 @@ func (w *Watcher) MarkProcessed(ctx context.Context, token []byte) error {
 	if w.cfgErr != nil {
 		return w.cfgErr
 	}
-	id, ok, tokenErr := parseToken(token)
+	id, ok, tokenErr := position.ParseToken(token)
 	if ok {
 		w.ack(id)
 	}

@@ -88,7 +88,7 @@ func (w *Watcher) insertClaim(ctx context.Context, tx *sql.Tx, id int64, q strin
 // the client (or after a token reset) deletes nothing by its own, older view. A Shared
 // member's is fenced by range (shared_tx.go).
 func (w *Watcher) compactAcks(ctx context.Context) (int64, error) {
-	args := params{w.cfg.ClientName}
+	args := changelog.Params{w.cfg.ClientName}
 	w.ckMu.Lock()
 	fenced, epoch, lost := w.fenced, w.epoch, w.excl.lostErr()
 	w.mu.Lock()
@@ -96,9 +96,9 @@ func (w *Watcher) compactAcks(ctx context.Context) (int64, error) {
 	w.mu.Unlock()
 	certified := ""
 	if loaded {
-		certified = certifiedBy(saved, args.add)
+		certified = changelog.CertifiedBy(saved, args.Add)
 		if w.sh != nil {
-			certified = "(" + certified + w.sharedCompaction(args.add) + ")"
+			certified = "(" + certified + w.sharedCompaction(args.Add) + ")"
 		}
 	}
 	w.ckMu.Unlock()
@@ -110,7 +110,7 @@ func (w *Watcher) compactAcks(ctx context.Context) (int64, error) {
 	}
 	q := w.q.compactAcks + certified + `)`
 	if fenced {
-		q += w.q.compactFence + args.add(epoch) + ` FOR KEY SHARE)`
+		q += w.q.compactFence + args.Add(epoch) + ` FOR KEY SHARE)`
 	}
 	res, err := w.cfg.DB.ExecContext(ctx, q, args...)
 	if err != nil {

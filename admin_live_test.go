@@ -2,9 +2,11 @@ package pgchangestream
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/admin"
 	"github.com/stretchr/testify/require"
 )
 
@@ -25,7 +27,7 @@ func (e *liveEnv) consume(client string, ids []int64, acked int) {
 }
 
 // holdersOf returns the client and row count of each holder.
-func holdersOf(res PruneResult) [][2]any {
+func holdersOf(res admin.PruneResult) [][2]any {
 	var out [][2]any
 	for _, h := range res.Holders {
 		out = append(out, [2]any{h.Client, h.Rows})
@@ -52,19 +54,19 @@ func TestLivePruneKeepsEveryRowAClientHasNotPassed(t *testing.T) {
 	e.consume("ahead", ids, 6)
 	e.consume("behind", ids, 3)
 
-	res, err := Prune(ctx, e.db, PruneOptions{DryRun: true})
+	res, err := admin.Prune(ctx, e.db, admin.PruneOptions{DryRun: true})
 	require.NoError(t, err)
 	require.Equal(t, int64(3), res.Deleted)
 	require.Equal(t, []string{"ahead", "behind"}, res.Clients)
 	require.Equal(t, [][2]any{{"behind", int64(5)}, {"ahead", int64(2)}}, holdersOf(res), "the rows each has not passed")
 	require.Equal(t, ids, e.idsInOrder(), "a dry run deletes nothing")
 
-	res, err = Prune(ctx, e.db, PruneOptions{OlderThan: time.Hour})
+	res, err = admin.Prune(ctx, e.db, admin.PruneOptions{OlderThan: time.Hour})
 	require.NoError(t, err)
 	require.Zero(t, res.Deleted, "rows younger than OlderThan are kept")
 
 	var progress []int64
-	res, err = Prune(ctx, e.db, PruneOptions{BatchSize: 2, Progress: func(n int64) { progress = append(progress, n) }})
+	res, err = admin.Prune(ctx, e.db, admin.PruneOptions{BatchSize: 2, Progress: func(n int64) { progress = append(progress, n) }})
 	require.NoError(t, err)
 	require.Equal(t, int64(3), res.Deleted)
 	require.Equal(t, []int64{2, 3}, progress)
@@ -72,7 +74,7 @@ func TestLivePruneKeepsEveryRowAClientHasNotPassed(t *testing.T) {
 	e.requireResumes("ahead", ids[6:])
 	e.requireResumes("behind", ids[3:])
 
-	res, err = Prune(ctx, e.db, PruneOptions{IgnoreClients: []string{"behind"}})
+	res, err = admin.Prune(ctx, e.db, admin.PruneOptions{IgnoreClients: []string{"behind"}})
 	require.NoError(t, err)
 	require.Equal(t, int64(3), res.Deleted, "an ignored client holds nothing back")
 	e.requireResumes("ahead", ids[6:])
@@ -80,9 +82,9 @@ func TestLivePruneKeepsEveryRowAClientHasNotPassed(t *testing.T) {
 	// A token whose row is gone replays everything: it holds every row back.
 	_, err = e.db.Exec(`INSERT INTO resume_tokens (client_name, resume_token) VALUES ('replaying', '{"eventID": 1}')`)
 	require.NoError(t, err)
-	res, err = Prune(ctx, e.db, PruneOptions{IgnoreClients: []string{"behind"}})
+	res, err = admin.Prune(ctx, e.db, admin.PruneOptions{IgnoreClients: []string{"behind"}})
 	require.NoError(t, err)
-	require.Equal(t, PruneResult{Clients: []string{"ahead"}, Unresolved: []string{"replaying"}}, res)
+	require.Equal(t, admin.PruneResult{Clients: []string{"ahead"}, Unresolved: []string{"replaying"}}, res)
 	require.Equal(t, ids[6:], e.idsInOrder())
 }
 
@@ -97,34 +99,41 @@ func TestLiveTokenAdminRefusesWhileAWatcherRuns(t *testing.T) {
 	require.Equal(t, ids, receiveWithin(t, w, 4, takeoverWait))
 	require.NoError(t, w.MarkProcessed(ctx, tok(ids[3])))
 
-	pos, err := ResetPosition(ctx, e.db, ResetTarget{AfterID: ids[1]}, AdminOptions{})
+	pos, err := admin.ResetToken(ctx, e.db, "c", admin.ResetTarget{AfterID: ids[1], DryRun: true}, admin.Options{})
 	require.NoError(t, err)
 	require.Equal(t, e.position(ids[1]), pos)
-	require.ErrorIs(t, ResetToken(ctx, e.db, "c", pos, AdminOptions{}), ErrClientActive)
-	_, err = DeleteToken(ctx, e.db, "c", AdminOptions{})
+	require.ErrorIs(t, resetTo(ctx, e.db, "c", pos, ""), ErrClientActive)
+	_, err = admin.DeleteToken(ctx, e.db, "c", admin.Options{})
 	require.ErrorIs(t, err, ErrClientActive)
 	require.NoError(t, w.Close(ctx))
 
-	require.NoError(t, ResetToken(ctx, e.db, "c", pos, AdminOptions{}))
+	require.NoError(t, resetTo(ctx, e.db, "c", pos, ""))
 	e.requireResumes("c", ids[2:])
 
-	at, err := ResetPosition(ctx, e.db, ResetTarget{Time: e.position(ids[3]).ChangedAt}, AdminOptions{})
+	at, err := admin.ResetToken(ctx, e.db, "c", admin.ResetTarget{Time: e.position(ids[3]).ChangedAt, DryRun: true}, admin.Options{})
 	require.NoError(t, err)
-	require.NoError(t, ResetToken(ctx, e.db, "c", at, AdminOptions{}))
+	require.NoError(t, resetTo(ctx, e.db, "c", at, ""))
 	e.requireResumes("c", ids[3:])
 
-	newest, err := ResetPosition(ctx, e.db, ResetTarget{Newest: true, Table: liveTable}, AdminOptions{})
+	newest, err := admin.ResetToken(ctx, e.db, "c", admin.ResetTarget{Newest: true, Table: liveTable, DryRun: true}, admin.Options{})
 	require.NoError(t, err)
 	require.Equal(t, e.position(ids[3]), newest)
-	beginning, err := ResetPosition(ctx, e.db, ResetTarget{Beginning: true}, AdminOptions{})
+	beginning, err := admin.ResetToken(ctx, e.db, "c", admin.ResetTarget{Beginning: true, DryRun: true}, admin.Options{})
 	require.NoError(t, err)
-	require.NoError(t, ResetToken(ctx, e.db, "c", beginning, AdminOptions{}))
+	require.NoError(t, resetTo(ctx, e.db, "c", beginning, ""))
 	e.requireResumes("c", ids)
 
-	existed, err := DeleteToken(ctx, e.db, "c", AdminOptions{})
+	existed, err := admin.DeleteToken(ctx, e.db, "c", admin.Options{})
 	require.NoError(t, err)
 	require.True(t, existed)
-	tokens, err := ListTokens(ctx, e.db, AdminOptions{})
+	tokens, err := admin.ListTokens(ctx, e.db, admin.Options{})
 	require.NoError(t, err)
 	require.Empty(t, tokens)
+}
+
+// resetTo saves pos as client's token for table ("": the table of its current token), as
+// admin.ResetToken does for a Position target.
+func resetTo(ctx context.Context, db *sql.DB, client string, pos Position, table string) error {
+	_, err := admin.ResetToken(ctx, db, client, admin.ResetTarget{Position: &pos, Table: table}, admin.Options{})
+	return err
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/admin"
 	"github.com/stretchr/testify/require"
 )
 
@@ -36,7 +37,7 @@ func (e *liveEnv) rangeTokens(client string) (tokens []string, owners []int64) {
 	return tokens, owners
 }
 
-// TestLiveResetTokenFencesSharedMembers proves that ResetToken of a shared client resets every
+// TestLiveResetTokenFencesSharedMembers proves that admin.ResetToken of a shared client resets every
 // range and frees it in one statement, so that a member that was running saves nothing over the
 // reset (it stops with ErrFenced), and the client's next member reads from the reset position.
 func TestLiveResetTokenFencesSharedMembers(t *testing.T) {
@@ -51,8 +52,8 @@ func TestLiveResetTokenFencesSharedMembers(t *testing.T) {
 	more := e.insert(1)
 	require.Equal(t, more, receiveWithin(t, w, 1, liveWait)) // held unacknowledged: no hand-over meanwhile
 
-	require.NoError(t, ResetToken(ctx, e.db, "s", Position{}, AdminOptions{}))
-	reset := ResetTokenJSON(Position{}, liveTable)
+	require.NoError(t, resetTo(ctx, e.db, "s", Position{}, ""))
+	reset := Position{}.Token(liveTable)
 	tokens, owners := e.rangeTokens("s")
 	require.Len(t, tokens, SharedRanges)
 	for r := range tokens {
@@ -84,15 +85,15 @@ func TestLiveResetTokenFencesSharedMembers(t *testing.T) {
 	require.ElementsMatch(t, append(items, more...), again, "the next member reads from the beginning")
 }
 
-// TestLiveDeleteTokenDeletesSharedRanges proves that DeleteToken of a shared client deletes its
+// TestLiveDeleteTokenDeletesSharedRanges proves that admin.DeleteToken of a shared client deletes its
 // ranges with its token row, and that its next member starts as a new client.
 func TestLiveDeleteTokenDeletesSharedRanges(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newLive(t)
 	items := e.insert(3)
-	e.saveRanges("s", ResetTokenJSON(e.position(items[0]), liveTable), nil)
-	found, err := DeleteToken(ctx, e.db, "s", AdminOptions{})
+	e.saveRanges("s", e.position(items[0]).Token(liveTable), nil)
+	found, err := admin.DeleteToken(ctx, e.db, "s", admin.Options{})
 	require.NoError(t, err)
 	require.True(t, found, "a client with ranges only has a token to delete")
 	tokens, _ := e.rangeTokens("s")

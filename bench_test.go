@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/pending"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // benchRow returns changelog row i of a typical captured table: an INSERT with a ~200-byte
@@ -42,7 +43,7 @@ func BenchmarkDeliveryPath(b *testing.B) {
 		b.ReportAllocs()
 		for i := range b.N {
 			row := benchRow(int64(i + 1))
-			if err := w.deliver(ctx, &row, makePosition(row.ChangedAt, row.ID), false); err != nil {
+			if err := w.deliver(ctx, &row, position.Make(row.ChangedAt, row.ID), false); err != nil {
 				b.Fatal(err)
 			}
 			ev := <-w.events
@@ -61,7 +62,7 @@ func BenchmarkDeliveryPath(b *testing.B) {
 			row := benchRow(int64(i + 1))
 			deliverUntracked(w, &row)
 			ev := <-w.events
-			if _, _, err := parseToken(ev.ResumeToken); err != nil {
+			if _, _, err := position.ParseToken(ev.ResumeToken); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -72,9 +73,9 @@ func BenchmarkDeliveryPath(b *testing.B) {
 // BenchmarkDeliveryPath.
 func deliverUntracked(w *Watcher, row *changelogRow) {
 	ev, raw, _ := w.event(row)
-	pos := makePosition(row.ChangedAt, row.ID)
+	pos := position.Make(row.ChangedAt, row.ID)
 	w.recent.add(row.ID)
-	token := formatToken(row.ID)
+	token := position.FormatToken(row.ID)
 	w.mu.Lock()
 	w.seq++
 	w.advanceLocked(pos)
@@ -91,7 +92,7 @@ func BenchmarkMarkProcessedBatched(b *testing.B) {
 	w := benchWatcher()
 	tokens := make([][]byte, DefaultMaxPending)
 	for i := range tokens {
-		tokens[i] = formatToken(int64(i))
+		tokens[i] = position.FormatToken(int64(i))
 	}
 	p := pos(0, 0)
 	b.ReportAllocs()
@@ -111,7 +112,7 @@ func BenchmarkMarkProcessedBatched(b *testing.B) {
 }
 
 func BenchmarkPendingPushAck(b *testing.B) {
-	r := pending.New(DefaultMaxPending, Position.predecessor)
+	r := pending.New(DefaultMaxPending, Position.Predecessor)
 	p := pos(0, 0)
 	b.ReportAllocs()
 	for i := range b.N {
@@ -153,11 +154,11 @@ func BenchmarkProcess(b *testing.B) {
 		keys[i] = strconv.Itoa(i)
 	}
 	spread := func(ev EventWithToken) string {
-		id, _, _ := parseToken(ev.ResumeToken)
+		id, _, _ := position.ParseToken(ev.ResumeToken)
 		return keys[id%int64(len(keys))]
 	}
 	hotHalf := func(ev EventWithToken) string {
-		if id, _, _ := parseToken(ev.ResumeToken); id%2 == 0 {
+		if id, _, _ := position.ParseToken(ev.ResumeToken); id%2 == 0 {
 			return "hot"
 		}
 		return spread(ev)
@@ -202,14 +203,14 @@ func BenchmarkProcess(b *testing.B) {
 				return err
 			}
 			for i := range b.N {
-				if c.key(EventWithToken{ResumeToken: formatToken(int64(i + 1))}) != "hot" {
+				if c.key(EventWithToken{ResumeToken: position.FormatToken(int64(i + 1))}) != "hot" {
 					cold.Add(1)
 				}
 			}
 			go func() {
 				for i := range b.N {
 					row := benchRow(int64(i + 1))
-					if err := w.deliver(ctx, &row, makePosition(row.ChangedAt, row.ID), false); err != nil {
+					if err := w.deliver(ctx, &row, position.Make(row.ChangedAt, row.ID), false); err != nil {
 						panic(err)
 					}
 				}

@@ -213,7 +213,7 @@ func newWatcher(cfg Config) *Watcher {
 		wake:     make(chan struct{}, 1),
 		ready:    make(chan struct{}),
 		mark:     marker{wake: make(chan struct{}, 1)},
-		ring:     pending.New(cfg.MaxPending, Position.predecessor),
+		ring:     pending.New(cfg.MaxPending, Position.Predecessor),
 		recent:   newRecentIDs(recentCapacity),
 		batch:    make([]changelogRow, 0, cfg.BatchSize+1), // a delta's first page reads one more
 		spare:    make([]changelogRow, 0, cfg.BatchSize+1),

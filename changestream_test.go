@@ -9,6 +9,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -64,7 +65,7 @@ func rowPos(f *fakeDB, id int64) Position {
 	defer f.mu.Unlock()
 	for _, r := range f.rows {
 		if r.ID == id {
-			return makePosition(r.ChangedAt, r.ID)
+			return position.Make(r.ChangedAt, r.ID)
 		}
 	}
 	panic("no row " + strconv.FormatInt(id, 10))
@@ -84,7 +85,7 @@ func TestRestartReplaysBufferedDeliveries(t *testing.T) {
 		synctest.Wait() // 2..5 are buffered in the channel
 		require.Equal(t, 5, w.Stats().Pending)
 		require.NoError(t, w.MarkProcessed(t.Context(), tok(1)))
-		require.Equal(t, rowPos(f, 2).predecessor(), f.token(t, "c"), "the token stops before the first unacknowledged delivery")
+		require.Equal(t, rowPos(f, 2).Predecessor(), f.token(t, "c"), "the token stops before the first unacknowledged delivery")
 		closeWatcher(t, w)
 
 		w2 := startOn(t, t.Context(), f, Config{})
@@ -103,7 +104,7 @@ func TestAckIsCumulativeInDeliveryOrder(t *testing.T) {
 		st := w.Stats()
 		require.Equal(t, uint64(3), st.Acked, "acking the third delivery acknowledges the two before it")
 		require.Equal(t, 2, st.Pending)
-		require.Equal(t, rowPos(f, 4).predecessor(), f.token(t, "c"))
+		require.Equal(t, rowPos(f, 4).Predecessor(), f.token(t, "c"))
 		require.Equal(t, rowPos(f, 5), st.Cursor, "acks never move the read cursor")
 		require.NoError(t, w.MarkProcessed(t.Context(), tok(5)))
 		require.Equal(t, rowPos(f, 5), f.token(t, "c"), "with nothing pending the token is the cursor")
@@ -125,7 +126,7 @@ func TestTokensThatCertifyNothing(t *testing.T) {
 		st := w.Stats()
 		require.Equal(t, 3, st.Pending, "nothing was acknowledged")
 		require.Equal(t, rowPos(f, 3), st.Cursor, "the cursor did not move")
-		require.Equal(t, rowPos(f, 1).predecessor(), f.token(t, "c"))
+		require.Equal(t, rowPos(f, 1).Predecessor(), f.token(t, "c"))
 		require.Equal(t, writes+1, st.CheckpointWrites, "only the first call had a changed checkpoint to save")
 
 		err := w.MarkProcessed(t.Context(), []byte("not-a-number"))
@@ -136,7 +137,7 @@ func TestTokensThatCertifyNothing(t *testing.T) {
 		require.NoError(t, w.MarkProcessed(t.Context(), tok(1)))
 		require.NoError(t, w.MarkProcessed(t.Context(), tok(1)), "a duplicate ack")
 		require.Equal(t, 2, w.Stats().Pending, "the duplicate certified nothing more")
-		require.Equal(t, rowPos(f, 2).predecessor(), f.token(t, "c"))
+		require.Equal(t, rowPos(f, 2).Predecessor(), f.token(t, "c"))
 		closeWatcher(t, w)
 	})
 }
@@ -155,7 +156,7 @@ func TestLateRowBelowCursorIsRecovered(t *testing.T) {
 		require.Equal(t, rowPos(f, b), w.Stats().Cursor, "the cursor does not move back")
 
 		require.NoError(t, w.MarkProcessed(t.Context(), tok(b)))
-		require.Equal(t, rowPos(f, late).predecessor(), f.token(t, "c"), "the token holds behind the late row until it is acked")
+		require.Equal(t, rowPos(f, late).Predecessor(), f.token(t, "c"), "the token holds behind the late row until it is acked")
 		closeWatcher(t, w)
 
 		w2 := startOn(t, t.Context(), f, Config{})
@@ -191,7 +192,7 @@ func TestLowerIDWithLaterChangedAtIsReadInPositionOrder(t *testing.T) {
 		w := startOn(t, t.Context(), f, Config{StartFromBeginning: true})
 		require.Equal(t, []int64{second, first}, receive(t, w, 2))
 		require.NoError(t, w.MarkProcessed(t.Context(), tok(second)))
-		require.Equal(t, rowPos(f, first).predecessor(), f.token(t, "c"))
+		require.Equal(t, rowPos(f, first).Predecessor(), f.token(t, "c"))
 		closeWatcher(t, w)
 	})
 }
@@ -222,7 +223,7 @@ func TestAbandonedSendStaysPending(t *testing.T) {
 				// The consumer flushes its final watermark after Close.
 				require.NoError(t, w.MarkProcessed(context.Background(), tok(1)))
 				require.NoError(t, w.Flush(context.Background()))
-				require.Equal(t, rowPos(f, 2).predecessor(), f.token(t, "c"), "the abandoned row 2 is never passed")
+				require.Equal(t, rowPos(f, 2).Predecessor(), f.token(t, "c"), "the abandoned row 2 is never passed")
 				require.NoError(t, w.Close(context.Background()), "a second Close is fine")
 
 				w2 := startOn(t, t.Context(), f, Config{})
@@ -245,16 +246,16 @@ func TestSaturationFloor(t *testing.T) {
 		require.Equal(t, uint64(6), st.Evicted)
 		require.True(t, st.FloorActive)
 		require.NoError(t, w.Flush(t.Context()))
-		require.Equal(t, rowPos(f, 1).predecessor(), f.token(t, "c"), "the floor holds the first unacknowledged delivery")
+		require.Equal(t, rowPos(f, 1).Predecessor(), f.token(t, "c"), "the floor holds the first unacknowledged delivery")
 
 		require.NoError(t, w.MarkProcessed(t.Context(), tok(3)), "an evicted delivery")
 		require.True(t, w.Stats().FloorActive, "an ack of an evicted delivery certifies nothing")
-		require.Equal(t, rowPos(f, 1).predecessor(), f.token(t, "c"))
+		require.Equal(t, rowPos(f, 1).Predecessor(), f.token(t, "c"))
 
 		require.NoError(t, w.MarkProcessed(t.Context(), tok(8)))
 		st = w.Stats()
 		require.False(t, st.FloorActive, "an ack of a tracked delivery clears the floor")
-		require.Equal(t, rowPos(f, 9).predecessor(), f.token(t, "c"))
+		require.Equal(t, rowPos(f, 9).Predecessor(), f.token(t, "c"))
 		closeWatcher(t, w)
 	})
 }
@@ -277,7 +278,7 @@ func TestLongRunWithMostlyMissingAcks(t *testing.T) {
 			require.False(t, w.Stats().FloorActive)
 			want := rowPos(f, id)
 			if id < n { // the next delivery is already pending (buffered)
-				want = rowPos(f, id+1).predecessor()
+				want = rowPos(f, id+1).Predecessor()
 			}
 			require.Equal(t, want, f.token(t, "c"), "an ack covers every delivery before it")
 		}
@@ -305,7 +306,7 @@ func TestFailedSaveIsAnErrorAndRetried(t *testing.T) {
 		require.Equal(t, 1, w.Stats().Pending, "the acknowledgement is kept")
 
 		require.NoError(t, w.MarkProcessed(t.Context(), nil), "a retry saves the kept acknowledgement")
-		require.Equal(t, rowPos(f, 3).predecessor(), f.token(t, "c"))
+		require.Equal(t, rowPos(f, 3).Predecessor(), f.token(t, "c"))
 		closeWatcher(t, w)
 	})
 }
@@ -357,7 +358,7 @@ func TestLoadRetriesInsteadOfGuessing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeDB(testConfig(Config{}))
 		f.insert("t", t0, 2)
-		f.tokens["c"] = string(encodeToken(rowPos(f, 1), "t"))
+		f.tokens["c"] = string(position.EncodeToken(rowPos(f, 1), "t"))
 		f.failLoads = 3
 		start := time.Now()
 		w := startOn(t, t.Context(), f, Config{})
@@ -436,7 +437,7 @@ func TestLateRowBehindTheSavedTokenMovesItBack(t *testing.T) {
 		f.commit(late)
 		w.onNotification(`{"id":` + strconv.FormatInt(late, 10) + `,"table":"t","operation":"INSERT"}`)
 		synctest.Wait()
-		require.Equal(t, rowPos(f, late).predecessor(), f.token(t, "c"),
+		require.Equal(t, rowPos(f, late).Predecessor(), f.token(t, "c"),
 			"the token is saved back behind the recovered row before it is handed out")
 		crash() // no Close, no Flush: a restart replays the late row
 		synctest.Wait()
@@ -456,14 +457,14 @@ func TestCloseHoldsBehindLateRowsNotYetHandled(t *testing.T) {
 		require.Equal(t, ids[:1], receive(t, w, 1))
 		synctest.Wait() // the next row waits in the channel, the send of the third is blocked
 		require.NoError(t, w.MarkProcessed(t.Context(), tok(ids[0])))
-		require.Equal(t, rowPos(f, ids[1]).predecessor(), f.token(t, "c"))
+		require.Equal(t, rowPos(f, ids[1]).Predecessor(), f.token(t, "c"))
 
 		// The late row commits and is notified while the reader is stuck sending: it never gets
 		// to the hint before Close.
 		f.commit(late)
 		w.onNotification(`{"id":` + strconv.FormatInt(late, 10) + `,"table":"t","operation":"INSERT"}`)
 		require.NoError(t, w.Close(context.Background()))
-		require.Equal(t, rowPos(f, late).predecessor(), f.token(t, "c"), "Close saved behind the late row")
+		require.Equal(t, rowPos(f, late).Predecessor(), f.token(t, "c"), "Close saved behind the late row")
 		st := w.Stats()
 		require.Equal(t, 3, st.Pending, "the late row is pending, never handed out")
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgchangestream/pgchangestream/internal/backoff"
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // loadWithRetry loads the saved token into the cursor. It never guesses a position: while the
@@ -79,7 +80,7 @@ func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, e
 	}
 	w.noteStats(stats)
 	var (
-		now pgSnapshot
+		now position.Snapshot
 		inc string
 	)
 	if skipFree {
@@ -127,12 +128,12 @@ func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, e
 		w.log.Info("no saved token: starting", "position", pos, "from_beginning", w.cfg.StartFromBeginning)
 	default:
 		var table string
-		pos, table, err = decodeTableToken([]byte(raw))
+		pos, table, err = position.DecodeTableToken([]byte(raw))
 		if table != "" && table != w.cfg.TableName && !rewinding {
 			w.log.Warn("the saved token was written by a watcher of another table; Prune keeps this table's rows "+
 				"for it only once it saves its own", "token_table", table)
 		}
-		if errors.Is(err, errTokenNeedsLookup) {
+		if errors.Is(err, position.ErrTokenNeedsLookup) {
 			pos, err = w.tokenRowPosition(ctx, pos.ID)
 		}
 		if err != nil {
@@ -145,10 +146,10 @@ func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, e
 			w.log.Info("resuming after the saved token", "position", pos)
 		}
 	}
-	if pos.span != nil { // the snapshots were read in (or, for a saved token, survived into) inc
-		s := *pos.span
-		s.inc = inc
-		pos.span = &s
+	if pos.Span != nil { // the snapshots were read in (or, for a saved token, survived into) inc
+		s := *pos.Span
+		s.Inc = inc
+		pos.Span = &s
 	}
 	if save && !w.cfg.Ephemeral {
 		if err := w.writeToken(ctx, pos, w.ackedSeq()); err != nil {
@@ -172,7 +173,7 @@ func (e changelogReadError) Unwrap() error { return e.error }
 // transactionCounter returns the current snapshot of an upgraded changelog and the server's
 // incarnation ("" without an incarnation table), after checking that no transaction id stored
 // for the table is at or beyond it (a restored database).
-func (w *Watcher) transactionCounter(ctx context.Context) (pgSnapshot, string, error) {
+func (w *Watcher) transactionCounter(ctx context.Context) (position.Snapshot, string, error) {
 	var (
 		text, inc string
 		newest    sql.NullString
@@ -184,19 +185,19 @@ func (w *Watcher) transactionCounter(ctx context.Context) (pgSnapshot, string, e
 		err = w.cfg.DB.QueryRowContext(ctx, w.q.deltaStart, w.cfg.TableName).Scan(&text, &newest)
 	}
 	if err != nil {
-		return pgSnapshot{}, "", changelogReadError{fmt.Errorf("read changelog: take snapshot: %w", err)}
+		return position.Snapshot{}, "", changelogReadError{fmt.Errorf("read changelog: take snapshot: %w", err)}
 	}
-	now, err := parseSnapshot(text)
+	now, err := position.ParseSnapshot(text)
 	if err != nil {
-		return pgSnapshot{}, "", err
+		return position.Snapshot{}, "", err
 	}
 	if newest.Valid {
 		x, err := strconv.ParseUint(newest.String, 10, 64)
 		if err != nil {
-			return pgSnapshot{}, "", fmt.Errorf("read changelog: newest txid %q: %w", newest.String, err)
+			return position.Snapshot{}, "", fmt.Errorf("read changelog: newest txid %q: %w", newest.String, err)
 		}
-		if x >= now.xmax {
-			return pgSnapshot{}, "", fmt.Errorf("%w: the changelog holds txid %d, the current snapshot is %s",
+		if x >= now.Xmax {
+			return position.Snapshot{}, "", fmt.Errorf("%w: the changelog holds txid %d, the current snapshot is %s",
 				ErrRestoredDatabase, x, now)
 		}
 	}
@@ -208,26 +209,26 @@ func (w *Watcher) transactionCounter(ctx context.Context) (pgSnapshot, string, e
 // form must be saved at once, so a restart keeps the same switch-over snapshot); a token of an
 // upgraded changelog on a legacy one resumes after its legacy position. now is a snapshot taken
 // before the token was read (see notAhead).
-func (w *Watcher) resumePosition(ctx context.Context, pos Position, skipFree bool, now pgSnapshot) (_ Position, save bool, err error) {
+func (w *Watcher) resumePosition(ctx context.Context, pos Position, skipFree bool, now position.Snapshot) (_ Position, save bool, err error) {
 	switch {
-	case skipFree && pos.span == nil:
+	case skipFree && pos.Span == nil:
 		s, err := w.switchSnapshot(ctx, pos, pos, now)
 		if err != nil {
 			return Position{}, false, err
 		}
-		pos.span = &span{base: s}
+		pos.Span = &position.Span{Base: s}
 		w.log.Info("switching a legacy token over to snapshot deltas", "snapshot", s)
 		return pos, true, nil
 	case skipFree:
-		top := pos.span.base
-		if pos.span.hasEnd {
-			top = pos.span.end
+		top := pos.Span.Base
+		if pos.Span.HasEnd {
+			top = pos.Span.End
 		}
 		return pos, false, w.notAhead(ctx, top, now)
-	case pos.span != nil:
+	case pos.Span != nil:
 		w.log.Warn("the saved token was written for a changelog with a txid column, which this one lacks; "+
 			"resuming after its timestamp and eventID", "position", pos)
-		return makePosition(pos.ChangedAt, pos.ID), false, nil
+		return position.Make(pos.ChangedAt, pos.ID), false, nil
 	}
 	return pos, false, nil
 }
@@ -239,15 +240,15 @@ func (w *Watcher) resumePosition(ctx context.Context, pos Position, skipFree boo
 // snapshot taken after now. Only a token still ahead of a snapshot taken after it was read is
 // ahead of the counter: its snapshot was taken before its save committed, and on a running
 // server a later snapshot's xmax is never below an earlier one's.
-func (w *Watcher) notAhead(ctx context.Context, top, now pgSnapshot) error {
-	if top.xmax <= now.xmax {
+func (w *Watcher) notAhead(ctx context.Context, top, now position.Snapshot) error {
+	if top.Xmax <= now.Xmax {
 		return nil
 	}
 	after, _, err := w.currentSnapshot(ctx)
 	if err != nil {
 		return changelogReadError{fmt.Errorf("read changelog: take snapshot: %w", err)}
 	}
-	if top.xmax > after.xmax {
+	if top.Xmax > after.Xmax {
 		return fmt.Errorf("%w: the saved token's snapshot is %s, the current snapshot is %s",
 			ErrRestoredDatabase, top, after)
 	}
@@ -257,7 +258,7 @@ func (w *Watcher) notAhead(ctx context.Context, top, now pgSnapshot) error {
 // startPosition is where a client without a saved token starts: after the newest row of its
 // table as the database sees it (on an upgraded changelog: after the current snapshot, so rows
 // of transactions still open are ahead of it), or at the beginning.
-func (w *Watcher) startPosition(ctx context.Context, skipFree bool, now pgSnapshot) (Position, error) {
+func (w *Watcher) startPosition(ctx context.Context, skipFree bool, now position.Snapshot) (Position, error) {
 	if w.cfg.StartFromBeginning {
 		return w.beginning(ctx, skipFree, now)
 	}
@@ -272,10 +273,10 @@ func (w *Watcher) startPosition(ctx context.Context, skipFree bool, now pgSnapsh
 	case err != nil:
 		return Position{}, changelogReadError{fmt.Errorf("read changelog: find newest position in %s: %w", w.cfg.ChangelogTable, err)}
 	default:
-		pos = makePosition(ts, id)
+		pos = position.Make(ts, id)
 	}
 	if skipFree {
-		pos.span = &span{seq: 1, base: now}
+		pos.Span = &position.Span{Seq: 1, Base: now}
 	}
 	return pos, nil
 }
@@ -283,7 +284,7 @@ func (w *Watcher) startPosition(ctx context.Context, skipFree bool, now pgSnapsh
 // beginning is the position before every row of the table: on an upgraded changelog, a
 // switch-over from it (switchSnapshot): the rows without a txid in legacy order, then the rows
 // with one in deltas.
-func (w *Watcher) beginning(ctx context.Context, skipFree bool, now pgSnapshot) (Position, error) {
+func (w *Watcher) beginning(ctx context.Context, skipFree bool, now position.Snapshot) (Position, error) {
 	if !skipFree {
 		return Position{}, nil
 	}
@@ -291,7 +292,7 @@ func (w *Watcher) beginning(ctx context.Context, skipFree bool, now pgSnapshot) 
 	if err != nil {
 		return Position{}, err
 	}
-	return Position{span: &span{base: s}}, nil
+	return Position{Span: &position.Span{Base: s}}, nil
 }
 
 // tokenRowPosition converts an id-only saved token by looking up its row's changed_at. If the
@@ -306,7 +307,7 @@ func (w *Watcher) tokenRowPosition(ctx context.Context, id int64) (Position, err
 	case err != nil:
 		return Position{}, fmt.Errorf("look up changelog %s row %d of an id-only token: %w", w.cfg.ChangelogTable, id, err)
 	}
-	return makePosition(ts, id), nil
+	return position.Make(ts, id), nil
 }
 
 // saveRule says when a save writes.
@@ -404,13 +405,13 @@ func (w *Watcher) writeCheckpointOnce(ctx context.Context, rule saveRule, write 
 // unchanged reports whether saving p instead of saved would change nothing: the same position
 // in the same form, or two delta starts with no row read in between (only snapshots moved on).
 func unchanged(p, saved Position) bool {
-	if (p.span == nil) != (saved.span == nil) { // a legacy position switched over in place
+	if (p.Span == nil) != (saved.Span == nil) { // a legacy position switched over in place
 		return false
 	}
 	if p.Compare(saved) == 0 {
 		return true
 	}
-	return p.inDelta() && saved.inDelta() && !p.inRows && !saved.inRows &&
+	return p.InDelta() && saved.InDelta() && !p.InRows && !saved.InRows &&
 		p.ID == saved.ID && p.ChangedAt.Equal(saved.ChangedAt)
 }
 
@@ -503,7 +504,7 @@ func (w *Watcher) GetUnprocessedEventCount(ctx context.Context, lastProcessedID 
 		after = w.cursor.ID
 		w.mu.Unlock()
 	} else {
-		id, ok, err := parseToken([]byte(lastProcessedID))
+		id, ok, err := position.ParseToken([]byte(lastProcessedID))
 		if err != nil || !ok {
 			return 0, fmt.Errorf("pgchangestream: lastProcessedID: %w", err)
 		}
@@ -530,9 +531,9 @@ func (w *Watcher) Backlog(ctx context.Context) (int64, error) {
 	if !loaded {
 		return 0, errors.New("pgchangestream: backlog: the saved token is not loaded yet")
 	}
-	var args params
-	conds := []string{"c.table_name = " + args.add(w.cfg.TableName)}
-	n, _, _, err := countNotCertified(ctx, w.cfg.DB, changelog.Quote(w.cfg.ChangelogTable), saved, conds, args)
+	var args changelog.Params
+	conds := []string{"c.table_name = " + args.Add(w.cfg.TableName)}
+	n, _, _, err := changelog.CountNotCertified(ctx, w.cfg.DB, changelog.Quote(w.cfg.ChangelogTable), saved, conds, args)
 	if err != nil {
 		return 0, fmt.Errorf("pgchangestream: count backlog in changelog %s: %w", w.cfg.ChangelogTable, err)
 	}

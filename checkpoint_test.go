@@ -7,6 +7,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -27,7 +28,7 @@ func TestBatchedCheckpointsSaveInTheBackground(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		synctest.Wait()
 		require.Equal(t, writes+1, w.Stats().CheckpointWrites, "one save for the four acks")
-		require.Equal(t, rowPos(f, 5).predecessor(), f.token(t, "c"), "the batched save never passes a pending delivery")
+		require.Equal(t, rowPos(f, 5).Predecessor(), f.token(t, "c"), "the batched save never passes a pending delivery")
 
 		time.Sleep(time.Second)
 		synctest.Wait()
@@ -108,7 +109,7 @@ func TestBatchedSaveFailureIsReportedOnce(t *testing.T) {
 
 		time.Sleep(100 * time.Millisecond)
 		synctest.Wait()
-		require.Equal(t, rowPos(f, 3).predecessor(), f.token(t, "c"), "the kept acknowledgements are saved by the next background save")
+		require.Equal(t, rowPos(f, 3).Predecessor(), f.token(t, "c"), "the kept acknowledgements are saved by the next background save")
 		closeWatcher(t, w)
 	})
 }
@@ -128,7 +129,7 @@ func TestBatchedSaveFailureReachesFlush(t *testing.T) {
 		synctest.Wait()
 		err := w.Flush(t.Context())
 		require.ErrorIs(t, err, f.readErr, "Flush reports the background failure")
-		require.Equal(t, rowPos(f, 2).predecessor(), f.token(t, "c"), "and saves")
+		require.Equal(t, rowPos(f, 2).Predecessor(), f.token(t, "c"), "and saves")
 		require.NoError(t, w.Flush(t.Context()))
 		closeWatcher(t, w)
 	})
@@ -143,7 +144,7 @@ func TestBatchedModeSavesOnCloseAndAfter(t *testing.T) {
 		require.NoError(t, w.MarkProcessed(t.Context(), tok(1)))
 		require.Equal(t, Position{}, f.token(t, "c"))
 		require.NoError(t, w.Close(context.Background()), "Close saves")
-		require.Equal(t, rowPos(f, 2).predecessor(), f.token(t, "c"))
+		require.Equal(t, rowPos(f, 2).Predecessor(), f.token(t, "c"))
 		require.NoError(t, w.MarkProcessed(context.Background(), tok(3)))
 		require.Equal(t, rowPos(f, 3), f.token(t, "c"), "after Close, MarkProcessed saves before it returns")
 	})
@@ -190,7 +191,7 @@ func loadedAt(w *Watcher, p Position) {
 }
 
 // A caught-up watcher whose table gets no writes still saves the newer snapshot its reads moved
-// on to (so Prune can delete what other transactions wrote), at most once per
+// on to (so admin.Prune can delete what other transactions wrote), at most once per
 // CheckpointRefreshInterval, and never past a pending delivery.
 func TestCaughtUpWatcherSavesItsNewerSnapshot(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -199,12 +200,12 @@ func TestCaughtUpWatcherSavesItsNewerSnapshot(t *testing.T) {
 		cfg.DB = f.open(t)
 		w, err := New(cfg)
 		require.NoError(t, err)
-		start := Position{ChangedAt: t0, ID: 9, span: &span{seq: 1, base: mustSnapshot(t, "100:105:")}}
+		start := Position{ChangedAt: t0, ID: 9, Span: &position.Span{Seq: 1, Base: mustSnapshot(t, "100:105:")}}
 		loadedAt(w, start)
 		moveOn := func(s string) Position { // a delta without a row of the table
 			w.mu.Lock()
 			defer w.mu.Unlock()
-			w.cursor = w.cursor.nextDelta(mustSnapshot(t, s))
+			w.cursor = w.cursor.NextDelta(mustSnapshot(t, s))
 			return w.cursor
 		}
 		ctx, cancel := context.WithCancel(t.Context())
@@ -226,17 +227,17 @@ func TestCaughtUpWatcherSavesItsNewerSnapshot(t *testing.T) {
 		require.Len(t, f.savedPositions(), 1, "at most one such save per interval")
 
 		// A delivery pending in the next delta holds the token back, however long it waits.
-		d := third.withEnd(mustSnapshot(t, "116:120:"), "")
+		d := third.WithEnd(mustSnapshot(t, "116:120:"), "")
 		d.Xid, d.ID = 112, 10
 		w.mu.Lock()
 		w.seq++
 		w.ring.Push(w.seq, d.ID, d)
-		w.cursor = d.nextDelta(mustSnapshot(t, "121:125:"))
+		w.cursor = d.NextDelta(mustSnapshot(t, "121:125:"))
 		w.mu.Unlock()
 		time.Sleep(5 * time.Minute)
 		synctest.Wait()
 		for _, p := range f.savedPositions() {
-			require.False(t, d.predecessor().Before(p), "saved %s past the pending delivery %s", p, d)
+			require.False(t, d.Predecessor().Before(p), "saved %s past the pending delivery %s", p, d)
 		}
 		require.Len(t, f.savedPositions(), 1, "nothing is saved while a delivery is pending")
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -95,7 +96,7 @@ func TestConcurrentDeliveryAndWatermarkAcks(t *testing.T) {
 	c := newWatermarkConsumer()
 	f.onSave = func(p Position) { // every save: everything at or before it is done
 		for _, r := range f.rows {
-			if p.ID != 0 && !p.Before(makePosition(r.ChangedAt, r.ID)) && !c.isDone(r.ID) {
+			if p.ID != 0 && !p.Before(position.Make(r.ChangedAt, r.ID)) && !c.isDone(r.ID) {
 				t.Errorf("checkpoint %v passes row %d, which is not done", p, r.ID)
 			}
 		}

@@ -56,7 +56,7 @@ const (
 	MaxClientNameLen = 255
 	// MaxTableNameLen is the length, in characters, of the changelog's table_name column
 	// (VARCHAR(100)).
-	MaxTableNameLen = 100
+	MaxTableNameLen = changelog.MaxTableNameLen
 )
 
 // Config configures a [Watcher]. Zero values take the defaults stated on each field.
@@ -112,7 +112,7 @@ type Config struct {
 	// CheckpointRefreshInterval is how often, at most, a watcher with nothing pending saves a
 	// checkpoint that no read moved: its saves are otherwise skipped. A watcher caught up on a
 	// table without writes thereby keeps its token's snapshot recent (on an upgraded changelog
-	// the snapshot moves with every other transaction, and [Prune] keeps every row the saved
+	// the snapshot moves with every other transaction, and admin.Prune keeps every row the saved
 	// snapshot does not see) and its saved time fresh (so a token not saved for much longer
 	// belongs to no running watcher). The background saver checks it on its ticks (every
 	// IdleCheckpointInterval, or CheckpointInterval when batched). Default 1m; at least

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -304,7 +305,7 @@ func (r *crashRun) savedToken(ctx context.Context) (p Position, ok bool) {
 		return Position{}, false
 	}
 	require.NoError(r.t, err)
-	p, err = decodeToken([]byte(raw))
+	p, err = position.DecodeToken([]byte(raw))
 	require.NoError(r.t, err)
 	return legacyView(p), true
 }

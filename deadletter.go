@@ -1,6 +1,7 @@
 package pgchangestream
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/pgchangestream/pgchangestream/admin"
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/document"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
@@ -236,18 +238,18 @@ func (s *sqlParkedStore) finishIn(ctx context.Context, ex execer, id int64) (boo
 	return n == 1, s.check("remove parked event", err)
 }
 
-// parkedAdmin resolves opts and returns the store of client.
-func parkedAdmin(db *sql.DB, client string, opts AdminOptions) (*sqlParkedStore, error) {
-	t, err := opts.resolve()
-	if err != nil {
-		return nil, err
+// parkedAdmin validates opts and returns the store of client.
+func parkedAdmin(db *sql.DB, client string, opts admin.Options) (*sqlParkedStore, error) {
+	log := cmp.Or(opts.ChangelogTable, DefaultChangelogTable)
+	if err := changelog.CheckName(log); err != nil {
+		return nil, fmt.Errorf("%w: admin.Options.ChangelogTable: %v", ErrInvalidConfig, err)
 	}
-	return newParkedStore(db, t.changelog, client), nil
+	return newParkedStore(db, log, client), nil
 }
 
 // ListParked returns the parked events of client (of every client when client is ""), oldest
 // first. Events are parked by [Watcher.Process] under [ParkOnFailure] and [BlockOnFailure].
-func ListParked(ctx context.Context, db *sql.DB, client string, opts AdminOptions) ([]ParkedEvent, error) {
+func ListParked(ctx context.Context, db *sql.DB, client string, opts admin.Options) ([]ParkedEvent, error) {
 	s, err := parkedAdmin(db, client, opts)
 	if err != nil {
 		return nil, err
@@ -263,7 +265,7 @@ func ListParked(ctx context.Context, db *sql.DB, client string, opts AdminOption
 // in the order they were parked, and the key's new events run after them; if one fails again it
 // is parked again and holds the key. It returns an error wrapping [ErrNotParked] when the client
 // has no parked event id.
-func RetryParked(ctx context.Context, db *sql.DB, client string, id int64, opts AdminOptions) error {
+func RetryParked(ctx context.Context, db *sql.DB, client string, id int64, opts admin.Options) error {
 	s, err := parkedAdmin(db, client, opts)
 	if err != nil {
 		return err
@@ -281,7 +283,7 @@ func (s *sqlParkedStore) request(ctx context.Context, id int64) error {
 // [BlockOnFailure] stays held while it has other parked events (release it with
 // [RetryParked]); once the last is dropped, Process lets the key's new events run. It returns
 // an error wrapping [ErrNotParked] when the client has no parked event id.
-func DropParked(ctx context.Context, db *sql.DB, client string, id int64, opts AdminOptions) error {
+func DropParked(ctx context.Context, db *sql.DB, client string, id int64, opts admin.Options) error {
 	s, err := parkedAdmin(db, client, opts)
 	if err != nil {
 		return err

@@ -5,13 +5,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/admin"
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
 // parkedDoc is a delivered document as Process parks it.
 func parkedDoc(id int64) Event {
-	return Event{"_id": map[string]any{"_data": string(formatToken(id))}, "operationType": "insert",
+	return Event{"_id": map[string]any{"_data": string(position.FormatToken(id))}, "operationType": "insert",
 		"fullDocument": map[string]any{"id": float64(id), "name": "n\u00e9"}, "ns": map[string]any{"coll": liveTable}}
 }
 
@@ -52,8 +54,8 @@ func TestLiveParkedStoreKeepsEventsPerClientInOrder(t *testing.T) {
 	rel, err := a.released(ctx, 10)
 	require.NoError(t, err)
 	require.Empty(t, rel, "nothing is released before an operator asks")
-	require.NoError(t, RetryParked(ctx, e.db, "a", k1b, AdminOptions{}))
-	require.NoError(t, RetryParked(ctx, e.db, "a", k1, AdminOptions{}))
+	require.NoError(t, RetryParked(ctx, e.db, "a", k1b, admin.Options{}))
+	require.NoError(t, RetryParked(ctx, e.db, "a", k1, admin.Options{}))
 	rel, err = a.released(ctx, 1)
 	require.NoError(t, err)
 	require.Len(t, rel, 1, "at most limit")
@@ -66,15 +68,15 @@ func TestLiveParkedStoreKeepsEventsPerClientInOrder(t *testing.T) {
 	require.Equal(t, []any{10, "boom again", false}, []any{evs[0].Attempts, evs[0].Error, evs[0].RetryRequested})
 
 	require.NoError(t, a.finish(ctx, k1))
-	require.NoError(t, DropParked(ctx, e.db, "a", k1b, AdminOptions{}))
+	require.NoError(t, DropParked(ctx, e.db, "a", k1b, admin.Options{}))
 	keys, err = a.blockedKeys(ctx)
 	require.NoError(t, err)
 	require.Empty(t, keys, "a key is free once its blocking events are gone")
 
-	all, err := ListParked(ctx, e.db, "", AdminOptions{})
+	all, err := ListParked(ctx, e.db, "", admin.Options{})
 	require.NoError(t, err)
 	require.Equal(t, []string{"a/k2", "b/k1"}, []string{all[0].Client + "/" + all[0].Key, all[1].Client + "/" + all[1].Key})
-	mine, err := ListParked(ctx, e.db, "b", AdminOptions{})
+	mine, err := ListParked(ctx, e.db, "b", admin.Options{})
 	require.NoError(t, err)
 	require.Len(t, mine, 1)
 }
@@ -86,15 +88,15 @@ func TestLiveParkedAdminRefusesWhatIsNotParked(t *testing.T) {
 	pid, err := newParkedStore(e.db, DefaultChangelogTable, "a").park(ctx,
 		ParkedEvent{Key: "k", Table: liveTable, ChangelogID: 1, Event: parkedDoc(1), Error: "x", Attempts: 1})
 	require.NoError(t, err)
-	require.ErrorIs(t, RetryParked(ctx, e.db, "b", pid, AdminOptions{}), ErrNotParked, "another client's event")
-	require.ErrorIs(t, DropParked(ctx, e.db, "a", pid+1, AdminOptions{}), ErrNotParked)
-	require.ErrorIs(t, DropParked(ctx, e.db, "a", pid, AdminOptions{ChangelogTable: "bad name"}), ErrInvalidConfig)
-	all, err := ListParked(ctx, e.db, "a", AdminOptions{})
+	require.ErrorIs(t, RetryParked(ctx, e.db, "b", pid, admin.Options{}), ErrNotParked, "another client's event")
+	require.ErrorIs(t, DropParked(ctx, e.db, "a", pid+1, admin.Options{}), ErrNotParked)
+	require.ErrorIs(t, DropParked(ctx, e.db, "a", pid, admin.Options{ChangelogTable: "bad name"}), ErrInvalidConfig)
+	all, err := ListParked(ctx, e.db, "a", admin.Options{})
 	require.NoError(t, err)
 	require.Len(t, all, 1, "nothing was dropped by the refused calls")
 
 	_, err = e.db.ExecContext(ctx, `DROP TABLE `+changelog.Quote(changelog.ParkedTable(DefaultChangelogTable)))
 	require.NoError(t, err)
-	_, err = ListParked(ctx, e.db, "a", AdminOptions{})
+	_, err = ListParked(ctx, e.db, "a", admin.Options{})
 	require.ErrorContains(t, err, "run schema.Install")
 }

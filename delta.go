@@ -1,12 +1,15 @@
 package pgchangestream
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // readPage reads the batch after from into buf: a legacy read, a read of the legacy part of a
@@ -21,10 +24,10 @@ func (w *Watcher) readPage(ctx context.Context, from Position, buf []changelogRo
 		}()
 	}
 	switch {
-	case from.span == nil:
+	case from.Span == nil:
 		rows, err = w.query(ctx, w.rq.read, buf, rowColumns{}, w.cfg.TableName, from.ChangedAt, from.ID)
-	case from.span.seq == 0:
-		rows, err = w.query(ctx, w.rq.switchRead, buf, w.rq.columnsOf(false), w.cfg.TableName, from.ChangedAt, from.ID, from.span.base.String())
+	case from.Span.Seq == 0:
+		rows, err = w.query(ctx, w.rq.switchRead, buf, w.rq.columnsOf(false), w.cfg.TableName, from.ChangedAt, from.ID, from.Span.Base.String())
 	default:
 		return w.pager.read(ctx, w, from, buf)
 	}
@@ -37,7 +40,7 @@ const maxDeltaIDs = 1 << 20
 
 // deltaReads are the reads a deltaPager makes: SQL for the watcher, a model in tests.
 type deltaReads interface {
-	// deltaPage returns, in any order, the rows of from's delta after from.afterID(), at most
+	// deltaPage returns, in any order, the rows of from's delta after from.AfterID(), at most
 	// one more than a page.
 	deltaPage(ctx context.Context, from Position, buf []changelogRow) ([]changelogRow, error)
 	// deltaIDs returns, ascending, the ids of from's delta rows after the id after, at most the
@@ -57,7 +60,7 @@ type deltaPager struct {
 
 	// The list of the large delta being read: its ids after the id after, ascending; cut
 	// reports that the list stopped at maxIDs ids, so more may follow its last.
-	span  *span
+	span  *position.Span
 	after int64
 	ids   []int64
 	cut   bool
@@ -66,15 +69,15 @@ type deltaPager struct {
 // read returns the page of from's delta after from, in id order; more reports that the delta
 // has rows after it.
 func (d *deltaPager) read(ctx context.Context, src deltaReads, from Position, buf []changelogRow) (rows []changelogRow, more bool, err error) {
-	after := from.afterID()
-	if d.span != from.span || after < d.after {
+	after := from.AfterID()
+	if d.span != from.Span || after < d.after {
 		rows, err := src.deltaPage(ctx, from, buf)
 		if err != nil || len(rows) <= d.pageSize { // the rest of the delta
-			slices.SortFunc(rows, func(a, b changelogRow) int { return cmpOrdered(a.ID, b.ID) })
+			slices.SortFunc(rows, func(a, b changelogRow) int { return cmp.Compare(a.ID, b.ID) })
 			d.drop()
 			return rows, false, err
 		}
-		d.span, d.after, d.ids, d.cut = from.span, after, nil, true
+		d.span, d.after, d.ids, d.cut = from.Span, after, nil, true
 		buf = rows[:0]
 	}
 	i, _ := slices.BinarySearch(d.ids, after+1)
@@ -104,19 +107,19 @@ func (d *deltaPager) drop() { *d = deltaPager{pageSize: d.pageSize, maxIDs: d.ma
 
 // deltaPage reads the first page of from's delta after from (deltaReads).
 func (w *Watcher) deltaPage(ctx context.Context, from Position, buf []changelogRow) ([]changelogRow, error) {
-	ranges := deltaRanges(from.span.base, from.span.end)
+	ranges := position.DeltaRanges(from.Span.Base, from.Span.End)
 	if len(ranges) == 1 {
 		r := ranges[0]
-		return w.query(ctx, w.rq.deltaRange, buf, w.rq.columnsOf(true), w.cfg.TableName, strconv.FormatUint(r.lo, 10), r.loID,
-			strconv.FormatUint(r.hi, 10), r.hiID, from.span.end.String(), from.afterID())
+		return w.query(ctx, w.rq.deltaRange, buf, w.rq.columnsOf(true), w.cfg.TableName, strconv.FormatUint(r.Lo, 10), r.LoID,
+			strconv.FormatUint(r.Hi, 10), r.HiID, from.Span.End.String(), from.AfterID())
 	}
 	lo, loID, hi, hiID := rangeArgs(ranges)
-	return w.query(ctx, w.rq.deltaRead, buf, w.rq.columnsOf(true), w.cfg.TableName, lo, loID, hi, hiID, from.span.end.String(), from.afterID())
+	return w.query(ctx, w.rq.deltaRead, buf, w.rq.columnsOf(true), w.cfg.TableName, lo, loID, hi, hiID, from.Span.End.String(), from.AfterID())
 }
 
 // deltaIDs lists the ids of from's delta after after (deltaReads).
 func (w *Watcher) deltaIDs(ctx context.Context, from Position, after int64) ([]int64, error) {
-	lo, loID, hi, hiID := rangeArgs(deltaRanges(from.span.base, from.span.end))
+	lo, loID, hi, hiID := rangeArgs(position.DeltaRanges(from.Span.Base, from.Span.End))
 	var ids []int64
 	err := w.read(ctx, w.rq.deltaIDs, func(rows *sql.Rows) error {
 		defer rows.Close()
@@ -128,7 +131,7 @@ func (w *Watcher) deltaIDs(ctx context.Context, from Position, after int64) ([]i
 			ids = append(ids, id)
 		}
 		return rows.Err()
-	}, w.cfg.TableName, lo, loID, hi, hiID, from.span.end.String(), after)
+	}, w.cfg.TableName, lo, loID, hi, hiID, from.Span.End.String(), after)
 	return ids, err
 }
 
@@ -178,10 +181,10 @@ func keepIDs(rows []changelogRow, ids []int64) []changelogRow {
 
 // rowPosition is the position of a row read after from.
 func rowPosition(from Position, row *changelogRow) Position {
-	p := makePosition(row.ChangedAt, row.ID)
-	p.span = from.span
-	if from.inDelta() {
-		p.Xid, p.inRows = row.Xid, true
+	p := position.Make(row.ChangedAt, row.ID)
+	p.Span = from.Span
+	if from.InDelta() {
+		p.Xid, p.InRows = row.Xid, true
 	}
 	return p
 }
@@ -190,12 +193,12 @@ func rowPosition(from Position, row *changelogRow) Position {
 // been read: the delta that starts at from's end snapshot, or, after the legacy part of a
 // switch-over, at its snapshot.
 func (w *Watcher) endSpan(from Position) {
-	next := from.span.base
-	if from.span.seq > 0 {
-		next = from.span.end
+	next := from.Span.Base
+	if from.Span.Seq > 0 {
+		next = from.Span.End
 	}
 	w.mu.Lock()
-	w.advanceLocked(w.cursor.nextDelta(next))
+	w.advanceLocked(w.cursor.NextDelta(next))
 	w.mu.Unlock()
 }
 
@@ -210,21 +213,21 @@ func (w *Watcher) endSpan(from Position) {
 // before hi: the rows with a txid at or above the cut go to the deltas, and every row at or
 // before hi that now sees stays seen (nothing the position passed is read again, nothing after
 // it is skipped). From the beginning, every row with a txid is read in the deltas.
-func (w *Watcher) switchSnapshot(ctx context.Context, lo, hi Position, now pgSnapshot) (pgSnapshot, error) {
+func (w *Watcher) switchSnapshot(ctx context.Context, lo, hi Position, now position.Snapshot) (position.Snapshot, error) {
 	var cut sql.NullString
 	err := w.cfg.DB.QueryRowContext(ctx, w.q.switchCut, w.cfg.TableName, lo.ChangedAt, lo.ID, hi.ChangedAt, hi.ID,
 		now.String(), !hi.ChangedAt.IsZero()).Scan(&cut)
 	if err != nil {
-		return pgSnapshot{}, changelogReadError{fmt.Errorf("read changelog: find the switch-over's snapshot: %w", err)}
+		return position.Snapshot{}, changelogReadError{fmt.Errorf("read changelog: find the switch-over's snapshot: %w", err)}
 	}
 	if !cut.Valid { // no row after lo is left to the deltas but those now does not see
 		return now, nil
 	}
 	x, err := strconv.ParseUint(cut.String, 10, 64)
 	if err != nil {
-		return pgSnapshot{}, fmt.Errorf("read changelog: txid %q: %w", cut.String, err)
+		return position.Snapshot{}, fmt.Errorf("read changelog: txid %q: %w", cut.String, err)
 	}
-	return intersect(now, pgSnapshot{xmin: x, xmax: x}), nil
+	return position.Intersect(now, position.Snapshot{Xmin: x, Xmax: x}), nil
 }
 
 // certifyRanges returns the (txid, id) index ranges holding the rows that delta position p
@@ -232,12 +235,12 @@ func (w *Watcher) switchSnapshot(ctx context.Context, lo, hi Position, now pgSna
 // and not in prev's base. They may hold rows p does not certify (the save filters them out). When
 // prev is past some rows of p's own delta, the rows between them are found by id instead
 // (certifiedByID).
-func certifyRanges(prev, p Position) []keyRange {
-	return deltaRanges(prev.span.base, p.top())
+func certifyRanges(prev, p Position) []position.KeyRange {
+	return position.DeltaRanges(prev.Span.Base, p.Top())
 }
 
 // certifiedByID reports whether the rows p certifies and prev does not are the rows of p's
 // delta with ids from prev's (excluded) to p's: both are past rows of the same delta.
 func certifiedByID(prev, p Position) bool {
-	return prev.inRows && p.inRows && prev.span.seq == p.span.seq
+	return prev.InRows && p.InRows && prev.Span.Seq == p.Span.Seq
 }

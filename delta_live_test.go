@@ -10,15 +10,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // explainDeltaRead returns the EXPLAIN (ANALYZE, BUFFERS) text of the watcher's query q (the
 // first page of a delta, or the list of its ids) for the delta from b to end, with its ranges as
 // arrays, and the shared buffers its top node touched.
-func explainDeltaRead(t *testing.T, e *liveEnv, q string, b, end pgSnapshot) (string, int) {
+func explainDeltaRead(t *testing.T, e *liveEnv, q string, b, end position.Snapshot) (string, int) {
 	t.Helper()
-	lo, loID, hi, hiID := rangeArgs(deltaRanges(b, end))
-	return explainLive(t, e, q, liveTable, lo, loID, hi, hiID, end.String(), int64(minID))
+	lo, loID, hi, hiID := rangeArgs(position.DeltaRanges(b, end))
+	return explainLive(t, e, q, liveTable, lo, loID, hi, hiID, end.String(), int64(position.MinID))
 }
 
 // explainLive returns the EXPLAIN (ANALYZE, BUFFERS) text of q and the shared buffers its top node
@@ -33,11 +34,11 @@ func explainLive(t *testing.T, e *liveEnv, q string, args ...any) (string, int) 
 	return plan, n
 }
 
-func (e *liveEnv) snapshot() pgSnapshot {
+func (e *liveEnv) snapshot() position.Snapshot {
 	e.t.Helper()
 	var text string
 	require.NoError(e.t, e.db.QueryRow(`SELECT pg_current_snapshot()::text`).Scan(&text))
-	s, err := parseSnapshot(text)
+	s, err := position.ParseSnapshot(text)
 	require.NoError(e.t, err)
 	return s
 }
@@ -67,12 +68,12 @@ func TestLiveDeltaReadPlans(t *testing.T) {
 	require.NoError(t, err)
 
 	b := e.snapshot()
-	require.True(t, emptyDelta(b, e.snapshot()), "an idle poll: no read at all")
+	require.True(t, position.EmptyDelta(b, e.snapshot()), "an idle poll: no read at all")
 	one := e.insert(1)[0]
 	end := e.snapshot()
-	require.True(t, b.running(oldXid), "the old transaction is open in both snapshots")
-	require.True(t, end.running(oldXid))
-	require.Less(t, oldXid, b.xmin+1)
+	require.True(t, b.Running(oldXid), "the old transaction is open in both snapshots")
+	require.True(t, end.Running(oldXid))
+	require.Less(t, oldXid, b.Xmin+1)
 	rangeScan := `Index (Only )?Scan using datastore_changelog_txid_unit_idx on datastore_changelog`
 	rangeCond := `Index Cond: .*\(ROW\(txid, id\) > ROW\(r\.lo, r\.lo_id\)\) AND \(ROW\(txid, id\) <= ROW\(r\.hi, r\.hi_id\)\)`
 	plan, buffers := explainDeltaRead(t, e, w.q.deltaRead, b, end)
@@ -88,10 +89,10 @@ func TestLiveDeltaReadPlans(t *testing.T) {
 	require.NotContains(t, plan, "Seq Scan")
 	require.LessOrEqual(t, buffers, 20, "the id list of one new row:\n%s", plan)
 
-	r := deltaRanges(b, end)
+	r := position.DeltaRanges(b, end)
 	require.Len(t, r, 1, "no transaction of the base ended: one range, read by deltaRange")
-	plan, buffers = explainLive(t, e, w.q.deltaRange, liveTable, strconv.FormatUint(r[0].lo, 10), r[0].loID,
-		strconv.FormatUint(r[0].hi, 10), r[0].hiID, end.String(), int64(minID))
+	plan, buffers = explainLive(t, e, w.q.deltaRange, liveTable, strconv.FormatUint(r[0].Lo, 10), r[0].LoID,
+		strconv.FormatUint(r[0].Hi, 10), r[0].HiID, end.String(), int64(position.MinID))
 	require.Regexp(t, `^Limit.*\n.*\n  ->  Index Scan using datastore_changelog_txid_unit_idx on datastore_changelog`, plan)
 	require.Regexp(t, `Index Cond: .*\(ROW\(txid, id\) > ROW\(.*\)\) AND \(ROW\(txid, id\) <= ROW\(.*\)\)`, plan)
 	require.NotContains(t, plan, "Sort")
@@ -103,7 +104,7 @@ func TestLiveDeltaReadPlans(t *testing.T) {
 
 	require.NoError(t, long.Commit())
 	next := e.snapshot()
-	require.Equal(t, []uint64{oldXid}, finishedBy(end, next), "the old transaction is looked up once, where it ends")
+	require.Equal(t, []uint64{oldXid}, position.FinishedBy(end, next), "the old transaction is looked up once, where it ends")
 	plan, buffers = explainDeltaRead(t, e, w.q.deltaRead, end, next)
 	require.Regexp(t, rangeScan, plan)
 	require.LessOrEqual(t, buffers, 20, "the old transaction's one row:\n%s", plan)

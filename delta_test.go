@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -39,7 +40,7 @@ func expectUpgradedLoad(w *Watcher, mock sqlmock.Sqlmock, snapshot string, newes
 // mustDecodeToken decodes a saved token.
 func mustDecodeToken(t *testing.T, raw string) Position {
 	t.Helper()
-	p, err := decodeToken([]byte(raw))
+	p, err := position.DecodeToken([]byte(raw))
 	require.NoError(t, err)
 	return p
 }
@@ -77,7 +78,7 @@ func TestDeltaReadsFollowSnapshots(t *testing.T) {
 	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:110:100,107"))
 	mock.ExpectQuery(wantDeltaRead).WithArgs("t",
 		"{103,104}", "{-9223372036854775808,9223372036854775807}", "{103,109}", "{9223372036854775807,9223372036854775807}",
-		"100:110:100,107", int64(minID)).
+		"100:110:100,107", int64(position.MinID)).
 		WillReturnRows(sqlmock.NewRows(deltaCols).
 			AddRow(int64(12), "r", "UPDATE", []byte(`{"a":0}`), []byte(`{"a":2}`), ts, "103").
 			AddRow(int64(8), "r", "UPDATE", []byte(`{"a":0}`), []byte(`{"a":1}`), ts, "106").
@@ -89,8 +90,8 @@ func TestDeltaReadsFollowSnapshots(t *testing.T) {
 	require.Equal(t, "8", string(first.ResumeToken), "delta order is id, not (txid, id)")
 	require.Equal(t, "12", string(second.ResumeToken))
 	require.Equal(t, "13", string(third.ResumeToken))
-	require.True(t, w.Stats().Cursor.atDeltaStart(), "a read the delta does not follow ends it")
-	require.Equal(t, "100:110:100,107", w.Stats().Cursor.span.base.String())
+	require.True(t, w.Stats().Cursor.AtDeltaStart(), "a read the delta does not follow ends it")
+	require.Equal(t, "100:110:100,107", w.Stats().Cursor.Span.Base.String())
 
 	// The ack certifies row 8: the saved token is inside the delta, before row 12 (at its
 	// predecessor), and the processed flag is set through the ranges from the start position to it,
@@ -129,9 +130,9 @@ func TestLargeDeltaIsListedThenReadByID(t *testing.T) {
 		}
 		return r
 	}
-	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "104", int64(maxID), "107", int64(maxID), "100:108:", int64(minID)).
+	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "104", int64(position.MaxID), "107", int64(position.MaxID), "100:108:", int64(position.MinID)).
 		WillReturnRows(rows(9, 7, 8))
-	mock.ExpectQuery(w.q.deltaIDs).WithArgs("t", "{104}", "{9223372036854775807}", "{107}", "{9223372036854775807}", "100:108:", int64(minID)).
+	mock.ExpectQuery(w.q.deltaIDs).WithArgs("t", "{104}", "{9223372036854775807}", "{107}", "{9223372036854775807}", "100:108:", int64(position.MinID)).
 		WillReturnRows(sqlmock.NewRows([]string{"id"}).AddRow(int64(6)).AddRow(int64(8)).AddRow(int64(9)).AddRow(int64(10)).AddRow(int64(11)))
 	// A page with a gap is read by its ids, one of consecutive ids as a key range.
 	mock.ExpectQuery(w.q.deltaRows).WithArgs("{6,8}").WillReturnRows(rows(6, 8))
@@ -147,8 +148,8 @@ func TestLargeDeltaIsListedThenReadByID(t *testing.T) {
 		require.True(t, full, "more follows at once: the list, then the next delta, whose rows may have notified while the list was read")
 	}
 	require.Equal(t, []string{"6", "8", "9", "10", "11"}, got)
-	require.True(t, w.Stats().Cursor.atDeltaStart(), "the list ended the delta")
-	require.Equal(t, "100:108:", w.Stats().Cursor.span.base.String())
+	require.True(t, w.Stats().Cursor.AtDeltaStart(), "the list ended the delta")
+	require.Equal(t, "100:108:", w.Stats().Cursor.Span.Base.String())
 	require.Nil(t, w.pager.ids, "the list is dropped with its delta")
 	require.NoError(t, mock.ExpectationsWereMet())
 }
@@ -163,14 +164,14 @@ func TestLoadedDeltaEndReadsTheNextDeltaAtOnce(t *testing.T) {
 	expectUpgradedLoad(w, mock, "100:109:", nil, savedTokenRows(
 		`{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"100:105:","deltaEnd":"100:108:","deltaAfterID":5}`))
 	require.NoError(t, w.load(ctx))
-	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "104", int64(maxID), "107", int64(maxID), "100:108:", int64(5)).
+	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "104", int64(position.MaxID), "107", int64(position.MaxID), "100:108:", int64(5)).
 		WillReturnRows(sqlmock.NewRows(deltaCols))
 	full, err := w.readOnce(ctx)
 	require.NoError(t, err)
 	require.True(t, full, "the loaded delta ended: the next one is read at once")
 
 	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:110:"))
-	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "107", int64(maxID), "109", int64(maxID), "100:110:", int64(minID)).
+	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "107", int64(position.MaxID), "109", int64(position.MaxID), "100:110:", int64(position.MinID)).
 		WillReturnRows(sqlmock.NewRows(deltaCols))
 	full, err = w.readOnce(ctx)
 	require.NoError(t, err)
@@ -188,19 +189,19 @@ func TestDeltaTokensResume(t *testing.T) {
 		after       int64
 	}{
 		{"inside a delta", `{"timestamp":"2025-05-06T07:08:09Z","eventID":8,"snapshot":"100:105:","deltaEnd":"100:110:","deltaAfterID":8}`, 8},
-		{"earlier release", `{"timestamp":"2025-05-06T07:08:09Z","eventID":8,"snapshot":"100:105:","deltaEnd":"100:110:","deltaXid":"106","deltaID":8}`, minID},
+		{"earlier release", `{"timestamp":"2025-05-06T07:08:09Z","eventID":8,"snapshot":"100:105:","deltaEnd":"100:110:","deltaXid":"106","deltaID":8}`, position.MinID},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w, mock := newMockWatcher(t, Config{})
 			expectUpgradedLoad(w, mock, "100:112:", nil, savedTokenRows(tc.token))
 			require.NoError(t, w.load(ctx))
-			mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "104", int64(maxID), "109", int64(maxID), "100:110:", tc.after).
+			mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "104", int64(position.MaxID), "109", int64(position.MaxID), "100:110:", tc.after).
 				WillReturnRows(sqlmock.NewRows(deltaCols).AddRow(int64(9), "r", "INSERT", nil, []byte(`{}`), ts, "107"))
 			n, err := w.readBatch(ctx)
 			require.NoError(t, err)
 			require.Equal(t, 1, n)
 			require.Equal(t, "9", string((<-w.Events()).ResumeToken))
-			require.Equal(t, "100:110:", w.Stats().Cursor.span.base.String(), "the delta is done")
+			require.Equal(t, "100:110:", w.Stats().Cursor.Span.Base.String(), "the delta is done")
 			require.NoError(t, mock.ExpectationsWereMet())
 		})
 	}
@@ -231,8 +232,8 @@ func TestLegacyTokenSwitchesOver(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.Equal(t, "6", string((<-w.Events()).ResumeToken))
 	cur := w.Stats().Cursor
-	require.True(t, cur.atDeltaStart(), "the legacy part ended: deltas start at its snapshot")
-	require.Equal(t, "103:103:", cur.span.base.String())
+	require.True(t, cur.AtDeltaStart(), "the legacy part ended: deltas start at its snapshot")
+	require.Equal(t, "103:103:", cur.Span.Base.String())
 
 	// The first save after the switch-over also marks the rest of the legacy part.
 	const saved = `{"timestamp":"2025-05-06T07:08:09Z","eventID":6,"snapshot":"103:103:","table":"t"}`
@@ -244,7 +245,7 @@ func TestLegacyTokenSwitchesOver(t *testing.T) {
 
 	// The first delta reads the rows of txids 103 and 104 in id order.
 	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("106:106:"))
-	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "102", int64(maxID), "105", int64(maxID), "106:106:", int64(minID)).
+	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "102", int64(position.MaxID), "105", int64(position.MaxID), "106:106:", int64(position.MinID)).
 		WillReturnRows(sqlmock.NewRows(deltaCols).
 			AddRow(int64(8), "r", "UPDATE", nil, []byte(`{}`), ts, "103").
 			AddRow(int64(7), "r", "UPDATE", nil, []byte(`{}`), ts.Add(time.Second), "104"))
@@ -316,11 +317,11 @@ func TestDeltaReadErrorKeepsTheDelta(t *testing.T) {
 	expectUpgradedLoad(w, mock, "100:105:", nil, savedTokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"100:105:"}`))
 	require.NoError(t, w.load(ctx))
 	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:107:"))
-	mock.ExpectQuery(wantDeltaRange).WithArgs("t", "104", int64(maxID), "106", int64(maxID), "100:107:", int64(minID)).
+	mock.ExpectQuery(wantDeltaRange).WithArgs("t", "104", int64(position.MaxID), "106", int64(position.MaxID), "100:107:", int64(position.MinID)).
 		WillReturnError(errors.New("connection reset"))
 	_, err := w.readBatch(ctx)
 	require.ErrorContains(t, err, "connection reset")
-	require.Equal(t, "100:105:", w.Stats().Cursor.span.base.String(), "the cursor stays before the delta")
+	require.Equal(t, "100:105:", w.Stats().Cursor.Span.Base.String(), "the cursor stays before the delta")
 	require.NoError(t, mock.ExpectationsWereMet())
 }
 

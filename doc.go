@@ -105,8 +105,9 @@
 // of the oldest row not yet acknowledged or read, from its changed_at). With
 // [Config.Exclusive], watchers sharing a client name hold a session advisory lock: one
 // delivers, the others wait as standbys and take over from the saved token; an owner epoch in
-// the token row fences the saves of a watcher that lost the lock ([ErrFenced]). [ListTokens],
-// [ResetToken], [DeleteToken] and [Prune] administer saved tokens and changelog retention.
+// the token row fences the saves of a watcher that lost the lock ([ErrFenced]). The package
+// github.com/pgchangestream/pgchangestream/admin administers saved tokens (ListTokens,
+// ResetToken, DeleteToken) and changelog retention (Prune).
 // The Prometheus collector is the module github.com/pgchangestream/pgchangestream/prometheus;
 // OpenTelemetry metrics and spans are the module github.com/pgchangestream/pgchangestream/otel,
 // whose spans come from [Config.Observer].

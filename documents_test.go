@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -40,7 +41,7 @@ func TestRawDocumentsEvent(t *testing.T) {
 	require.NoError(t, err)
 	require.Nil(t, ev["fullDocument"])
 	require.NotContains(t, ev, "updateDescription")
-	e := EventWithToken{Event: ev, ResumeToken: formatToken(row.ID), raw: raw}
+	e := EventWithToken{Event: ev, ResumeToken: position.FormatToken(row.ID), raw: raw}
 	mapped := healthEvent(t, false)
 	var wg sync.WaitGroup
 	for range 4 {
@@ -75,7 +76,7 @@ func TestDeliveriesKeepTheDocumentText(t *testing.T) {
 			RawDocuments: rawDocuments, CheckpointInterval: time.Hour}.withDefaults())
 		w.loaded = true
 		row := healthRow(7)
-		require.NoError(t, w.deliver(t.Context(), &row, makePosition(row.ChangedAt, row.ID), false))
+		require.NoError(t, w.deliver(t.Context(), &row, position.Make(row.ChangedAt, row.ID), false))
 		ev := <-w.events
 		require.NotNil(t, ev.raw.DocumentJSON(ev.Event))
 		require.Equal(t, rawDocuments, ev.Event["fullDocument"] == nil)

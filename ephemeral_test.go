@@ -6,6 +6,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -22,7 +23,7 @@ func TestEphemeralNeverWritesTheTokenTable(t *testing.T) {
 		require.Empty(t, f.tokens, "not even the start position")
 		require.Zero(t, w.Stats().CheckpointWrites)
 
-		f.tokens["c"] = string(encodeToken(rowPos(f, ids[0]), "t"))
+		f.tokens["c"] = string(position.EncodeToken(rowPos(f, ids[0]), "t"))
 		w = startOn(t, t.Context(), f, Config{Ephemeral: true})
 		require.Equal(t, ids[1:], receive(t, w, 2), "a saved token is read")
 		closeWatcher(t, w)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // The errors the library returns, matched with errors.Is.
@@ -14,14 +15,15 @@ var ErrInvalidConfig = changelog.ErrInvalidConfig
 
 // ErrInvalidToken is wrapped by the error MarkProcessed returns for a token that is not a
 // decimal int64.
-var ErrInvalidToken = errors.New("pgchangestream: invalid resume token")
+var ErrInvalidToken = position.ErrInvalidToken
 
-// ErrInvalidSavedToken is wrapped by the error [SavedTokenBacklog] returns for a saved token a
+// ErrInvalidSavedToken is wrapped by the error admin.Backlog returns for a saved token a
 // watcher cannot load.
 var ErrInvalidSavedToken = changelog.ErrInvalidSavedToken
 
-// ErrClientActive is returned by [ResetToken] and [DeleteToken] while a watcher of the client
-// holds its lock: an exclusive watcher, or one with a LISTEN connection (see [Config.Exclusive]).
+// ErrClientActive is returned by admin.ResetToken and admin.DeleteToken while a watcher of the
+// client holds its lock: an exclusive watcher, or one with a LISTEN connection (see
+// [Config.Exclusive]).
 var ErrClientActive = changelog.ErrClientActive
 
 // ErrNotParked is returned by [RetryParked] and [DropParked] for an id that is not a parked

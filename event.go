@@ -1,20 +1,11 @@
 package pgchangestream
 
 import (
-	"strconv"
-
 	"github.com/pgchangestream/pgchangestream/internal/document"
 )
 
 // changelogRow is one row of the changelog as read by the watcher (see [document.Row]).
 type changelogRow = document.Row
-
-// formatToken returns the resume token for a changelog id: the id in decimal, e.g.
-// []byte("452"). It allocates once.
-func formatToken(id int64) []byte {
-	// 20 bytes hold any int64, including "-9223372036854775808".
-	return strconv.AppendInt(make([]byte, 0, 20), id, 10)
-}
 
 // event builds the event document of a row read by the watcher and what is kept to decode its
 // fullDocument from the JSON text (see [document.Decode]), and warns about a row whose value has

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -12,7 +13,7 @@ func TestEventGetters(t *testing.T) {
 	ev, _, err := buildEvent(evRow("UPDATE", `{"document":{"healthevent":{"nodename":"n1"},"s":1}}`,
 		`{"document":{"healthevent":{"nodename":"n1"},"s":2}}`), "health_events", "document")
 	require.NoError(t, err)
-	e := EventWithToken{Event: ev, ResumeToken: formatToken(452)}
+	e := EventWithToken{Event: ev, ResumeToken: position.FormatToken(452)}
 
 	id, err := e.GetDocumentID()
 	require.NoError(t, err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/document"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -48,16 +49,16 @@ func TestFormatToken(t *testing.T) {
 		{math.MinInt64, "-9223372036854775808"},
 	}
 	for _, tt := range tests {
-		require.Equal(t, []byte(tt.want), formatToken(tt.id))
+		require.Equal(t, []byte(tt.want), position.FormatToken(tt.id))
 	}
-	allocs := testing.AllocsPerRun(100, func() { evSinkToken = formatToken(math.MinInt64) })
+	allocs := testing.AllocsPerRun(100, func() { evSinkToken = position.FormatToken(math.MinInt64) })
 	require.Equal(t, 1.0, allocs)
 }
 
 func BenchmarkFormatToken(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
-		evSinkToken = formatToken(123456789)
+		evSinkToken = position.FormatToken(123456789)
 	}
 }
 

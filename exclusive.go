@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgchangestream/pgchangestream/internal/backoff"
+	"github.com/pgchangestream/pgchangestream/internal/lock"
 )
 
 // Exclusive lock timing. A standby tries the lock every standbyPoll (jittered). The active
@@ -27,16 +27,7 @@ const (
 	lockSettle        = 2 * time.Second
 	lockRetryMin      = 100 * time.Millisecond
 	lockRetryMax      = 5 * time.Second
-	lockReleaseWait   = time.Second
 )
-
-// lockKey is the advisory lock of a client: a 64-bit hash of the token table and client name,
-// the same for every watcher and for the token commands.
-func lockKey(tokenTable, clientName string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte("pgchangestream\x00" + tokenTable + "\x00" + clientName))
-	return int64(h.Sum64())
-}
 
 // lockHoldersSQL counts the sessions other than this one holding a client's lock, in any mode.
 // PostgreSQL shows a bigint advisory key as classid (high half) and objid (low half), objsubid 1.
@@ -173,7 +164,7 @@ func (w *Watcher) settle(ctx context.Context, s lockSession) error {
 
 // checkHeld returns errNotHeld unless the session holds the client's lock.
 func (w *Watcher) checkHeld(ctx context.Context, s lockSession) error {
-	c, o := lockHalves(lockKey(w.cfg.TokenTable, w.cfg.ClientName))
+	c, o := lockHalves(lock.Key(w.cfg.TokenTable, w.cfg.ClientName))
 	row, err := s.query(ctx, `SELECT `+heldBySessionSQL("$1", "$2"), string(itoa(c)), string(itoa(o)))
 	switch {
 	case err != nil:
@@ -186,7 +177,7 @@ func (w *Watcher) checkHeld(ctx context.Context, s lockSession) error {
 
 // waitForLock opens a lock session and tries the lock until it gets it (nil when ctx ends).
 func (w *Watcher) waitForLock(ctx context.Context) lockSession {
-	key := lockKey(w.cfg.TokenTable, w.cfg.ClientName)
+	key := lock.Key(w.cfg.TokenTable, w.cfg.ClientName)
 	retry := backoff.Backoff{Min: lockRetryMin, Max: lockRetryMax}
 	failed := newRepeatLog(w.log, slog.LevelWarn, "cannot try the exclusive lock; retrying")
 	var s lockSession
@@ -299,7 +290,7 @@ func (w *Watcher) warnOtherWatchers(ctx context.Context, conn *pgconn.PgConn) {
 	if w.cfg.Exclusive {
 		return
 	}
-	key := lockKey(w.cfg.TokenTable, w.cfg.ClientName)
+	key := lock.Key(w.cfg.TokenTable, w.cfg.ClientName)
 	c, o := lockHalves(key)
 	res := conn.ExecParams(ctx, `SELECT pg_try_advisory_lock_shared($3), (`+lockHoldersSQL+`)`,
 		[][]byte{itoa(c), itoa(o), itoa(key)}, nil, nil, nil).Read()

@@ -7,12 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestLockKeyNamesTheTokenTableAndClient(t *testing.T) {
-	k := lockKey("resume_tokens", "c")
-	require.Equal(t, k, lockKey("resume_tokens", "c"), "every watcher and command derives the same key")
-	require.NotEqual(t, k, lockKey("resume_tokens", "d"))
-	require.NotEqual(t, k, lockKey("other_tokens", "c"))
-	require.NotEqual(t, lockKey("a", "bc"), lockKey("ab", "c"), "the parts are separated")
+func TestLockHalves(t *testing.T) {
 	c, o := lockHalves(-1)
 	require.Equal(t, [2]int64{0xffffffff, 0xffffffff}, [2]int64{c, o}, "pg_locks shows both halves unsigned")
 	c, o = lockHalves(0x0000000100000002)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/backoff"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // fakeDB is an in-memory stand-in for the changelog and token tables that answers exactly the
@@ -104,7 +105,7 @@ func (f *fakeDB) token(t testing.TB, client string) Position {
 	if !ok {
 		t.Fatalf("no saved token for %q", client)
 	}
-	p, err := decodeToken([]byte(raw))
+	p, err := position.DecodeToken([]byte(raw))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,15 +179,15 @@ func (c fakeConn) QueryContext(ctx context.Context, query string, args []driver.
 			f.failReads--
 			return nil, f.readErr
 		}
-		after := makePosition(a(1).(time.Time), a(2).(int64))
+		after := position.Make(a(1).(time.Time), a(2).(int64))
 		var out []fakeRow
 		for _, r := range f.rows {
-			if r.visible && r.table == a(0) && after.Before(makePosition(r.ChangedAt, r.ID)) {
+			if r.visible && r.table == a(0) && after.Before(position.Make(r.ChangedAt, r.ID)) {
 				out = append(out, r)
 			}
 		}
 		slices.SortFunc(out, func(x, y fakeRow) int {
-			return makePosition(x.ChangedAt, x.ID).Compare(makePosition(y.ChangedAt, y.ID))
+			return position.Make(x.ChangedAt, x.ID).Compare(position.Make(y.ChangedAt, y.ID))
 		})
 		return changelogRows(out[:min(len(out), f.limit)]), nil
 	case f.q.detect: // a legacy changelog: snapshot deltas are tested with sqlmock and live
@@ -210,7 +211,7 @@ func (c fakeConn) QueryContext(ctx context.Context, query string, args []driver.
 	case f.q.newest:
 		var best *fakeRow
 		for i, r := range f.rows {
-			if r.visible && r.table == a(0) && (best == nil || makePosition(best.ChangedAt, best.ID).Before(makePosition(r.ChangedAt, r.ID))) {
+			if r.visible && r.table == a(0) && (best == nil || position.Make(best.ChangedAt, best.ID).Before(position.Make(r.ChangedAt, r.ID))) {
 				best = &f.rows[i]
 			}
 		}
@@ -247,7 +248,7 @@ func (c fakeConn) ExecContext(ctx context.Context, query string, args []driver.N
 		return nil, f.readErr
 	}
 	raw := args[1].Value.(string)
-	p, err := decodeToken([]byte(raw))
+	p, err := position.DecodeToken([]byte(raw))
 	if err != nil {
 		return nil, fmt.Errorf("fake: bad token written: %w", err)
 	}

@@ -8,6 +8,8 @@ import (
 	"strconv"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/lock"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // Owner epochs fence the saves of exclusive watchers (contract rule 18). The token table's
@@ -17,12 +19,6 @@ import (
 // while the row still holds its epoch. So once a successor claimed the client, no save of an
 // earlier owner lands, however late it runs, and the successor resumes from the last save that
 // did.
-const (
-	epochColumn = changelog.EpochColumn
-	// fenceCondition is the condition that fences a statement on the token row (alias tok) to
-	// the owner epoch $3.
-	fenceCondition = `tok.` + epochColumn + ` = $3`
-)
 
 // claimToken reads the client's saved token (found is false when it has none). With claim, an
 // exclusive watcher on a token table with the owner_epoch column claims a new epoch in the same
@@ -42,7 +38,7 @@ func (w *Watcher) claimToken(ctx context.Context, claim bool) (raw string, found
 		}
 		if !w.unfencedNoted {
 			w.unfencedNoted = true
-			w.log.Warn("the token table has no "+epochColumn+" column: saves of exclusive watchers are not fenced, "+
+			w.log.Warn("the token table has no "+changelog.EpochColumn+" column: saves of exclusive watchers are not fenced, "+
 				"so a watcher paused past the hand-over could overwrite its successor's token; upgrade it with "+
 				"schema.Install, or the statements it lists with DryRun", "token_table", w.cfg.TokenTable)
 		}
@@ -64,7 +60,7 @@ func (w *Watcher) claimEpoch(ctx context.Context) (raw string, found bool, err e
 	if s == nil {
 		return "", false, w.lockLostErr()
 	}
-	c, o := lockHalves(lockKey(w.cfg.TokenTable, w.cfg.ClientName))
+	c, o := lockHalves(lock.Key(w.cfg.TokenTable, w.cfg.ClientName))
 	row, err := s.query(ctx, w.q.claimEpoch, w.cfg.ClientName, string(itoa(c)), string(itoa(o)))
 	if err != nil {
 		return "", false, fmt.Errorf("claim an owner epoch in token table %s: %w", w.cfg.TokenTable, err)
@@ -99,10 +95,10 @@ func (w *Watcher) lockLostErr() error {
 // save that matches no row stops the watcher and returns an error wrapping ErrFenced; a save
 // whose incarnation ended writes nothing and returns ErrServerRecovered. ckMu must be held.
 func (w *Watcher) writeToken(ctx context.Context, p Position, seq uint64) error {
-	tok := encodeToken(p, w.cfg.TableName)
+	tok := position.EncodeToken(p, w.cfg.TableName)
 	var inc string
-	if p.span != nil {
-		inc = p.span.inc
+	if p.Span != nil {
+		inc = p.Span.Inc
 	}
 	switch {
 	case w.sh != nil:
@@ -170,7 +166,7 @@ func (w *Watcher) claimNew(ctx context.Context, token string) error {
 	if s == nil {
 		return w.lockLostErr()
 	}
-	c, o := lockHalves(lockKey(w.cfg.TokenTable, w.cfg.ClientName))
+	c, o := lockHalves(lock.Key(w.cfg.TokenTable, w.cfg.ClientName))
 	row, err := s.query(ctx, w.q.claimNew, w.cfg.ClientName, token, string(itoa(c)), string(itoa(o)))
 	switch {
 	case err != nil:
@@ -181,11 +177,4 @@ func (w *Watcher) claimNew(ctx context.Context, token string) error {
 	w.epoch = 1
 	w.log.Info("claimed the client", "owner_epoch", w.epoch)
 	return nil
-}
-
-// lockForUpdate is a sub-select that locks the token row of client (a placeholder) FOR UPDATE:
-// the lock that waits for the transactional acknowledgements in flight, which hold the row FOR
-// KEY SHARE (see ackrows.go), while the saves' own updates do not.
-func lockForUpdate(tok, client string) string {
-	return `SELECT client_name FROM ` + tok + ` WHERE client_name = ` + client + ` FOR UPDATE`
 }

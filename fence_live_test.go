@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pgchangestream/pgchangestream/internal/lock"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/pgchangestream/pgchangestream/schema"
 	"github.com/stretchr/testify/require"
 )
@@ -19,7 +21,7 @@ import (
 // lockHolder returns the backend pid holding client "c"'s lock in exclusive mode, 0 if none.
 func (e *liveEnv) lockHolder() int {
 	e.t.Helper()
-	c, o := lockHalves(lockKey(DefaultTokenTable, "c"))
+	c, o := lockHalves(lock.Key(DefaultTokenTable, "c"))
 	var pid int
 	err := e.db.QueryRow(`SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND mode = 'ExclusiveLock'
 		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -59,7 +61,7 @@ func consumeAndAck(t *testing.T, w *Watcher) *ackingConsumer {
 	go func() {
 		defer close(c.done)
 		for ev := range w.Events() {
-			id, ok, err := parseToken(ev.ResumeToken)
+			id, ok, err := position.ParseToken(ev.ResumeToken)
 			if err != nil || !ok {
 				t.Errorf("bad token %q", ev.ResumeToken)
 				return
@@ -236,7 +238,7 @@ func TestLiveExclusiveMixedTokenStates(t *testing.T) {
 		e := newLive(t)
 		ids := e.insert(3)
 		_, err := e.db.Exec(`INSERT INTO resume_tokens (client_name, resume_token) VALUES ('c', $1::jsonb)`,
-			string(encodeToken(e.position(ids[0]), liveTable)))
+			string(position.EncodeToken(e.position(ids[0]), liveTable)))
 		require.NoError(t, err)
 		cfg := e.config(ModeHybrid)
 		cfg.Exclusive = true
@@ -298,7 +300,7 @@ func TestLiveTokenResetFencesAPausedOwner(t *testing.T) {
 	<-tracer.paused
 	e.terminate(e.lockHolder())
 	requireClosed(t, owner)
-	require.NoError(t, ResetToken(ctx, e.db, "c", e.position(ids[0]), AdminOptions{}))
+	require.NoError(t, resetTo(ctx, e.db, "c", e.position(ids[0]), ""))
 	reset := e.rawToken("c")
 	wake.Do(func() { close(tracer.release) })
 	require.ErrorIs(t, <-saved, ErrFenced)

@@ -7,6 +7,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -92,7 +93,7 @@ func TestLagIsTheAgeOfTheOldestUnacknowledgedRow(t *testing.T) {
 func TestLagWhileRowsAreUnread(t *testing.T) {
 	w := newWatcher(testConfig(Config{}))
 	now := t0.Add(time.Minute)
-	w.loaded, w.cursor = true, makePosition(t0, 7)
+	w.loaded, w.cursor = true, position.Make(t0, 7)
 	require.Equal(t, time.Minute, w.lagLocked(now, false), "the cursor bounds the unread rows' age")
 	require.Zero(t, w.lagLocked(now, true))
 	w.cursor = Position{}
@@ -105,7 +106,7 @@ func TestHealthReportsFailingSaves(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeDB(testConfig(Config{}))
 		f.insert("t", t0, 3)
-		f.tokens["c"] = string(encodeToken(makePosition(t0.Add(-time.Second), 0), "t"))
+		f.tokens["c"] = string(position.EncodeToken(position.Make(t0.Add(-time.Second), 0), "t"))
 		f.readErr = errors.New("permission denied for table resume_tokens")
 		f.failSaves = 1 << 30
 		w := startOn(t, t.Context(), f, Config{CheckpointInterval: 50 * time.Millisecond})

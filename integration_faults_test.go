@@ -18,6 +18,7 @@ import (
 	"github.com/pgchangestream/pgchangestream/internal/backoff"
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // Messages the watcher logs, counted by the fault tests to prove that a fault reached it.
@@ -352,7 +353,7 @@ func faultInsert(ctx context.Context, db *sql.DB, hold time.Duration) (faultRow,
 	if err := tx.Commit(); err != nil {
 		return faultRow{}, err
 	}
-	return faultRow{pos: makePosition(ts, id), commitSent: sent, commitDone: time.Now()}, nil
+	return faultRow{pos: position.Make(ts, id), commitSent: sent, commitDone: time.Now()}, nil
 }
 
 // faultChangelog returns the positions of the captured table's changelog rows in position order.
@@ -372,7 +373,7 @@ func faultChangelog(ctx context.Context, db *sql.DB) ([]Position, error) {
 		if err := rows.Scan(&ts, &id); err != nil {
 			return nil, err
 		}
-		ps = append(ps, makePosition(ts, id))
+		ps = append(ps, position.Make(ts, id))
 	}
 	return ps, rows.Err()
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -17,7 +18,7 @@ func (e *liveEnv) tryToken(client string) (Position, error) {
 	if err := e.db.QueryRow(`SELECT resume_token::text FROM resume_tokens WHERE client_name = $1`, client).Scan(&raw); err != nil {
 		return Position{}, err
 	}
-	p, err := decodeToken([]byte(raw))
+	p, err := position.DecodeToken([]byte(raw))
 	return legacyView(p), err
 }
 
@@ -105,7 +106,7 @@ func TestLiveCheckpointWriteFailure(t *testing.T) {
 		w := e.start(cfg)
 		require.Equal(t, ids, receiveWithin(t, w, 3, liveWait))
 		require.NoError(t, w.MarkProcessed(ctx, tok(ids[0])))
-		kept := e.position(ids[1]).predecessor()
+		kept := e.position(ids[1]).Predecessor()
 		require.Equal(t, kept, e.savedToken("c"))
 
 		// The saved token's eventID is ids[1]-1; the next one, ids[2]-1, is rejected.
@@ -131,7 +132,7 @@ func TestLiveCheckpointWriteFailure(t *testing.T) {
 		_, err = e.db.Exec(`ALTER TABLE resume_tokens DROP CONSTRAINT no_more`)
 		require.NoError(t, err)
 		require.NoError(t, w.MarkProcessed(ctx, nil), "a retry saves the kept acknowledgement")
-		require.Equal(t, e.position(ids[2]).predecessor(), e.savedToken("c"))
+		require.Equal(t, e.position(ids[2]).Predecessor(), e.savedToken("c"))
 		e.waitProcessed(ids[1])
 		require.False(t, e.processed(ids[2]))
 		writes := w.Stats().CheckpointWrites
@@ -204,7 +205,7 @@ func TestLiveConcurrentDeliveryAndWatermarkAcks(t *testing.T) {
 
 // parseTokenID parses a delivery's token.
 func parseTokenID(token []byte) (int64, error) {
-	id, ok, err := parseToken(token)
+	id, ok, err := position.ParseToken(token)
 	if err == nil && !ok {
 		err = fmt.Errorf("empty token")
 	}
@@ -341,7 +342,7 @@ func TestLiveEventDocuments(t *testing.T) {
 			for i, ev := range evs {
 				ts, ok := ev["clusterTime"].(time.Time)
 				require.True(t, ok, "clusterTime is a time.Time")
-				require.Equal(t, e.position(ids[i]), makePosition(ts, ids[i]), "clusterTime is changed_at")
+				require.Equal(t, e.position(ids[i]), position.Make(ts, ids[i]), "clusterTime is changed_at")
 			}
 			base := func(op string, doc any) Event {
 				return Event{"_id": obj{"_data": string(tok(ids[0]))}, "operationType": op, "clusterTime": evs[0]["clusterTime"],
@@ -427,7 +428,7 @@ func TestLiveUnprocessedEventCount(t *testing.T) {
 			require.Equal(t, int64(5), count("0"))
 
 			require.NoError(t, w.MarkProcessed(ctx, tok(ids[2])))
-			require.Equal(t, e.position(ids[3]).predecessor(), e.savedToken("c"))
+			require.Equal(t, e.position(ids[3]).Predecessor(), e.savedToken("c"))
 			want := []int64{2, 1, 0}
 			if disabled {
 				want = []int64{5, 1, 0}

@@ -151,9 +151,9 @@ func TestLiveBufferedDeliveriesReplayAfterRestart(t *testing.T) {
 		require.Equal(t, 5, w.Stats().Pending)
 
 		require.NoError(t, w.MarkProcessed(ctx, tok(ids[0])))
-		require.Equal(t, e.position(ids[1]).predecessor(), e.savedToken("c"), "the token stops before the first unacknowledged delivery")
+		require.Equal(t, e.position(ids[1]).Predecessor(), e.savedToken("c"), "the token stops before the first unacknowledged delivery")
 		require.NoError(t, w.Close(ctx))
-		require.Equal(t, e.position(ids[1]).predecessor(), e.savedToken("c"), "Close does not pass the buffered deliveries")
+		require.Equal(t, e.position(ids[1]).Predecessor(), e.savedToken("c"), "Close does not pass the buffered deliveries")
 
 		e.requireRestartDelivers(mode, ids[1:], "a restart replays the buffered deliveries")
 	})
@@ -173,7 +173,7 @@ func TestLiveAckIsCumulative(t *testing.T) {
 		require.Equal(t, uint64(3), st.Acked, "the ack certifies the two deliveries before it")
 		require.Equal(t, 2, st.Pending)
 		require.Equal(t, e.position(ids[4]), legacyView(st.Cursor), "acks never move the read cursor")
-		require.Equal(t, e.position(ids[3]).predecessor(), e.savedToken("c"))
+		require.Equal(t, e.position(ids[3]).Predecessor(), e.savedToken("c"))
 		require.Equal(t, e.savedToken("c"), legacyView(st.Checkpoint))
 
 		require.NoError(t, w.MarkProcessed(ctx, tok(ids[4])))
@@ -194,7 +194,7 @@ func TestLiveTokensThatCertifyNothing(t *testing.T) {
 		w := e.start(e.fromBeginning(mode))
 		require.Equal(t, ids, receiveWithin(t, w, 3, liveWait))
 		writes := w.Stats().CheckpointWrites
-		first := e.position(ids[0]).predecessor()
+		first := e.position(ids[0]).Predecessor()
 
 		for _, token := range [][]byte{nil, {}, tok(ids[2] + 1000), tok(0), tok(-1)} {
 			require.NoError(t, w.MarkProcessed(ctx, token), "token %q", token)
@@ -222,7 +222,7 @@ func TestLiveTokensThatCertifyNothing(t *testing.T) {
 		st = w.Stats()
 		require.Equal(t, uint64(1), st.Acked, "the duplicate certified nothing more")
 		require.Equal(t, 2, st.Pending)
-		require.Equal(t, e.position(ids[1]).predecessor(), e.savedToken("c"))
+		require.Equal(t, e.position(ids[1]).Predecessor(), e.savedToken("c"))
 	})
 }
 
@@ -248,9 +248,9 @@ func TestLiveLateRowRecoveredInHybridMode(t *testing.T) {
 	require.Equal(t, e.position(b), w.Stats().Cursor, "the cursor does not move back")
 	require.NoError(t, w.MarkProcessed(ctx, tok(b)))
 	require.Equal(t, 1, w.Stats().Pending)
-	require.Equal(t, e.position(late).predecessor(), e.savedToken("c"), "the token holds behind the late row until it is acked")
+	require.Equal(t, e.position(late).Predecessor(), e.savedToken("c"), "the token holds behind the late row until it is acked")
 	require.NoError(t, w.Close(ctx))
-	require.Equal(t, e.position(late).predecessor(), e.savedToken("c"))
+	require.Equal(t, e.position(late).Predecessor(), e.savedToken("c"))
 
 	w2 := e.start(e.config(ModeHybrid))
 	require.Equal(t, []int64{late, b}, receiveWithin(t, w2, 2, liveWait), "a restart before the ack replays it")
@@ -280,9 +280,9 @@ func TestLiveLateTransactionRowsRecoveredInOrder(t *testing.T) {
 	require.Equal(t, []int64{a1, a2}, receiveWithin(t, w, 2, liveWait), "both late rows, in order")
 
 	require.NoError(t, w.MarkProcessed(ctx, tok(b)))
-	require.Equal(t, e.position(a1).predecessor(), e.savedToken("c"))
+	require.Equal(t, e.position(a1).Predecessor(), e.savedToken("c"))
 	require.NoError(t, w.MarkProcessed(ctx, tok(a1)))
-	require.Equal(t, e.position(a2).predecessor(), e.savedToken("c"))
+	require.Equal(t, e.position(a2).Predecessor(), e.savedToken("c"))
 	require.NoError(t, w.Close(ctx))
 
 	w2 := e.start(e.config(ModeHybrid))
@@ -313,7 +313,7 @@ func TestLiveLowerIDWithLaterChangedAt(t *testing.T) {
 		w := e.start(e.fromBeginning(mode))
 		require.Equal(t, []int64{a, b}, receiveWithin(t, w, 2, liveWait), "delivered in position order")
 		require.NoError(t, w.MarkProcessed(ctx, tok(a)))
-		require.Equal(t, pb.predecessor(), e.savedToken("c"))
+		require.Equal(t, pb.Predecessor(), e.savedToken("c"))
 		require.NoError(t, w.Close(ctx))
 
 		e.requireRestartDelivers(mode, []int64{b})
@@ -375,9 +375,9 @@ func testAbandonedSend(t *testing.T, e *liveEnv, mode Mode, cancelStart bool) {
 
 	require.NoError(t, w.MarkProcessed(bg, tok(ids[0])), "the final watermark, after the stop")
 	require.NoError(t, w.Flush(bg))
-	require.Equal(t, e.position(ids[1]).predecessor(), e.savedToken("c"), "the abandoned row is never passed")
+	require.Equal(t, e.position(ids[1]).Predecessor(), e.savedToken("c"), "the abandoned row is never passed")
 	require.NoError(t, w.Close(bg), "Close after the stop (or a second Close) is fine")
-	require.Equal(t, e.position(ids[1]).predecessor(), e.savedToken("c"))
+	require.Equal(t, e.position(ids[1]).Predecessor(), e.savedToken("c"))
 
 	e.requireRestartDelivers(mode, ids[1:], "a restart replays the abandoned rows")
 }
@@ -401,7 +401,7 @@ func TestLiveFinalWatermarkAfterClose(t *testing.T) {
 
 		require.NoError(t, w.MarkProcessed(ctx, tok(ids[1])), "the last token received")
 		require.NoError(t, w.Flush(ctx))
-		require.Equal(t, e.position(ids[2]).predecessor(), e.savedToken("c"), "the row left in the channel is not passed")
+		require.Equal(t, e.position(ids[2]).Predecessor(), e.savedToken("c"), "the row left in the channel is not passed")
 
 		require.Equal(t, ids[2:3], receiveWithin(t, w, 1, liveWait), "draining after Close")
 		requireClosed(t, w)
@@ -410,7 +410,7 @@ func TestLiveFinalWatermarkAfterClose(t *testing.T) {
 		st := w.Stats()
 		require.Equal(t, uint64(3), st.Acked)
 		require.Equal(t, 1, st.Pending)
-		require.Equal(t, e.position(ids[3]).predecessor(), e.savedToken("c"), "the row never handed out is not passed")
+		require.Equal(t, e.position(ids[3]).Predecessor(), e.savedToken("c"), "the row never handed out is not passed")
 
 		e.requireRestartDelivers(mode, ids[3:])
 	})
@@ -434,13 +434,13 @@ func TestLiveSaturationFloor(t *testing.T) {
 		require.Equal(t, uint64(n-maxPending), st.Evicted)
 		require.True(t, st.FloorActive)
 		require.NoError(t, w.Flush(ctx))
-		require.Equal(t, e.position(ids[0]).predecessor(), e.savedToken("c"), "the floor holds the first unacknowledged row")
+		require.Equal(t, e.position(ids[0]).Predecessor(), e.savedToken("c"), "the floor holds the first unacknowledged row")
 
 		require.NoError(t, w.MarkProcessed(ctx, tok(ids[2])), "an evicted delivery")
 		st = w.Stats()
 		require.True(t, st.FloorActive, "an ack of an evicted delivery certifies nothing")
 		require.Zero(t, st.Acked)
-		require.Equal(t, e.position(ids[0]).predecessor(), e.savedToken("c"))
+		require.Equal(t, e.position(ids[0]).Predecessor(), e.savedToken("c"))
 		require.NoError(t, w.Close(ctx))
 
 		cfg.StartFromBeginning = false
@@ -451,6 +451,6 @@ func TestLiveSaturationFloor(t *testing.T) {
 		st = w2.Stats()
 		require.False(t, st.FloorActive, "an ack of a tracked delivery clears the floor")
 		require.Equal(t, n-31, st.Pending)
-		require.Equal(t, e.position(ids[31]).predecessor(), e.savedToken("c"))
+		require.Equal(t, e.position(ids[31]).Predecessor(), e.savedToken("c"))
 	})
 }

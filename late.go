@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // A late row is one whose transaction started before, but committed after, rows with later
@@ -29,7 +30,7 @@ func (w *Watcher) lateRow(ctx context.Context, id int64) (*changelogRow, error) 
 	}
 	row := &w.batch[0]
 	w.mu.Lock()
-	below := makePosition(row.ChangedAt, row.ID).Before(w.cursor)
+	below := position.Make(row.ChangedAt, row.ID).Before(w.cursor)
 	w.mu.Unlock()
 	if !below {
 		return nil, nil
@@ -56,7 +57,7 @@ func (w *Watcher) recoverLateRow(ctx context.Context, id int64) error {
 		return err
 	}
 	w.log.Info("recovering a row that committed behind the cursor", "id", id)
-	return w.deliver(ctx, row, makePosition(row.ChangedAt, row.ID), true)
+	return w.deliver(ctx, row, position.Make(row.ChangedAt, row.ID), true)
 }
 
 // holdUnhandledLateRows runs in Close once the reader has stopped. Late rows named by
@@ -76,7 +77,7 @@ func (w *Watcher) holdUnhandledLateRows(ctx context.Context) error {
 		}
 		if row != nil {
 			w.log.Info("holding the checkpoint behind a late row not handed out before Close", "id", id)
-			w.register(row, makePosition(row.ChangedAt, row.ID), true)
+			w.register(row, position.Make(row.ChangedAt, row.ID), true)
 		}
 	}
 	return nil
@@ -131,8 +132,8 @@ func (w *Watcher) noticeUpgrade(ctx context.Context) error {
 		return err
 	}
 	w.mu.Lock()
-	w.cursor.span = &span{base: s, inc: inc}
-	w.mark.switched = w.cursor.span
+	w.cursor.Span = &position.Span{Base: s, Inc: inc}
+	w.mark.switched = w.cursor.Span
 	w.mu.Unlock()
 	w.log.Info("the changelog was upgraded: switching over to snapshot deltas", "snapshot", s)
 	return w.saveInBackground(ctx, saveChanged)

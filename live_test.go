@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/pgchangestream/pgchangestream/schema"
 )
 
@@ -148,20 +149,20 @@ func (e *liveEnv) savedToken(client string) Position {
 	e.t.Helper()
 	var raw string
 	require.NoError(e.t, e.db.QueryRow(`SELECT resume_token::text FROM resume_tokens WHERE client_name = $1`, client).Scan(&raw))
-	p, err := decodeToken([]byte(raw))
+	p, err := position.DecodeToken([]byte(raw))
 	require.NoError(e.t, err)
 	return legacyView(p)
 }
 
 // legacyView returns the legacy position (timestamp, eventID) of p.
-func legacyView(p Position) Position { return makePosition(p.ChangedAt, p.ID) }
+func legacyView(p Position) Position { return position.Make(p.ChangedAt, p.ID) }
 
 // position returns the position of a changelog row.
 func (e *liveEnv) position(id int64) Position {
 	e.t.Helper()
 	var ts time.Time
 	require.NoError(e.t, e.db.QueryRow(`SELECT changed_at FROM datastore_changelog WHERE id = $1`, id).Scan(&ts))
-	return makePosition(ts, id)
+	return position.Make(ts, id)
 }
 
 // receiveWithin takes n deliveries, failing the test if they do not arrive within d, and

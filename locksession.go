@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgchangestream/pgchangestream/internal/lock"
 )
 
 // lockSession is the dedicated session that holds a client's advisory lock.
@@ -123,7 +124,7 @@ func (s *pgLockSession) query(ctx context.Context, stmt string, args ...string) 
 
 // close ends the session, which releases its locks.
 func (s *pgLockSession) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), lockReleaseWait)
+	ctx, cancel := context.WithTimeout(context.Background(), lock.ReleaseWait)
 	defer cancel()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -139,9 +140,7 @@ type sqlLockSession struct {
 func (s *sqlLockSession) tryLock(ctx context.Context, key int64) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var got bool
-	err := s.conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&got)
-	return got, err
+	return lock.TryLock(ctx, s.conn, key)
 }
 
 func (s *sqlLockSession) ping(ctx context.Context) error {
@@ -200,25 +199,10 @@ func textValue(v any) sql.NullString {
 	return sql.NullString{String: fmt.Sprint(v), Valid: true}
 }
 
-// sessionResetSQL releases every advisory lock of a pooled lock session and undoes its
-// boundSession settings, before the connection goes back to the pool.
-const sessionResetSQL = `SELECT pg_advisory_unlock_all(); RESET tcp_keepalives_idle; RESET tcp_keepalives_interval;
-	RESET tcp_keepalives_count; RESET tcp_user_timeout`
-
-// close releases every advisory lock of the session and returns the connection to the pool; if
-// that fails, it closes the connection itself so that no lock outlives the watcher.
+// close releases every advisory lock of the session and returns the connection to the pool (see
+// lock.Release).
 func (s *sqlLockSession) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), lockReleaseWait)
-	defer cancel()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, err := s.conn.ExecContext(ctx, sessionResetSQL); err != nil {
-		_ = s.conn.Raw(func(dc any) error {
-			if c, ok := dc.(interface{ Close() error }); ok {
-				return c.Close()
-			}
-			return nil
-		})
-	}
-	_ = s.conn.Close()
+	lock.Release(s.conn)
 }

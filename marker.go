@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/backoff"
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // The legacy processed flag (rule 12) is set by a marker, not by the saves. A save writes the
@@ -58,7 +60,7 @@ type marker struct {
 	// switched is the span of an in-place switch-over (seq 0, its snapshot as base), set by the
 	// reader when it switches; guarded by the watcher's mu, not by mu here, so that the reader
 	// never waits for a marking statement (one held up by a row lock, say).
-	switched *span
+	switched *position.Span
 
 	wake    chan struct{} // capacity 1: a save happened; created by newWatcher
 	running atomic.Bool   // the marker goroutine runs; saves wake it instead of marking
@@ -149,10 +151,10 @@ func (w *Watcher) markSaved(ctx context.Context) error {
 		return nil
 	}
 	prev := w.mark.marked
-	if prev.span == nil && target.span != nil && switched != nil {
+	if prev.Span == nil && target.Span != nil && switched != nil {
 		// The watcher switched over in place since this pass last ran. In the switch-over's form
 		// the rows marked certify no more than before, and marking goes on from its snapshot.
-		prev.span = switched
+		prev.Span = switched
 	}
 	if !prev.Before(target) {
 		// Equal, or the token moved back behind a late row: mark from there on next time.
@@ -270,9 +272,9 @@ func (w *Watcher) catchUp(ctx context.Context) error {
 
 // catchUpStatement returns the statement, and its arguments, that selects the next page of the
 // catch-up after the legacy key of after: rows that loaded and saved both certify.
-func (w *Watcher) catchUpStatement(loaded, saved, after Position) (string, params) {
-	args := params{w.cfg.TableName, after.ChangedAt, after.ID}
-	return w.q.catchUp + certifiedBy(loaded, args.add) + "\n\tAND " + certifiedBy(saved, args.add) +
+func (w *Watcher) catchUpStatement(loaded, saved, after Position) (string, changelog.Params) {
+	args := changelog.Params{w.cfg.TableName, after.ChangedAt, after.ID}
+	return w.q.catchUp + changelog.CertifiedBy(loaded, args.Add) + "\n\tAND " + changelog.CertifiedBy(saved, args.Add) +
 		"\n\tORDER BY c.changed_at, c.id LIMIT " + strconv.Itoa(catchUpPage), args
 }
 
@@ -302,25 +304,25 @@ func (w *Watcher) catchUpPage(ctx context.Context, q string, args []any) (ids []
 func (w *Watcher) markStatement(prev, p Position) (string, []any) {
 	table := w.cfg.TableName
 	switch {
-	case p.span == nil:
+	case p.Span == nil:
 		return w.q.markLegacy, []any{table, prev.ChangedAt, prev.ID, p.ChangedAt, p.ID}
-	case !p.inDelta():
-		return w.q.markPhase, []any{table, prev.ChangedAt, prev.ID, p.ChangedAt, p.ID, p.span.base.String()}
+	case !p.InDelta():
+		return w.q.markPhase, []any{table, prev.ChangedAt, prev.ID, p.ChangedAt, p.ID, p.Span.Base.String()}
 	case certifiedByID(prev, p):
-		return w.q.markInDelta, []any{table, prev.ID, p.ID, p.span.end.String()}
+		return w.q.markInDelta, []any{table, prev.ID, p.ID, p.Span.End.String()}
 	}
 	q, from := w.q.markDelta, prev
-	if !prev.inDelta() { // the legacy part of the switch-over ended since
+	if !prev.InDelta() { // the legacy part of the switch-over ended since
 		// A legacy prev has no switch-over snapshot (markSaved gives it one): p's base, which
 		// sees no less, marks only rows p certifies, and may leave some of the rest unmarked.
-		base := p.span.base
-		if prev.span != nil {
-			base = prev.span.base
+		base := p.Span.Base
+		if prev.Span != nil {
+			base = prev.Span.Base
 		}
-		q, from = w.q.markSwitch, Position{span: &span{seq: 1, base: base}}
+		q, from = w.q.markSwitch, Position{Span: &position.Span{Seq: 1, Base: base}}
 	}
 	lo, loID, hi, hiID := rangeArgs(certifyRanges(from, p))
-	args := []any{table, lo, loID, hi, hiID, p.span.base.String(), p.top().String(), p.ID}
+	args := []any{table, lo, loID, hi, hiID, p.Span.Base.String(), p.Top().String(), p.ID}
 	if q == w.q.markSwitch {
 		args = append(args, prev.ChangedAt, prev.ID)
 	}

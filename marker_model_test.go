@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -38,7 +39,7 @@ type markWorld struct {
 func newMarkWorld(t testing.TB, cfg Config) *markWorld {
 	start := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	return &markWorld{t: t, q: buildQueries(cfg.withDefaults()), m: newDeltaModel(0, 0), ts: map[int64]time.Time{},
-		begun: map[uint64]time.Time{}, clock: start, token: string(encodeToken(makePosition(start, 0), "t")),
+		begun: map[uint64]time.Time{}, clock: start, token: string(position.EncodeToken(position.Make(start, 0), "t")),
 		flagged: map[int64]bool{}}
 }
 
@@ -71,19 +72,19 @@ func (mw *markWorld) write(i int) {
 
 func (mw *markWorld) committed(r modelRow) bool { return r.xid == 0 || mw.m.committed[r.xid] != 0 }
 
-func (mw *markWorld) legacyPos(r modelRow) Position { return makePosition(mw.ts[r.id], r.id) }
+func (mw *markWorld) legacyPos(r modelRow) Position { return position.Make(mw.ts[r.id], r.id) }
 
 // sees is "txid IS NULL OR pg_visible_in_snapshot(txid, s)".
-func sees(s pgSnapshot, x uint64) bool { return x == 0 || !s.running(x) }
+func sees(s position.Snapshot, x uint64) bool { return x == 0 || !s.Running(x) }
 
 // certified reports whether a saved token at p certifies row r, as certifiedBy says in SQL.
 func (mw *markWorld) certified(p Position, r modelRow) bool {
-	legacy := !makePosition(p.ChangedAt, p.ID).Before(mw.legacyPos(r))
+	legacy := !position.Make(p.ChangedAt, p.ID).Before(mw.legacyPos(r))
 	switch {
-	case p.span == nil:
+	case p.Span == nil:
 		return legacy
-	case !p.inDelta():
-		return legacy && sees(p.span.base, r.xid)
+	case !p.InDelta():
+		return legacy && sees(p.Span.Base, r.xid)
 	}
 	return r.xid == 0 || certifies(p, r)
 }
@@ -104,22 +105,22 @@ func (mw *markWorld) read(w *Watcher, limit int) []int64 {
 		rows []modelRow
 		more bool
 	)
-	if from.inDelta() {
-		if from.atDeltaStart() {
+	if from.InDelta() {
+		if from.AtDeltaStart() {
 			end := mw.m.snapshot()
-			if emptyDelta(from.span.base, end) {
+			if position.EmptyDelta(from.Span.Base, end) {
 				return nil
 			}
-			from = from.withEnd(end, "")
+			from = from.WithEnd(end, "")
 		}
-		rows = mw.m.delta(from, from.afterID()) // then in id order, as the reader delivers a delta
+		rows = mw.m.delta(from, from.AfterID()) // then in id order, as the reader delivers a delta
 		slices.SortFunc(rows, func(a, b modelRow) int { return cmp.Compare(a.id, b.id) })
 		more = len(rows) > limit
 		rows = rows[:min(len(rows), limit)]
 	} else {
-		after := makePosition(from.ChangedAt, from.ID)
+		after := position.Make(from.ChangedAt, from.ID)
 		for _, r := range mw.m.rows {
-			if mw.committed(r) && after.Before(mw.legacyPos(r)) && (from.span == nil || sees(from.span.base, r.xid)) {
+			if mw.committed(r) && after.Before(mw.legacyPos(r)) && (from.Span == nil || sees(from.Span.Base, r.xid)) {
 				rows = append(rows, r)
 			}
 		}
@@ -133,7 +134,7 @@ func (mw *markWorld) read(w *Watcher, limit int) []int64 {
 		w.register(&row, rowPosition(from, &row), false)
 		ids = append(ids, r.id)
 	}
-	if !more && from.span != nil {
+	if !more && from.Span != nil {
 		w.endSpan(from)
 	}
 	return ids
@@ -141,19 +142,19 @@ func (mw *markWorld) read(w *Watcher, limit int) []int64 {
 
 // markRows evaluates a marking statement: the committed rows it flags.
 func (mw *markWorld) markRows(query string, a []any) []modelRow {
-	snap := func(i int) pgSnapshot {
-		s, err := parseSnapshot(a[i].(string))
+	snap := func(i int) position.Snapshot {
+		s, err := position.ParseSnapshot(a[i].(string))
 		require.NoError(mw.t, err)
 		return s
 	}
 	legacyAfter := func(i int) func(modelRow) bool {
-		after := makePosition(a[i].(time.Time), a[i+1].(int64))
+		after := position.Make(a[i].(time.Time), a[i+1].(int64))
 		return func(r modelRow) bool { return after.Before(mw.legacyPos(r)) }
 	}
 	var match func(modelRow) bool
 	switch query {
 	case mw.q.markLegacy, mw.q.markPhase:
-		after, upTo := legacyAfter(1), makePosition(a[3].(time.Time), a[4].(int64))
+		after, upTo := legacyAfter(1), position.Make(a[3].(time.Time), a[4].(int64))
 		match = func(r modelRow) bool { return after(r) && !upTo.Before(mw.legacyPos(r)) }
 		if query == mw.q.markPhase {
 			legacy, base := match, snap(5)
@@ -212,7 +213,7 @@ func parseArray[T any](t testing.TB, v any, parse func(string) (T, error)) []T {
 }
 
 func (mw *markWorld) savedToken() Position {
-	p, err := decodeToken([]byte(mw.token))
+	p, err := position.DecodeToken([]byte(mw.token))
 	require.NoError(mw.t, err)
 	return p
 }
@@ -260,7 +261,7 @@ func (c markConn) QueryContext(_ context.Context, query string, args []driver.Na
 // the legacy position a[1], a[2] that snapshot a[5] sees, above every txid it sees of a row at or
 // before the legacy position a[3], a[4] (when a[6]).
 func (mw *markWorld) switchCutRows(a []any) driver.Rows {
-	lo, hi, s := makePosition(a[1].(time.Time), a[2].(int64)), makePosition(a[3].(time.Time), a[4].(int64)), mustSnapshot(mw.t, a[5].(string))
+	lo, hi, s := position.Make(a[1].(time.Time), a[2].(int64)), position.Make(a[3].(time.Time), a[4].(int64)), mustSnapshot(mw.t, a[5].(string))
 	seen := func(r modelRow) bool { return r.xid != 0 && mw.committed(r) && sees(s, r.xid) }
 	var below uint64
 	for _, r := range mw.m.rows {
@@ -281,7 +282,7 @@ func (mw *markWorld) switchCutRows(a []any) driver.Rows {
 // after the legacy key a[1], a[2], that the loaded position and the saved token both certify, in
 // legacy order.
 func (mw *markWorld) catchUpRows(a []any) driver.Rows {
-	after, saved := makePosition(a[1].(time.Time), a[2].(int64)), mw.savedToken()
+	after, saved := position.Make(a[1].(time.Time), a[2].(int64)), mw.savedToken()
 	var out []modelRow
 	for _, r := range mw.m.rows {
 		if mw.committed(r) && !mw.flagged[r.id] && after.Before(mw.legacyPos(r)) &&
@@ -387,7 +388,7 @@ func FuzzMarker(f *testing.F) {
 			case op < 7:
 				delivered = append(delivered, mw.read(w, pageSize)...)
 			case op < 9 && len(delivered) > 0:
-				require.NoError(t, w.MarkProcessed(ctx, formatToken(delivered[rng.IntN(len(delivered))])))
+				require.NoError(t, w.MarkProcessed(ctx, position.FormatToken(delivered[rng.IntN(len(delivered))])))
 			case op < 10:
 				require.NoError(t, w.Flush(ctx))
 			case op < 11:
@@ -413,7 +414,7 @@ func FuzzMarker(f *testing.F) {
 		for range 400 {
 			step(rng.IntN(14))
 			w.mu.Lock()
-			if p := w.savedMirror; len(saves) == 0 || p.Compare(saves[len(saves)-1]) != 0 || (p.span == nil) != (saves[len(saves)-1].span == nil) {
+			if p := w.savedMirror; len(saves) == 0 || p.Compare(saves[len(saves)-1]) != 0 || (p.Span == nil) != (saves[len(saves)-1].Span == nil) {
 				saves = append(saves, p)
 			}
 			w.mu.Unlock()
@@ -425,7 +426,7 @@ func FuzzMarker(f *testing.F) {
 			delivered = append(delivered, mw.read(w, pageSize)...)
 		}
 		if len(delivered) > 0 {
-			require.NoError(t, w.MarkProcessed(ctx, formatToken(delivered[len(delivered)-1])))
+			require.NoError(t, w.MarkProcessed(ctx, position.FormatToken(delivered[len(delivered)-1])))
 		}
 		pass()
 		for range 50 {

@@ -3,6 +3,7 @@ package pgchangestream
 import (
 	"testing"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -31,8 +32,8 @@ func TestMatchFilterAsConfigFilter(t *testing.T) {
 	w, err := New(Config{DB: db, ClientName: "c", TableName: "t", Mode: ModePolling, Filter: filter, Logger: quietLogger})
 	require.NoError(t, err)
 	for n, want := range map[int64]bool{1: false, 2: true, 3: true} {
-		row := &changelogRow{ID: n, RecordID: "r", Operation: "INSERT", NewValues: []byte(`{"n":` + string(formatToken(n)) + `}`)}
-		_, _, pending, _ := w.register(row, makePosition(row.ChangedAt, row.ID), false)
+		row := &changelogRow{ID: n, RecordID: "r", Operation: "INSERT", NewValues: []byte(`{"n":` + string(position.FormatToken(n)) + `}`)}
+		_, _, pending, _ := w.register(row, position.Make(row.ChangedAt, row.ID), false)
 		require.Equal(t, want, pending, "n=%d", n)
 	}
 	require.Equal(t, uint64(1), w.Stats().Filtered)

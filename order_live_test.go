@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -52,7 +54,7 @@ func (c *changeLog) consume(t *testing.T, w *Watcher) (wait func()) {
 	go func() {
 		defer close(done)
 		for ev := range w.Events() {
-			id, _, err := parseToken(ev.ResumeToken)
+			id, _, err := position.ParseToken(ev.ResumeToken)
 			if err != nil {
 				t.Errorf("token %q: %v", ev.ResumeToken, err)
 				continue
@@ -308,13 +310,13 @@ func TestLiveLargeDeltaInRowOrderAcrossRestart(t *testing.T) {
 }
 
 // markedNotCertified counts the changelog rows marked processed that the saved token raw does
-// not certify (the predicate Prune deletes by).
+// not certify (the predicate admin.Prune deletes by).
 func (e *liveEnv) markedNotCertified(raw string) int {
 	e.t.Helper()
-	p, err := decodeToken([]byte(raw))
+	p, err := position.DecodeToken([]byte(raw))
 	require.NoError(e.t, err)
 	var args []any
-	cond := certifiedBy(p, func(v any) string {
+	cond := changelog.CertifiedBy(p, func(v any) string {
 		args = append(args, v)
 		return "$" + strconv.Itoa(len(args))
 	})

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
@@ -54,7 +55,7 @@ type deadLetters struct {
 var _ procrun.Store[EventWithToken] = deadLetters{}
 
 func (d deadLetters) Park(ctx context.Context, j *procrun.Job[EventWithToken], blocking bool) error {
-	id, _, _ := parseToken(j.Ev.ResumeToken)
+	id, _, _ := position.ParseToken(j.Ev.ResumeToken)
 	errText := blockedKeyError
 	if j.LastErr != nil {
 		errText = j.LastErr.Error()
@@ -87,7 +88,7 @@ func toParked(ps []ParkedEvent) []procrun.Parked[EventWithToken] {
 	out := make([]procrun.Parked[EventWithToken], len(ps))
 	for i, p := range ps {
 		out[i] = procrun.Parked[EventWithToken]{ID: p.ID, Key: p.Key, Blocking: p.Blocking,
-			Ev: EventWithToken{Event: p.Event, ResumeToken: formatToken(p.ChangelogID)}}
+			Ev: EventWithToken{Event: p.Event, ResumeToken: position.FormatToken(p.ChangelogID)}}
 	}
 	return out
 }
@@ -161,7 +162,7 @@ func (w *Watcher) startRerun(ctx context.Context, ev EventWithToken) (end func()
 	if w.sh == nil {
 		return func() {}, nil
 	}
-	id, _, err := parseToken(ev.ResumeToken)
+	id, _, err := position.ParseToken(ev.ResumeToken)
 	if err != nil {
 		return nil, err
 	}

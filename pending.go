@@ -1,5 +1,7 @@
 package pgchangestream
 
+import "github.com/pgchangestream/pgchangestream/internal/position"
+
 // The watcher's side of pending deliveries: a delivery is registered as pending, and the cursor
 // advanced, in one locked step before it is sent; an acknowledgement removes the prefix of
 // deliveries up to it; the checkpoint is the minimum of the cursor, the floor and the
@@ -18,7 +20,7 @@ func (w *Watcher) track(row *changelogRow, pos Position, late bool) (evicted, be
 		w.evicted++
 	}
 	w.advanceLocked(pos)
-	return evicted, late && pos.predecessor().Before(w.savedMirror)
+	return evicted, late && pos.Predecessor().Before(w.savedMirror)
 }
 
 // advanceLocked moves the cursor forward to pos (never back). mu must be held.
@@ -57,7 +59,7 @@ func (w *Watcher) checkpointLocked() (p Position, ok bool) {
 	}
 	p = w.cursor
 	if m, ok := w.ring.MinPredecessor(); ok {
-		p = minPosition(p, m)
+		p = position.Min(p, m)
 	}
 	return p, true
 }

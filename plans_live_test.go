@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // explainWatcherRead returns the EXPLAIN (ANALYZE, BUFFERS) text of the watcher's read q, run
@@ -87,7 +88,7 @@ func TestLiveReadPlansWithoutStatistics(t *testing.T) {
 
 // requireIndexPlans checks the plans of the watcher's reads of the 50,000-row delta from b to end
 // (and of the same rows by legacy position).
-func requireIndexPlans(t *testing.T, e *liveEnv, w *Watcher, b, end pgSnapshot) {
+func requireIndexPlans(t *testing.T, e *liveEnv, w *Watcher, b, end position.Snapshot) {
 	t.Helper()
 	var (
 		ts      any
@@ -98,7 +99,7 @@ func requireIndexPlans(t *testing.T, e *liveEnv, w *Watcher, b, end pgSnapshot) 
 	require.NoError(t, e.db.QueryRow(`SELECT max(id) FROM datastore_changelog`).Scan(&one))
 	stream := `Index Scan using datastore_changelog_stream_idx on datastore_changelog`
 	txid := `Index (Only )?Scan using datastore_changelog_txid_unit_idx on datastore_changelog`
-	lo, loID, hi, hiID := rangeArgs(deltaRanges(b, end))
+	lo, loID, hi, hiID := rangeArgs(position.DeltaRanges(b, end))
 	for _, r := range []struct {
 		name, q, index string
 		maxBuffers     int
@@ -108,7 +109,7 @@ func requireIndexPlans(t *testing.T, e *liveEnv, w *Watcher, b, end pgSnapshot) 
 	}{
 		{"read", w.q.read, stream, 20, []any{liveTable, ts, id}, false, false},
 		{"switchRead", w.q.switchRead, stream, 20, []any{liveTable, ts, id, end.String()}, false, false},
-		{"deltaRead", w.q.deltaRead, txid, 20, []any{liveTable, lo, loID, hi, hiID, end.String(), int64(minID)}, false, false},
+		{"deltaRead", w.q.deltaRead, txid, 20, []any{liveTable, lo, loID, hi, hiID, end.String(), int64(position.MinID)}, false, false},
 		// A listed delta's rows: by primary key, at most a batch of ids (or the key range of a
 		// batch of consecutive ids), whatever the plan's shape.
 		{"deltaRows", w.q.deltaRows, `(Bitmap Index Scan on|Index Scan using) datastore_changelog_pkey`, 10,
@@ -119,7 +120,7 @@ func requireIndexPlans(t *testing.T, e *liveEnv, w *Watcher, b, end pgSnapshot) 
 		// The id list of a delta larger than a batch reads the delta whole (50,000 index entries):
 		// an index range scan, or a bitmap of one.
 		{"deltaIDs", w.q.deltaIDs, `(Bitmap Index Scan on|Index (Only )?Scan using) datastore_changelog_txid_unit_idx`, 2000,
-			[]any{liveTable, lo, loID, hi, hiID, end.String(), int64(minID)}, true, false},
+			[]any{liveTable, lo, loID, hi, hiID, end.String(), int64(position.MinID)}, true, false},
 	} {
 		explain := func() (string, int) { return explainWatcherRead(t, w, r.q, r.args...) }
 		if r.byKey {
@@ -134,9 +135,9 @@ func requireIndexPlans(t *testing.T, e *liveEnv, w *Watcher, b, end pgSnapshot) 
 		require.NotContains(t, plan, "JIT", "%s: compiled:\n%s", r.name, plan)
 		require.LessOrEqual(t, buffers, r.maxBuffers, "%s:\n%s", r.name, plan)
 	}
-	if rs := deltaRanges(b, end); len(rs) == 1 {
-		plan, buffers := explainWatcherRead(t, w, w.q.deltaRange, liveTable, strconv.FormatUint(rs[0].lo, 10), rs[0].loID,
-			strconv.FormatUint(rs[0].hi, 10), rs[0].hiID, end.String(), int64(minID))
+	if rs := position.DeltaRanges(b, end); len(rs) == 1 {
+		plan, buffers := explainWatcherRead(t, w, w.q.deltaRange, liveTable, strconv.FormatUint(rs[0].Lo, 10), rs[0].LoID,
+			strconv.FormatUint(rs[0].Hi, 10), rs[0].HiID, end.String(), int64(position.MinID))
 		require.Regexp(t, `^Limit.*\n.*\n  ->  `+txid, plan, "deltaRange: no sort")
 		require.LessOrEqual(t, buffers, 20, "deltaRange:\n%s", plan)
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -20,7 +21,7 @@ func TestReadsWithoutStatisticsUseIndexPlans(t *testing.T) {
 	mock.ExpectQuery(wantDetect).WithArgs(`"datastore_changelog"`, `"datastore_changelog_incarnation"`).
 		WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation", "stats"}).AddRow(false, false, false))
 	mock.ExpectQuery(wantLoad).WithArgs("c").
-		WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(string(encodeToken(makePosition(ts, 1), "t"))))
+		WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(string(position.EncodeToken(position.Make(ts, 1), "t"))))
 	require.NoError(t, w.load(ctx))
 
 	expectIndexPlanRead := func(after int64) {

@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/admin"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/pgchangestream/pgchangestream/schema"
 	"github.com/stretchr/testify/require"
 )
@@ -114,7 +116,7 @@ func TestLiveClientCannotMoveAnotherClientsToken(t *testing.T) {
 	require.NoError(t, err, "its own client's ranges")
 	_, err = client.Exec(`INSERT INTO datastore_changelog_acks (client_name, changelog_id) VALUES ('a', $1)`, ids[1])
 	require.NoError(t, err, "its own client's acknowledgement rows")
-	_, err = Prune(t.Context(), client, PruneOptions{})
+	_, err = admin.Prune(t.Context(), client, admin.PruneOptions{})
 	require.ErrorContains(t, err, "hides other clients' tokens")
 
 	cfg := e.fromBeginning(ModeHybrid)
@@ -126,12 +128,12 @@ func TestLiveClientCannotMoveAnotherClientsToken(t *testing.T) {
 	require.NoError(t, w.MarkProcessed(t.Context(), []byte(strconv.FormatInt(got[2], 10))))
 	require.Equal(t, e.position(ids[2]), e.savedToken("a"), "its own fenced save works")
 	require.Equal(t, int64(1), pgtest.Scalar[int64](t, e.db, `SELECT owner_epoch FROM resume_tokens WHERE client_name = 'a'`))
-	listed, err := ListTokens(t.Context(), client, AdminOptions{})
+	listed, err := admin.ListTokens(t.Context(), client, admin.Options{})
 	require.NoError(t, err)
 	require.Len(t, listed, 1, "it sees its own token only")
 	require.NoError(t, w.Close(t.Context()))
 
-	require.NoError(t, ResetToken(t.Context(), e.db, "c", Position{}, AdminOptions{}), "the owner administers every token")
+	require.NoError(t, resetTo(t.Context(), e.db, "c", Position{}, ""), "the owner administers every token")
 	require.NoError(t, errOf(schema.RemoveRestrictions(t.Context(), e.db, strings.Trim(role, `"`), schema.Options{})))
 	_, err = client.Exec(`UPDATE resume_tokens SET last_updated = now() WHERE client_name = 'c'`)
 	require.NoError(t, err)
@@ -283,7 +285,7 @@ func TestLiveConsumerReadsOnlyItsTables(t *testing.T) {
 	b := e.snapshot()
 	e.insert(1)
 	end := e.snapshot()
-	lo, loID, hi, hiID := rangeArgs(deltaRanges(b, end))
+	lo, loID, hi, hiID := rangeArgs(position.DeltaRanges(b, end))
 	for _, q := range []struct {
 		name, sql string
 		args      []any
@@ -291,7 +293,7 @@ func TestLiveConsumerReadsOnlyItsTables(t *testing.T) {
 	}{
 		{"read", w.q.read, []any{liveTable, at, id},
 			`^Limit\n  ->  Index Scan using datastore_changelog_stream_idx on datastore_changelog\n.*Index Cond: .*ROW\(changed_at, id\) > ROW\(`},
-		{"deltaRead", w.q.deltaRead, []any{liveTable, lo, loID, hi, hiID, end.String(), int64(minID)},
+		{"deltaRead", w.q.deltaRead, []any{liveTable, lo, loID, hi, hiID, end.String(), int64(position.MinID)},
 			`(Bitmap Index Scan on|Index Scan using) datastore_changelog_txid_unit_idx.*\n.*Index Cond: .*ROW\(txid, id\) > ROW\(r\.lo, r\.lo_id\)`},
 	} {
 		explainAs := func(db *sql.DB) string {
@@ -458,7 +460,7 @@ func TestLiveRestrictedReadsHideParkedEvents(t *testing.T) {
 	}} {
 		restrict()
 		require.Zero(t, pgtest.Scalar[int](t, reader, count), "another table's parked event is hidden")
-		listed, err := ListParked(t.Context(), reader, "c", AdminOptions{})
+		listed, err := ListParked(t.Context(), reader, "c", admin.Options{})
 		require.NoError(t, err)
 		require.Len(t, listed, 1+i, "its own table's, one more parked each round")
 		for _, p := range listed {
@@ -477,7 +479,7 @@ func TestLiveRestrictedReadsHideParkedEvents(t *testing.T) {
 }
 
 // TestLivePruneFunctionRefusesRestrictedRole: the SQL retention function, called by a role that
-// RestrictTokens keeps from seeing a client's token, refuses as Prune does, instead of deleting
+// RestrictTokens keeps from seeing a client's token, refuses as admin.Prune does, instead of deleting
 // rows that client has not read; the owner's call keeps them.
 func TestLivePruneFunctionRefusesRestrictedRole(t *testing.T) {
 	t.Parallel()
@@ -490,7 +492,7 @@ func TestLivePruneFunctionRefusesRestrictedRole(t *testing.T) {
 	e.grant(`GRANT SELECT ON resume_tokens, datastore_changelog_ranges, datastore_changelog_members TO ` + role)
 	require.NoError(t, errOf(schema.RestrictTokens(t.Context(), e.db, strings.Trim(role, `"`), []string{"a"}, schema.Options{})))
 
-	_, err := Prune(t.Context(), pruner, PruneOptions{})
+	_, err := admin.Prune(t.Context(), pruner, admin.PruneOptions{})
 	require.ErrorContains(t, err, "hides other clients' tokens")
 	_, err = pruner.Exec(`SELECT datastore_changelog_prune()`)
 	require.ErrorContains(t, err, `token table "resume_tokens" hides other clients' tokens from this role (RestrictTokens)`)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgchangestream/pgchangestream/internal/backoff"
 	"github.com/pgchangestream/pgchangestream/internal/document"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
@@ -309,7 +310,7 @@ func deferEvent(ev EventWithToken) EventWithToken {
 // passed it, and Prune deletes only rows every token passed (unless told to ignore this
 // client's token).
 func (w *Watcher) restoreEvent(ctx context.Context, c EventWithToken) (EventWithToken, error) {
-	id, _, err := parseToken(c.ResumeToken)
+	id, _, err := position.ParseToken(c.ResumeToken)
 	if err != nil {
 		return c, err
 	}

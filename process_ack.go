@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/backoff"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // ackSaver is Process's side of acknowledgements: the engine calls ack (one call at a time, in
@@ -37,7 +38,7 @@ func (w *Watcher) startAckSaver(ctx context.Context, gap time.Duration) *ackSave
 // ack acknowledges the delivery of last, the newest event of the finished prefix: the earliest
 // pending delivery of its id, which is in the prefix, and every one before it.
 func (s *ackSaver) ack(last EventWithToken) {
-	if id, ok, _ := parseToken(last.ResumeToken); ok {
+	if id, ok, _ := position.ParseToken(last.ResumeToken); ok {
 		s.w.ack(id)
 	}
 	select {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
@@ -32,7 +33,7 @@ func startProcess(t *testing.T, w *Watcher, o ProcessOptions, h Handler) (<-chan
 
 // byParity keys events by the parity of their changelog id.
 func byParity(ev EventWithToken) string {
-	id, _, _ := parseToken(ev.ResumeToken)
+	id, _, _ := position.ParseToken(ev.ResumeToken)
 	return strconv.FormatInt(id%2, 10)
 }
 
@@ -56,7 +57,7 @@ func TestProcessAcknowledgesTheLowWaterMark(t *testing.T) {
 		})
 		synctest.Wait()
 		require.Equal(t, uint64(1), w.Stats().Acked, "only the prefix before the running event is acknowledged")
-		require.Equal(t, rowPos(f, 2).predecessor(), f.token(t, "c"), "the saved token stops before it")
+		require.Equal(t, rowPos(f, 2).Predecessor(), f.token(t, "c"), "the saved token stops before it")
 		st := w.Stats().Process
 		require.Equal(t, 3, st.InFlight, "2 runs, 4 and 6 wait behind it")
 		require.Equal(t, 1, st.BusyWorkers)
@@ -110,7 +111,7 @@ func TestProcessHandlerPanicStops(t *testing.T) {
 		require.ErrorIs(t, err, ErrPanic)
 		require.ErrorContains(t, err, `key "0"`)
 		require.ErrorContains(t, err, "token 2")
-		require.Equal(t, rowPos(f, 2).predecessor(), f.token(t, "c"), "the failed event is not certified")
+		require.Equal(t, rowPos(f, 2).Predecessor(), f.token(t, "c"), "the failed event is not certified")
 		require.Equal(t, uint64(1), w.Stats().Process.Retries)
 		closeWatcher(t, w)
 	})
@@ -138,7 +139,7 @@ func TestProcessGracePeriod(t *testing.T) {
 		require.NoError(t, <-errc)
 		require.Equal(t, 5*time.Second, time.Since(stop))
 		require.True(t, cancelled.Load(), "the unfinished handler's ctx was cancelled")
-		require.Equal(t, rowPos(f, 2).predecessor(), f.token(t, "c"), "the finished event is saved, the other is not")
+		require.Equal(t, rowPos(f, 2).Predecessor(), f.token(t, "c"), "the finished event is saved, the other is not")
 		closeWatcher(t, w)
 
 		w2 := startOn(t, t.Context(), f, Config{})
@@ -174,7 +175,7 @@ func TestProcessParkWithoutADeadLetterTableCertifiesNothing(t *testing.T) {
 		synctest.Wait()
 		cancel()
 		require.NoError(t, <-errc)
-		require.Equal(t, rowPos(f, 1).predecessor(), f.token(t, "c"), "an event that could not be parked is not finished")
+		require.Equal(t, rowPos(f, 1).Predecessor(), f.token(t, "c"), "an event that could not be parked is not finished")
 		require.Zero(t, w.Stats().Process.Parked)
 		closeWatcher(t, w)
 	})

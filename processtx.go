@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
@@ -32,7 +33,7 @@ const txSaveGap = 100 * time.Millisecond
 func (w *Watcher) readsLegacy() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.loaded && w.cursor.span == nil
+	return w.loaded && w.cursor.Span == nil
 }
 
 // ProcessTx is [Watcher.Process] with a transaction of its own per event, so that each event's
@@ -91,7 +92,7 @@ func (w *Watcher) ProcessTx(ctx context.Context, opts ProcessOptions, handle TxH
 
 // runTx is one attempt of ProcessTx for j.
 func (w *Watcher) runTx(ctx context.Context, handle TxHandler, j *procrun.Job[EventWithToken]) error {
-	id, ok, err := parseToken(j.Ev.ResumeToken)
+	id, ok, err := position.ParseToken(j.Ev.ResumeToken)
 	if err != nil || !ok {
 		return fmt.Errorf("pgchangestream: ProcessTx: event without a changelog id (token %q): %v", j.Ev.ResumeToken, err)
 	}

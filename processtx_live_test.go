@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/admin"
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/schema"
 	"github.com/stretchr/testify/require"
 )
@@ -279,16 +281,16 @@ func TestLiveProcessTxParkedRerunRemovesItsRowInTheTransaction(t *testing.T) {
 	stop := runProcessTx(w, opts, handle)
 	waitFor(t, func() bool { return w.Stats().Checkpoint.ID == ids[1] }, "the parked event counts as finished")
 	require.Equal(t, []int64{ids[1]}, e.effectIDs())
-	parked, err := ListParked(context.Background(), e.db, "c", AdminOptions{})
+	parked, err := ListParked(context.Background(), e.db, "c", admin.Options{})
 	require.NoError(t, err)
 	require.Len(t, parked, 1)
-	require.NoError(t, RetryParked(context.Background(), e.db, "c", parked[0].ID, AdminOptions{}))
+	require.NoError(t, RetryParked(context.Background(), e.db, "c", parked[0].ID, admin.Options{}))
 	waitFor(t, func() bool { return len(e.effectIDs()) == 2 }, "the rerun commits")
 	require.NoError(t, stop())
 	rec.mu.Lock()
 	require.Equal(t, []string{"inside", "0", "outside", "1"}, seen)
 	rec.mu.Unlock()
-	parked, err = ListParked(context.Background(), e.db, "c", AdminOptions{})
+	parked, err = ListParked(context.Background(), e.db, "c", admin.Options{})
 	require.NoError(t, err)
 	require.Empty(t, parked)
 }
@@ -345,7 +347,7 @@ func TestLiveProcessTxFencedOwnerStops(t *testing.T) {
 	require.Equal(t, ids[:2], e.effectIDs(), "no effect after the later owner's claim")
 	require.NotContains(t, rec.called(), ids[2], "the fenced event's handler is not called")
 	require.Equal(t, ids[:2], e.ackRows("c"))
-	parked, err := ListParked(context.Background(), e.db, "c", AdminOptions{})
+	parked, err := ListParked(context.Background(), e.db, "c", admin.Options{})
 	require.NoError(t, err)
 	require.Empty(t, parked, "a fenced event is not parked")
 	require.Zero(t, w.Stats().Process.Retries, "nor retried")
@@ -419,7 +421,7 @@ func TestLiveProcessTxTakeoverFencesTheFormerOwner(t *testing.T) {
 func (e *liveEnv) ownerEpoch() int64 {
 	e.t.Helper()
 	var epoch int64
-	require.NoError(e.t, e.db.QueryRow(`SELECT `+epochColumn+` FROM resume_tokens WHERE client_name = 'c'`).Scan(&epoch))
+	require.NoError(e.t, e.db.QueryRow(`SELECT `+changelog.EpochColumn+` FROM resume_tokens WHERE client_name = 'c'`).Scan(&epoch))
 	return epoch
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/pgchangestream/pgchangestream/admin"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 	"github.com/stretchr/testify/require"
 )
@@ -20,7 +21,7 @@ func (e *liveEnv) saveRanges(client, token string, behind map[int]string) {
 	}
 }
 
-// TestLivePruneKeepsWhatSharedRangesHold proves that Prune and the SQL retention function keep
+// TestLivePruneKeepsWhatSharedRangesHold proves that admin.Prune and the SQL retention function keep
 // every row a range of a shared client has not certified, and delete the rows all its ranges
 // certified, whatever the client's token-table row says (none, behind every range, or ahead of
 // some): the ranges hold a shared client's positions.
@@ -39,12 +40,12 @@ func TestLivePruneKeepsWhatSharedRangesHold(t *testing.T) {
 			var ahead string
 			require.NoError(t, e.db.QueryRow(`SELECT resume_token::text FROM resume_tokens WHERE client_name = 'donor'`).Scan(&ahead))
 			e.saveRanges("s", ahead, map[int]string{
-				7:  ResetTokenJSON(e.position(items[3]), liveTable),
-				40: ResetTokenJSON(e.position(items[6]), liveTable),
+				7:  e.position(items[3]).Token(liveTable),
+				40: e.position(items[6]).Token(liveTable),
 			})
 			switch tc.tokenRow {
 			case "behind":
-				e.saveRawToken("s", ResetTokenJSON(Position{}, liveTable))
+				e.saveRawToken("s", Position{}.Token(liveTable))
 			case "ahead":
 				e.saveRawToken("s", ahead)
 			}
@@ -59,9 +60,9 @@ func TestLivePruneKeepsWhatSharedRangesHold(t *testing.T) {
 			require.Equal(t, int64(4), n)
 			require.NoError(t, tx.Rollback())
 
-			res, err := Prune(ctx, e.db, PruneOptions{IgnoreClients: []string{"donor"}, BatchSize: 3})
+			res, err := admin.Prune(ctx, e.db, admin.PruneOptions{IgnoreClients: []string{"donor"}, BatchSize: 3})
 			require.NoError(t, err)
-			require.Equal(t, kept, e.queryIDs(e.db, all), "Prune keeps the rows range 7 has not certified, deletes the others")
+			require.Equal(t, kept, e.queryIDs(e.db, all), "admin.Prune keeps the rows range 7 has not certified, deletes the others")
 			require.Equal(t, int64(4), res.Deleted)
 			require.Equal(t, []string{"s"}, res.Clients)
 			require.Len(t, res.Holders, 1, "one holder per shared client")
@@ -70,7 +71,7 @@ func TestLivePruneKeepsWhatSharedRangesHold(t *testing.T) {
 
 			// Once every range passed every row, they all go.
 			pgtest.Exec(t, e.db, `UPDATE datastore_changelog_ranges SET resume_token = $1::jsonb WHERE client_name = 's'`, ahead)
-			res, err = Prune(ctx, e.db, PruneOptions{IgnoreClients: []string{"donor"}})
+			res, err = admin.Prune(ctx, e.db, admin.PruneOptions{IgnoreClients: []string{"donor"}})
 			require.NoError(t, err)
 			require.Empty(t, e.queryIDs(e.db, all))
 			require.Equal(t, int64(len(kept)), res.Deleted)
@@ -79,17 +80,17 @@ func TestLivePruneKeepsWhatSharedRangesHold(t *testing.T) {
 }
 
 // TestLivePruneRefusesAnUnreadableRangeToken proves that a range token that cannot be read
-// stops Prune and the SQL retention function, naming the client and the range, and deletes
+// stops admin.Prune and the SQL retention function, naming the client and the range, and deletes
 // nothing.
 func TestLivePruneRefusesAnUnreadableRangeToken(t *testing.T) {
 	t.Parallel()
 	e := newLive(t)
 	items := e.insert(3)
-	e.saveRanges("s", ResetTokenJSON(e.position(items[2]), liveTable), map[int]string{5: `{"eventID": "x", "timestamp": "2025-01-02T03:04:05Z"}`})
+	e.saveRanges("s", e.position(items[2]).Token(liveTable), map[int]string{5: `{"eventID": "x", "timestamp": "2025-01-02T03:04:05Z"}`})
 	all := `SELECT id FROM datastore_changelog ORDER BY id`
 	_, err := e.db.Exec(`SELECT datastore_changelog_prune()`)
 	require.ErrorContains(t, err, "client s range 5")
-	_, err = Prune(context.Background(), e.db, PruneOptions{})
+	_, err = admin.Prune(context.Background(), e.db, admin.PruneOptions{})
 	require.ErrorIs(t, err, ErrInvalidSavedToken)
 	require.ErrorContains(t, err, "client s range 5")
 	require.Equal(t, items, e.queryIDs(e.db, all))

@@ -8,7 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/admin"
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -83,11 +86,11 @@ func (e *liveEnv) pruneScene(extra map[string]string) {
 // them for an id-only token whose row is gone).
 func (e *liveEnv) heldBack(only string, ignore []string) []int64 {
 	e.t.Helper()
-	tokens, err := ListTokens(context.Background(), e.db, AdminOptions{})
+	tokens, err := admin.ListTokens(context.Background(), e.db, admin.Options{})
 	require.NoError(e.t, err)
 	var ids []int64
 	for _, st := range tokens {
-		p, table, err := decodeTableToken([]byte(st.Token))
+		p, table, err := position.DecodeTableToken([]byte(st.Token))
 		if slices.Contains(ignore, st.Client) || (only != "" && table != "" && table != only) {
 			continue
 		}
@@ -96,12 +99,12 @@ func (e *liveEnv) heldBack(only string, ignore []string) []int64 {
 			if e.db.QueryRow(`SELECT changed_at FROM datastore_changelog WHERE id = $1`, p.ID).Scan(&ts) != nil {
 				return e.queryIDs(e.db, `SELECT id FROM datastore_changelog ORDER BY id`) // its row is gone: all of them
 			}
-			p = makePosition(ts, p.ID)
+			p = position.Make(ts, p.ID)
 		}
-		var args params
-		cond := "(" + certifiedBy(p, args.add) + ") IS NOT TRUE"
+		var args changelog.Params
+		cond := "(" + changelog.CertifiedBy(p, args.Add) + ") IS NOT TRUE"
 		if table != "" {
-			cond += " AND c.table_name = " + args.add(table)
+			cond += " AND c.table_name = " + args.Add(table)
 		}
 		ids = append(ids, e.queryIDs(e.db, `SELECT c.id FROM datastore_changelog c WHERE `+cond, args...)...)
 	}
@@ -110,7 +113,7 @@ func (e *liveEnv) heldBack(only string, ignore []string) []int64 {
 }
 
 // TestLivePruneFunctionDeletesWhatPruneDeletes proves that the SQL retention function installed
-// by schema.Install deletes exactly the rows Prune deletes, on the same changelog and tokens
+// by schema.Install deletes exactly the rows admin.Prune deletes, on the same changelog and tokens
 // (several clients of two tables, with tokens of every form), with each token alone and all of
 // them, with and without a table, an age and ignored clients, in small batches; that neither
 // deletes a row a counting token has not certified; and that a token whose row is gone holds
@@ -119,7 +122,7 @@ func TestLivePruneFunctionDeletesWhatPruneDeletes(t *testing.T) {
 	t.Parallel()
 	type pruneCase struct {
 		name     string
-		opts     PruneOptions
+		opts     admin.PruneOptions
 		extra    map[string]string
 		deletes  bool
 		keepsAll bool
@@ -129,15 +132,15 @@ func TestLivePruneFunctionDeletesWhatPruneDeletes(t *testing.T) {
 	var alone []pruneCase // each token alone decides
 	for _, c := range clients {
 		others := slices.DeleteFunc(slices.Clone(clients), func(o string) bool { return o == c })
-		alone = append(alone, pruneCase{name: "only " + c, opts: PruneOptions{IgnoreClients: others}, deletes: true})
+		alone = append(alone, pruneCase{name: "only " + c, opts: admin.PruneOptions{IgnoreClients: others}, deletes: true})
 	}
 	for _, tc := range append(alone, []pruneCase{
-		{name: "every table", opts: PruneOptions{BatchSize: 3}, deletes: true},
-		{name: "one table", opts: PruneOptions{Table: liveTable}, deletes: true},
-		{name: "the other table", opts: PruneOptions{Table: "quiet"}, deletes: true},
-		{name: "ignored clients", opts: PruneOptions{IgnoreClients: []string{"legacy", "id-only", "early", "switch"}, BatchSize: 5},
+		{name: "every table", opts: admin.PruneOptions{BatchSize: 3}, deletes: true},
+		{name: "one table", opts: admin.PruneOptions{Table: liveTable}, deletes: true},
+		{name: "the other table", opts: admin.PruneOptions{Table: "quiet"}, deletes: true},
+		{name: "ignored clients", opts: admin.PruneOptions{IgnoreClients: []string{"legacy", "id-only", "early", "switch"}, BatchSize: 5},
 			deletes: true},
-		{name: "older than an hour", opts: PruneOptions{OlderThan: time.Hour}, deletes: true},
+		{name: "older than an hour", opts: admin.PruneOptions{OlderThan: time.Hour}, deletes: true},
 		{name: "a token whose row is gone", extra: map[string]string{"gone": `{"eventID": 99999999}`}, keepsAll: true},
 		{name: "an unreadable token", extra: map[string]string{"bad": `{"eventID": "x", "timestamp": "2025-01-02T03:04:05Z"}`},
 			refused: "eventID"},
@@ -160,15 +163,15 @@ func TestLivePruneFunctionDeletesWhatPruneDeletes(t *testing.T) {
 			if tc.opts.Table != "" {
 				only = tc.opts.Table
 			}
-			batch := cmpOrDefault(tc.opts.BatchSize, DefaultPruneBatch)
+			batch := cmpOrDefault(tc.opts.BatchSize, changelog.DefaultPruneBatch)
 			err = tx.QueryRow(`SELECT datastore_changelog_prune($1::interval, $2, $3::text, $4::text[])`,
 				fmt.Sprintf("%d seconds", int64(tc.opts.OlderThan.Seconds())), batch, only,
 				"{"+strings.Join(tc.opts.IgnoreClients, ",")+"}").Scan(&n)
 			if tc.refused != "" {
 				require.ErrorContains(t, err, tc.refused)
 				require.NoError(t, tx.Rollback())
-				_, err := Prune(ctx, e.db, tc.opts)
-				require.ErrorIs(t, err, ErrInvalidSavedToken, "Prune refuses it too")
+				_, err := admin.Prune(ctx, e.db, tc.opts)
+				require.ErrorIs(t, err, ErrInvalidSavedToken, "admin.Prune refuses it too")
 				require.Equal(t, before, e.queryIDs(e.db, all))
 				return
 			}
@@ -176,10 +179,10 @@ func TestLivePruneFunctionDeletesWhatPruneDeletes(t *testing.T) {
 			bySQL := e.queryIDs(tx, all)
 			require.NoError(t, tx.Rollback())
 
-			res, err := Prune(ctx, e.db, tc.opts)
+			res, err := admin.Prune(ctx, e.db, tc.opts)
 			require.NoError(t, err)
 			byGo := e.queryIDs(e.db, all)
-			require.Equal(t, byGo, bySQL, "the function keeps what Prune keeps")
+			require.Equal(t, byGo, bySQL, "the function keeps what admin.Prune keeps")
 			require.Equal(t, res.Deleted, n)
 			require.Equal(t, int64(len(before)-len(bySQL)), n, "it returns the rows it deleted")
 			for _, id := range held {

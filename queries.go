@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // txidColumn is the upgraded changelog's column holding the writing transaction's id
@@ -176,45 +177,43 @@ func buildQueries(cfg Config) queries {
 		deltaStart:       `SELECT pg_current_snapshot()::text, ` + newestTxid,
 		deltaStartInc:    `SELECT pg_current_snapshot()::text, ` + newestTxid + `, ` + incarnation,
 		claimIncarnation: `INSERT INTO ` + inc + ` DEFAULT VALUES ON CONFLICT DO NOTHING`,
-		saveTokenInc:     saveTokenSQL(tok, false, incarnation),
-		saveFencedInc:    saveTokenSQL(tok, true, incarnation),
+		saveTokenInc:     changelog.SaveTokenSQL(tok, false, incarnation),
+		saveFencedInc:    changelog.SaveTokenSQL(tok, true, incarnation),
 		incarnationIs:    `SELECT COALESCE(` + incarnation + ` = $1, false)`,
 		byID:             `SELECT ` + changelogColumns + ` FROM (SELECT * FROM ` + cl + ` WHERE id = $2 OFFSET 0) c WHERE table_name = $1`,
-		newest:           `SELECT changed_at, id FROM ` + cl + ` WHERE table_name = $1 ORDER BY changed_at DESC, id DESC LIMIT 1`,
-		rowTime:          `SELECT changed_at FROM ` + cl + ` WHERE id = $1`,
-		loadToken:        `SELECT resume_token::text FROM ` + tok + ` WHERE client_name = $1`,
-		saveToken:        saveTokenSQL(tok, false, ""),
-		saveFenced:       saveTokenSQL(tok, true, ""),
-		epochColumn: `SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1)
-		AND attname = '` + epochColumn + `' AND NOT attisdropped)`,
+		newest:           changelog.NewestRowSQL(cl),
+		rowTime:          changelog.RowTimeSQL(cl),
+		loadToken:        changelog.LoadTokenSQL(tok),
+		saveToken:        changelog.SaveTokenSQL(tok, false, ""),
+		saveFenced:       changelog.SaveTokenSQL(tok, true, ""),
+		epochColumn:      changelog.EpochColumnSQL,
 		switchCut: `SELECT (SELECT c.txid FROM ` + cl + ` c WHERE c.table_name = $1 AND c.txid > COALESCE(CASE WHEN $7 THEN
 		(SELECT b.txid FROM ` + cl + ` b WHERE b.table_name = $1 AND b.txid IS NOT NULL AND (b.changed_at, b.id) <= ($4, $5)
 			AND pg_visible_in_snapshot(b.txid, $6::pg_snapshot) ORDER BY b.txid DESC LIMIT 1) END, '0'::xid8)
 	AND (c.changed_at, c.id) > ($2, $3) AND pg_visible_in_snapshot(c.txid, $6::pg_snapshot) ORDER BY c.txid LIMIT 1)::text`,
 		claimEpoch: `WITH held AS (SELECT ` + heldBySessionSQL("$2", "$3") + ` AS held),
-	claimed AS (UPDATE ` + tok + ` AS tok SET ` + epochColumn + ` = COALESCE(tok.` + epochColumn + `, 0) + 1 FROM held
-		WHERE held.held AND tok.client_name = $1 AND tok.client_name IN (` + lockForUpdate(tok, "$1") + `)
-		RETURNING tok.` + epochColumn + `, tok.resume_token::text AS token)
-	SELECT held.held, claimed.` + epochColumn + `, claimed.token FROM held LEFT JOIN claimed ON true`,
-		claimNew: `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated, ` + epochColumn + `)
+	claimed AS (UPDATE ` + tok + ` AS tok SET ` + changelog.EpochColumn + ` = COALESCE(tok.` + changelog.EpochColumn + `, 0) + 1 FROM held
+		WHERE held.held AND tok.client_name = $1 AND tok.client_name IN (` + changelog.LockForUpdate(tok, "$1") + `)
+		RETURNING tok.` + changelog.EpochColumn + `, tok.resume_token::text AS token)
+	SELECT held.held, claimed.` + changelog.EpochColumn + `, claimed.token FROM held LEFT JOIN claimed ON true`,
+		claimNew: `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated, ` + changelog.EpochColumn + `)
 	SELECT $1, $2::jsonb, now(), 1 WHERE ` + heldBySessionSQL("$3", "$4") + `
-	ON CONFLICT (client_name) DO NOTHING RETURNING ` + epochColumn,
+	ON CONFLICT (client_name) DO NOTHING RETURNING ` + changelog.EpochColumn,
 		claimAck: `INSERT INTO ` + acks + ` (client_name, changelog_id) SELECT $1::varchar, $2::bigint
 	FROM (SELECT set_config('idle_in_transaction_session_timeout', $3, true)) AS idle ON CONFLICT DO NOTHING`,
 		claimAckFenced: `INSERT INTO ` + acks + ` (client_name, changelog_id) SELECT tok.client_name, $2 FROM ` + tok + ` AS tok,
 	(SELECT set_config('idle_in_transaction_session_timeout', $4, true)) AS idle
-	WHERE tok.client_name = $1 AND ` + fenceCondition + ` FOR KEY SHARE OF tok ON CONFLICT DO NOTHING`,
-		epochOf:   `SELECT ` + epochColumn + ` FROM ` + tok + ` WHERE client_name = $1`,
-		parkFence: ` FROM ` + tok + ` AS tok WHERE tok.client_name = $1 AND tok.` + epochColumn + ` = $9 FOR KEY SHARE OF tok`,
+	WHERE tok.client_name = $1 AND ` + changelog.FenceCondition + ` FOR KEY SHARE OF tok ON CONFLICT DO NOTHING`,
+		epochOf:   `SELECT ` + changelog.EpochColumn + ` FROM ` + tok + ` WHERE client_name = $1`,
+		parkFence: ` FROM ` + tok + ` AS tok WHERE tok.client_name = $1 AND tok.` + changelog.EpochColumn + ` = $9 FOR KEY SHARE OF tok`,
 		compactAcks: `DELETE FROM ` + acks + ` AS a WHERE a.client_name = $1 AND NOT EXISTS (
 	SELECT FROM ` + changelog.Quote(changelog.ParkedTable(cfg.ChangelogTable)) + ` p WHERE p.client_name = a.client_name AND p.changelog_id = a.changelog_id)
 	AND NOT EXISTS (SELECT FROM ` + cl + ` c WHERE c.id = a.changelog_id AND NOT `,
-		compactFence: ` AND EXISTS (SELECT FROM ` + tok + ` AS tok WHERE tok.client_name = $1 AND tok.` + epochColumn + ` = `,
-		bumpEpoch: `UPDATE ` + tok + ` SET ` + epochColumn + ` = ` + epochColumn + ` + 1 WHERE client_name = $1 AND ` +
-			epochColumn + ` IS NOT NULL AND client_name IN (` + lockForUpdate(tok, "$1") + `)`,
-		markLegacy: legacyIDs(`($2, $3)`, upTo),
-		markPhase:  legacyIDs(`($2, $3)`, upTo+` AND `+seesOrOld),
-		markDelta:  deltaIDs,
+		compactFence: ` AND EXISTS (SELECT FROM ` + tok + ` AS tok WHERE tok.client_name = $1 AND tok.` + changelog.EpochColumn + ` = `,
+		bumpEpoch:    changelog.BumpEpochSQL(tok),
+		markLegacy:   legacyIDs(`($2, $3)`, upTo),
+		markPhase:    legacyIDs(`($2, $3)`, upTo+` AND `+seesOrOld),
+		markDelta:    deltaIDs,
 		markSwitch: `(` + legacyIDs(`($9, $10)`, ` AND `+seesOrOld) + `)
 	UNION ALL ` + deltaIDs,
 		markInDelta: `SELECT id FROM ` + cl + ` WHERE id > $2 AND id <= $3 AND table_name = $1
@@ -238,27 +237,6 @@ func buildQueries(cfg Config) queries {
 		q.unprocessed = `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2`
 	}
 	return q
-}
-
-// saveTokenSQL is the statement that saves token $2 of client $1: an upsert, or, fenced, an
-// update of the row only while its owner epoch is still $3 (see fenceCondition). Given the
-// incarnation subquery, it writes only while the server's incarnation is still its last
-// parameter ($3, or $4 fenced).
-func saveTokenSQL(tokenTable string, fenced bool, incarnation string) string {
-	if fenced {
-		q := `UPDATE ` + tokenTable + ` AS tok SET resume_token = $2::jsonb, last_updated = now()
-	WHERE tok.client_name = $1 AND ` + fenceCondition
-		if incarnation != "" {
-			q += ` AND ` + incarnation + ` = $4`
-		}
-		return q
-	}
-	values := `VALUES ($1, $2::jsonb, now())`
-	if incarnation != "" {
-		values = `SELECT $1, $2::jsonb, now() WHERE ` + incarnation + ` = $3`
-	}
-	return `INSERT INTO ` + tokenTable + ` (client_name, resume_token, last_updated) ` + values + `
-	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`
 }
 
 // rowColumns says which columns a read returns after the changelog columns: the txid column
@@ -317,11 +295,11 @@ func pgArray[T int64 | uint64](xs []T) string {
 
 // rangeArgs returns the four array arguments of key ranges: lower txids, lower ids, upper txids,
 // upper ids.
-func rangeArgs(rs []keyRange) (lo string, loID string, hi string, hiID string) {
+func rangeArgs(rs []position.KeyRange) (lo string, loID string, hi string, hiID string) {
 	los, hts := make([]uint64, len(rs)), make([]uint64, len(rs))
 	loIDs, hiIDs := make([]int64, len(rs)), make([]int64, len(rs))
 	for i, r := range rs {
-		los[i], loIDs[i], hts[i], hiIDs[i] = r.lo, r.loID, r.hi, r.hiID
+		los[i], loIDs[i], hts[i], hiIDs[i] = r.Lo, r.LoID, r.Hi, r.HiID
 	}
 	return pgArray(los), pgArray(loIDs), pgArray(hts), pgArray(hiIDs)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -108,7 +109,7 @@ func TestLoadSavedTokenFormats(t *testing.T) {
 		mock.ExpectQuery(wantLoad).WithArgs("c").
 			WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(`{"timestamp": "2025-05-06T07:08:09.123456Z", "eventID": 452}`))
 		require.NoError(t, w.load(context.Background()))
-		require.Equal(t, makePosition(ts, 452), w.Stats().Cursor)
+		require.Equal(t, position.Make(ts, 452), w.Stats().Cursor)
 		mock.ExpectQuery(wantRead).WithArgs("t", ts, int64(452)).WillReturnRows(sqlmock.NewRows(changelogCols))
 		n, err := w.readBatch(context.Background())
 		require.NoError(t, err)
@@ -123,7 +124,7 @@ func TestLoadSavedTokenFormats(t *testing.T) {
 		mock.ExpectQuery(`SELECT changed_at FROM "datastore_changelog" WHERE id = $1`).WithArgs(int64(452)).
 			WillReturnRows(sqlmock.NewRows([]string{"changed_at"}).AddRow(ts))
 		require.NoError(t, w.load(context.Background()))
-		require.Equal(t, makePosition(ts, 452), w.Stats().Cursor, "an id-only token resumes after its row")
+		require.Equal(t, position.Make(ts, 452), w.Stats().Cursor, "an id-only token resumes after its row")
 		require.NoError(t, mock.ExpectationsWereMet())
 	})
 	t.Run("malformed", func(t *testing.T) {
@@ -142,10 +143,10 @@ func TestLoadSavedTokenFormats(t *testing.T) {
 		mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(sqlmock.NewRows([]string{"resume_token"}))
 		mock.ExpectQuery(wantNewest).WithArgs("t").
 			WillReturnRows(sqlmock.NewRows([]string{"changed_at", "id"}).AddRow(ts, int64(9)))
-		mock.ExpectExec(wantSaveToken).WithArgs("c", string(encodeToken(makePosition(ts, 9), "t"))).
+		mock.ExpectExec(wantSaveToken).WithArgs("c", string(position.EncodeToken(position.Make(ts, 9), "t"))).
 			WillReturnResult(sqlmock.NewResult(0, 1))
 		require.NoError(t, w.load(context.Background()))
-		require.Equal(t, makePosition(ts, 9), w.Stats().Checkpoint)
+		require.Equal(t, position.Make(ts, 9), w.Stats().Checkpoint)
 		require.NoError(t, mock.ExpectationsWereMet())
 	})
 }
@@ -158,7 +159,7 @@ func TestLargeMarkingPassRunsStatementsAtOnce(t *testing.T) {
 		w, mock := newMockWatcher(t, Config{ProcessedFlag: true})
 		mock.MatchExpectationsInOrder(false) // the statements of a pass run at once
 		n := markStatements * markChunk
-		from, to := makePosition(ts, 0), makePosition(ts, int64(n))
+		from, to := position.Make(ts, 0), position.Make(ts, int64(n))
 		w.loaded, w.savedMirror = true, to
 		w.setMarked(from)
 		ids := make([]int64, n)
@@ -207,7 +208,7 @@ func TestSaveThenMark(t *testing.T) {
 	w, mock := newMockWatcher(t, Config{ProcessedFlag: true})
 	expectLegacyChangelog(mock)
 	mock.ExpectQuery(wantLoad).WithArgs("c").
-		WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(string(encodeToken(makePosition(ts, 1), "t"))))
+		WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(string(position.EncodeToken(position.Make(ts, 1), "t"))))
 	require.NoError(t, w.load(context.Background()))
 	mock.ExpectQuery(wantRead).WithArgs("t", ts, int64(1)).WillReturnRows(sqlmock.NewRows(changelogCols).
 		AddRow(int64(2), "r2", "INSERT", nil, []byte(`{"a":1}`), ts).
@@ -216,9 +217,9 @@ func TestSaveThenMark(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 
-	want := makePosition(ts, 3).predecessor()
-	mock.ExpectExec(wantSaveToken).WithArgs("c", string(encodeToken(want, "t"))).WillReturnResult(sqlmock.NewResult(0, 1))
-	expectCatchUp(w, mock, makePosition(ts, 1), want, ts, 1) // the loaded token's row, saved but never marked
+	want := position.Make(ts, 3).Predecessor()
+	mock.ExpectExec(wantSaveToken).WithArgs("c", string(position.EncodeToken(want, "t"))).WillReturnResult(sqlmock.NewResult(0, 1))
+	expectCatchUp(w, mock, position.Make(ts, 1), want, ts, 1) // the loaded token's row, saved but never marked
 	expectMark(mock, wantMark, []any{"t", ts, int64(1), want.ChangedAt, want.ID}, 2)
 	require.NoError(t, w.MarkProcessed(context.Background(), tok(2)))
 
@@ -238,7 +239,7 @@ func TestSaveThenMark(t *testing.T) {
 func TestRecoverLateRowQueriesByID(t *testing.T) {
 	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
 	w, mock := newMockWatcher(t, Config{})
-	w.loaded, w.cursor = true, makePosition(ts, 10)
+	w.loaded, w.cursor = true, position.Make(ts, 10)
 	w.onNotification(`{"id": 7, "table": "t", "operation": "UPDATE"}`)
 	mock.ExpectQuery(wantRead).WithArgs("t", ts, int64(10)).WillReturnRows(sqlmock.NewRows(changelogCols))
 	mock.ExpectQuery(wantByID).WithArgs("t", int64(7)).WillReturnRows(sqlmock.NewRows(changelogCols).
@@ -255,7 +256,7 @@ func TestRecoverLateRowQueriesByID(t *testing.T) {
 func TestFailedReadKeepsHints(t *testing.T) {
 	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
 	w, mock := newMockWatcher(t, Config{})
-	w.loaded, w.cursor = true, makePosition(ts, 10)
+	w.loaded, w.cursor = true, position.Make(ts, 10)
 	w.onNotification(`{"id": 7, "table": "t", "operation": "INSERT"}`)
 	mock.ExpectQuery(wantRead).WillReturnError(errors.New("connection reset"))
 	_, err := w.readOnce(context.Background())
@@ -286,16 +287,16 @@ func TestProcessedFlagDefaults(t *testing.T) {
 			w := tc.new(db)
 			expectLegacyChangelog(mock)
 			mock.ExpectQuery(wantLoad).WithArgs("c").
-				WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(string(encodeToken(makePosition(ts, 1), "t"))))
+				WillReturnRows(sqlmock.NewRows([]string{"resume_token"}).AddRow(string(position.EncodeToken(position.Make(ts, 1), "t"))))
 			require.NoError(t, w.load(context.Background()))
 			mock.ExpectQuery(wantRead).WithArgs("t", ts, int64(1)).WillReturnRows(sqlmock.NewRows(changelogCols).
 				AddRow(int64(2), "r2", "INSERT", nil, []byte(`{"a":1}`), ts))
 			_, err := w.readBatch(context.Background())
 			require.NoError(t, err)
-			want := makePosition(ts, 2)
-			mock.ExpectExec(wantSaveToken).WithArgs("c", string(encodeToken(want, "t"))).WillReturnResult(sqlmock.NewResult(0, 1))
+			want := position.Make(ts, 2)
+			mock.ExpectExec(wantSaveToken).WithArgs("c", string(position.EncodeToken(want, "t"))).WillReturnResult(sqlmock.NewResult(0, 1))
 			if tc.mark {
-				expectCatchUp(w, mock, makePosition(ts, 1), want, ts)
+				expectCatchUp(w, mock, position.Make(ts, 1), want, ts)
 				expectMark(mock, wantMark, []any{"t", ts, int64(1), want.ChangedAt, want.ID}, 2)
 			}
 			require.NoError(t, w.MarkProcessed(context.Background(), tok(2)))
@@ -330,7 +331,7 @@ func TestGetUnprocessedEventCount(t *testing.T) {
 func TestMarkingPassUpdatesEachRowOnce(t *testing.T) {
 	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
 	w, mock := newMockWatcher(t, Config{ProcessedFlag: true})
-	from, to := makePosition(ts, 0), makePosition(ts, 9)
+	from, to := position.Make(ts, 0), position.Make(ts, 9)
 	w.loaded, w.savedMirror = true, to
 	w.setMarked(from)
 	expectCatchUp(w, mock, from, to, ts)

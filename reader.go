@@ -10,6 +10,7 @@ import (
 
 	"github.com/pgchangestream/pgchangestream/internal/backoff"
 	"github.com/pgchangestream/pgchangestream/internal/document"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // run is the reader goroutine: the only sender on events, which it closes when it exits.
@@ -166,23 +167,23 @@ func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 	from := w.cursor
 	w.mu.Unlock()
 	tookEnd := false // this read took the end snapshot of from's span
-	if from.atDeltaStart() {
+	if from.AtDeltaStart() {
 		tookEnd = true
 		end, inc, err := w.currentSnapshot(ctx)
 		if err != nil {
 			return 0, fmt.Errorf("read changelog: take snapshot: %w", err)
 		}
-		if why := serverRecovered(from.span, end, inc); why != "" {
+		if why := serverRecovered(from.Span, end, inc); why != "" {
 			if err := w.rewind(ctx, why); err != nil {
 				return 0, err
 			}
 			return 0, errRewound
 		}
-		if emptyDelta(from.span.base, end) {
+		if position.EmptyDelta(from.Span.Base, end) {
 			w.noteEmptyRead()
 			return 0, nil
 		}
-		from = from.withEnd(end, inc)
+		from = from.WithEnd(end, inc)
 	}
 	fresh, more := true, false
 	if p := w.takePrefetch(); p != nil {
@@ -201,7 +202,7 @@ func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 	n := len(w.batch)
 	// A span that ends at a snapshot taken earlier (by an earlier read, or loaded with the token,
 	// or the switch-over's) is followed by a read at once: an empty read of it has not caught up.
-	readOn := !more && from.span != nil && !tookEnd
+	readOn := !more && from.Span != nil && !tookEnd
 	if n == 0 && !readOn {
 		w.noteEmptyRead()
 	}
@@ -214,7 +215,7 @@ func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 			return i, err
 		}
 	}
-	if !more && from.span != nil {
+	if !more && from.Span != nil {
 		w.endSpan(from)
 		// Rows committed since a snapshot taken earlier may have notified before: the next
 		// delta is then read at once rather than at the next NOTIFY.
@@ -308,7 +309,7 @@ func (w *Watcher) deliver(ctx context.Context, row *changelogRow, pos Position, 
 			w.log.Warn("cannot move the saved token back behind a late row; the next save retries", "id", row.ID, "error", err)
 		}
 	}
-	if err := w.send(ctx, EventWithToken{Event: ev, ResumeToken: formatToken(row.ID), raw: raw}); err != nil {
+	if err := w.send(ctx, EventWithToken{Event: ev, ResumeToken: position.FormatToken(row.ID), raw: raw}); err != nil {
 		return err
 	}
 	w.delivered.Add(1)
@@ -366,7 +367,7 @@ func (w *Watcher) register(row *changelogRow, pos Position, late bool) (ev Event
 	if err != nil { // the event still has its id, operation, time and key: deliver it, don't stall
 		w.log.Error("cannot decode changelog row; delivering it without documents", "id", row.ID, "error", err)
 	}
-	if pos.span == nil {
+	if pos.Span == nil {
 		w.recent.add(row.ID)
 	}
 	if w.cfg.Filter != nil && !w.cfg.Filter(ev) {

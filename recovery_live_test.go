@@ -93,7 +93,7 @@ func runReuseTrial(t *testing.T, srv *pgtest.Server, mode Mode, variant string) 
 		require.Equal(t, lostIDs, receiveWithin(t, w, 1, liveWait))
 		waitFor(t, func() bool {
 			c := w.Stats().Cursor
-			return c.atDeltaStart() && c.span.base.xmax > seen
+			return c.AtDeltaStart() && c.Span.Base.Xmax > seen
 		}, "the watcher reads a snapshot in which the lost transactions have finished")
 	case "late": // the first row waits in the channel; the reader blocks sending the second
 		waitFor(t, func() bool { return w.Stats().Cursor.ID == lostIDs[1] }, "the reader reads both rows")

@@ -106,7 +106,7 @@ func TestLiveTokenSavedDuringStartIsNotARestore(t *testing.T) {
 				require.NoError(t, <-hook.done, tc.name)
 				require.NoError(t, w.Err(), "%s: a token saved during the start is no restored database", tc.name)
 				saved := mustDecodeToken(t, e.rawToken("c"))
-				require.True(t, saved.inDelta(), "the token holds a snapshot")
+				require.True(t, saved.InDelta(), "the token holds a snapshot")
 				if !tc.shared {
 					require.Zero(t, saved.Compare(w.Stats().Checkpoint), "%s: resumes after the token saved during its start", tc.name)
 				}

@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/admin"
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/pgchangestream/pgchangestream/schema"
 	"github.com/stretchr/testify/require"
 )
@@ -22,17 +25,17 @@ func (e *liveEnv) uncertified(client, table string) int64 {
 	e.t.Helper()
 	var raw string
 	require.NoError(e.t, e.db.QueryRow(`SELECT resume_token::text FROM resume_tokens WHERE client_name = $1`, client).Scan(&raw))
-	p, err := decodeToken([]byte(raw))
+	p, err := position.DecodeToken([]byte(raw))
 	require.NoError(e.t, err)
-	args := params{table}
+	args := changelog.Params{table}
 	var n int64
 	require.NoError(e.t, e.db.QueryRow(`SELECT count(*) FROM datastore_changelog c WHERE c.table_name = $1 AND NOT `+
-		certifiedBy(p, args.add), args...).Scan(&n))
+		changelog.CertifiedBy(p, args.Add), args...).Scan(&n))
 	return n
 }
 
 // A watcher caught up on a table without writes saves the newer snapshot its reads moved on
-// to, so its token certifies what other transactions wrote meanwhile, and Prune deletes the
+// to, so its token certifies what other transactions wrote meanwhile, and admin.Prune deletes the
 // rows that the client of their table acknowledged.
 func TestLiveQuietClientDoesNotHoldPruneBack(t *testing.T) {
 	t.Parallel()
@@ -51,14 +54,14 @@ func TestLiveQuietClientDoesNotHoldPruneBack(t *testing.T) {
 	waitFor(t, func() bool { return e.uncertified("quiet-client", liveTable) == 0 },
 		"the quiet client saves its newer snapshot, which sees the 200 rows")
 
-	res, err := Prune(ctx, e.db, PruneOptions{Table: liveTable})
+	res, err := admin.Prune(ctx, e.db, admin.PruneOptions{Table: liveTable})
 	require.NoError(t, err)
 	require.Equal(t, int64(200), res.Deleted, "%+v", res)
 	require.Empty(t, e.idsInOrder())
 	require.NoError(t, quiet.Close(ctx))
 }
 
-// Prune counts a token for the table it records only, and names the clients that hold rows
+// admin.Prune counts a token for the table it records only, and names the clients that hold rows
 // back with the age of their tokens.
 func TestLivePruneReasonsPerTable(t *testing.T) {
 	t.Parallel()
@@ -68,13 +71,13 @@ func TestLivePruneReasonsPerTable(t *testing.T) {
 	ids := e.insert(6)
 	e.consume("items-client", ids, 4)
 	// A client of the table quiet, at the beginning: it holds back no row of items.
-	require.NoError(t, ResetTableToken(ctx, e.db, "quiet-client", "quiet", Position{}, AdminOptions{}))
+	require.NoError(t, resetTo(ctx, e.db, "quiet-client", Position{}, "quiet"))
 	// A token that records no table (an older watcher's) holds back every table.
 	_, err := e.db.Exec(`INSERT INTO resume_tokens (client_name, resume_token, last_updated)
-		VALUES ('old-client', $1, now() - interval '3 days')`, string(encodeToken(e.position(ids[1]), "")))
+		VALUES ('old-client', $1, now() - interval '3 days')`, string(position.EncodeToken(e.position(ids[1]), "")))
 	require.NoError(t, err)
 
-	res, err := Prune(ctx, e.db, PruneOptions{DryRun: true, Table: liveTable})
+	res, err := admin.Prune(ctx, e.db, admin.PruneOptions{DryRun: true, Table: liveTable})
 	require.NoError(t, err)
 	require.Equal(t, int64(2), res.Deleted, "what both items-client and old-client passed")
 	require.Equal(t, []string{"items-client", "old-client"}, res.Clients, "quiet-client is left out")
@@ -84,14 +87,14 @@ func TestLivePruneReasonsPerTable(t *testing.T) {
 	require.Equal(t, int64(4), old.Rows)
 	require.Empty(t, old.Table)
 	require.InDelta(t, 72*time.Hour, old.Age, float64(time.Minute))
-	require.Equal(t, PruneHolder{Client: "items-client", Table: liveTable, Rows: 2, SavedAt: res.Holders[1].SavedAt,
+	require.Equal(t, admin.PruneHolder{Client: "items-client", Table: liveTable, Rows: 2, SavedAt: res.Holders[1].SavedAt,
 		Age: res.Holders[1].Age}, res.Holders[1])
 
-	res, err = Prune(ctx, e.db, PruneOptions{IgnoreClients: []string{"old-client"}})
+	res, err = admin.Prune(ctx, e.db, admin.PruneOptions{IgnoreClients: []string{"old-client"}})
 	require.NoError(t, err)
 	require.Equal(t, int64(4), res.Deleted, "every table: the quiet client holds back only its own")
 	require.Equal(t, ids[4:], e.idsInOrder())
-	require.Equal(t, []PruneHolder{{Client: "items-client", Table: liveTable, Rows: 2, SavedAt: res.Holders[0].SavedAt,
+	require.Equal(t, []admin.PruneHolder{{Client: "items-client", Table: liveTable, Rows: 2, SavedAt: res.Holders[0].SavedAt,
 		Age: res.Holders[0].Age}}, res.Holders)
 	e.requireResumes("items-client", ids[4:])
 }

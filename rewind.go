@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // Server recoveries. PostgreSQL restarts its transaction counter after the last id found in
@@ -28,16 +29,16 @@ import (
 
 // currentSnapshot returns the database's current snapshot and, where the changelog has an
 // incarnation table, the server's incarnation, inserting its row after a crash emptied it.
-func (w *Watcher) currentSnapshot(ctx context.Context) (pgSnapshot, string, error) {
+func (w *Watcher) currentSnapshot(ctx context.Context) (position.Snapshot, string, error) {
 	var text, inc string
 	if !w.hasInc {
 		if err := w.cfg.DB.QueryRowContext(ctx, w.q.snapshot).Scan(&text); err != nil {
-			return pgSnapshot{}, "", err
+			return position.Snapshot{}, "", err
 		}
 	} else if err := w.queryIncarnation(ctx, w.q.snapshotInc, nil, &text, &inc); err != nil {
-		return pgSnapshot{}, "", err
+		return position.Snapshot{}, "", err
 	}
-	snap, err := parseSnapshot(text)
+	snap, err := position.ParseSnapshot(text)
 	return snap, inc, err
 }
 
@@ -71,12 +72,12 @@ func (w *Watcher) queryIncarnation(ctx context.Context, q string, args []any, de
 // xmax went back, which it never does while the server runs (the same, seen without an
 // incarnation table, if the counter has not yet passed the old xmax again). It returns "" when
 // they can.
-func serverRecovered(s *span, end pgSnapshot, inc string) string {
+func serverRecovered(s *position.Span, end position.Snapshot, inc string) string {
 	switch {
-	case s.inc != "" && inc != s.inc:
+	case s.Inc != "" && inc != s.Inc:
 		return "the server's incarnation changed (crash recovery, failover or restore)"
-	case end.xmax < s.base.xmax:
-		return fmt.Sprintf("the transaction counter went back: snapshot %s after %s", end, s.base)
+	case end.Xmax < s.Base.Xmax:
+		return fmt.Sprintf("the transaction counter went back: snapshot %s after %s", end, s.Base)
 	}
 	return ""
 }

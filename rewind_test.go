@@ -6,11 +6,12 @@ import (
 	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
 // afterStart is the id a delta is read after from its start.
-const afterStart = int64(minID)
+const afterStart = int64(position.MinID)
 
 const savedDeltaToken = `{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"100:105:"}`
 
@@ -37,7 +38,7 @@ func expectDeltaRows(mock sqlmock.Sqlmock, lo string, loID int64, hi, end string
 	for i, id := range ids {
 		rows.AddRow(id, "r", "INSERT", nil, []byte(`{"n":1}`), ts, xids[i])
 	}
-	mock.ExpectQuery(wantDeltaRange).WithArgs("t", lo, loID, hi, int64(maxID), end, after).WillReturnRows(rows)
+	mock.ExpectQuery(wantDeltaRange).WithArgs("t", lo, loID, hi, int64(position.MaxID), end, after).WillReturnRows(rows)
 }
 
 // readTwoRowsInIncarnationA loads a saved token in incarnation "A" and reads a delta of two
@@ -49,11 +50,11 @@ func readTwoRowsInIncarnationA(t *testing.T) (*Watcher, sqlmock.Sqlmock) {
 	expectIncarnationLoad(w, mock, "100:105:", "A", savedDeltaToken)
 	require.NoError(t, w.load(ctx))
 	expectSnapshotInc(w, mock, "100:108:", "A")
-	expectDeltaRows(mock, "104", maxID, "107", "100:108:", afterStart, []int64{6, 7}, []string{"105", "106"})
+	expectDeltaRows(mock, "104", position.MaxID, "107", "100:108:", afterStart, []int64{6, 7}, []string{"105", "106"})
 	n, err := w.readBatch(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
-	require.Equal(t, "100:108:", w.Stats().Cursor.span.base.String(), "the delta was read to its end")
+	require.Equal(t, "100:108:", w.Stats().Cursor.Span.Base.String(), "the delta was read to its end")
 	return w, mock
 }
 
@@ -72,7 +73,7 @@ func TestRewindWhenTheIncarnationChanges(t *testing.T) {
 	s := w.Stats()
 	require.Equal(t, uint64(1), s.Rewinds)
 	require.Equal(t, 2, s.Pending, "the deliveries stay pending")
-	require.Equal(t, "100:105:", s.Cursor.span.base.String(), "reading starts again after the saved token")
+	require.Equal(t, "100:105:", s.Cursor.Span.Base.String(), "reading starts again after the saved token")
 	w.mu.Lock()
 	p, ok := w.checkpointLocked()
 	w.mu.Unlock()
@@ -85,7 +86,7 @@ func TestRewindWhenTheIncarnationChanges(t *testing.T) {
 
 	// The next delta is read from the token's snapshot, in the new incarnation.
 	expectSnapshotInc(w, mock, "106:109:", "B")
-	expectDeltaRows(mock, "104", maxID, "108", "106:109:", afterStart, []int64{8}, []string{"106"})
+	expectDeltaRows(mock, "104", position.MaxID, "108", "106:109:", afterStart, []int64{8}, []string{"106"})
 	n, err := w.readBatch(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
@@ -107,7 +108,7 @@ func TestSaveOfAnOlderIncarnationIsRefused(t *testing.T) {
 
 	expectIncarnationLoad(w, mock, "106:109:", "B", savedDeltaToken)
 	expectSnapshotInc(w, mock, "106:109:", "B")
-	expectDeltaRows(mock, "104", maxID, "108", "106:109:", afterStart, nil, nil)
+	expectDeltaRows(mock, "104", position.MaxID, "108", "106:109:", afterStart, nil, nil)
 	_, err = w.readBatch(ctx)
 	require.NoError(t, err)
 	require.False(t, w.rewindAsked.Load())
@@ -137,7 +138,7 @@ func TestRewindWhenXmaxGoesBack(t *testing.T) {
 	expectUpgradedLoad(w, mock, "100:105:", nil, savedTokenRows(savedDeltaToken))
 	require.NoError(t, w.load(ctx))
 	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:108:"))
-	expectDeltaRows(mock, "104", maxID, "107", "100:108:", afterStart, []int64{6}, []string{"105"})
+	expectDeltaRows(mock, "104", position.MaxID, "107", "100:108:", afterStart, []int64{6}, []string{"105"})
 	_, err := w.readBatch(ctx)
 	require.NoError(t, err)
 
@@ -150,14 +151,14 @@ func TestRewindWhenXmaxGoesBack(t *testing.T) {
 }
 
 func TestServerRecovered(t *testing.T) {
-	base := &span{seq: 2, base: pgSnapshot{xmin: 100, xmax: 110}, inc: "A"}
-	require.Empty(t, serverRecovered(base, pgSnapshot{xmin: 100, xmax: 110}, "A"))
-	require.Empty(t, serverRecovered(base, pgSnapshot{xmin: 105, xmax: 120}, "A"))
-	require.NotEmpty(t, serverRecovered(base, pgSnapshot{xmin: 105, xmax: 120}, "B"), "a new incarnation, even with the counter ahead")
-	require.NotEmpty(t, serverRecovered(base, pgSnapshot{xmin: 100, xmax: 109}, "A"), "xmax went back")
-	bare := &span{seq: 2, base: pgSnapshot{xmin: 100, xmax: 110}}
-	require.Empty(t, serverRecovered(bare, pgSnapshot{xmin: 100, xmax: 111}, ""))
-	require.NotEmpty(t, serverRecovered(bare, pgSnapshot{xmin: 100, xmax: 105}, ""))
+	base := &position.Span{Seq: 2, Base: position.Snapshot{Xmin: 100, Xmax: 110}, Inc: "A"}
+	require.Empty(t, serverRecovered(base, position.Snapshot{Xmin: 100, Xmax: 110}, "A"))
+	require.Empty(t, serverRecovered(base, position.Snapshot{Xmin: 105, Xmax: 120}, "A"))
+	require.NotEmpty(t, serverRecovered(base, position.Snapshot{Xmin: 105, Xmax: 120}, "B"), "a new incarnation, even with the counter ahead")
+	require.NotEmpty(t, serverRecovered(base, position.Snapshot{Xmin: 100, Xmax: 109}, "A"), "xmax went back")
+	bare := &position.Span{Seq: 2, Base: position.Snapshot{Xmin: 100, Xmax: 110}}
+	require.Empty(t, serverRecovered(bare, position.Snapshot{Xmin: 100, Xmax: 111}, ""))
+	require.NotEmpty(t, serverRecovered(bare, position.Snapshot{Xmin: 100, Xmax: 105}, ""))
 }
 
 // A fenced save (an exclusive watcher's) of a position read in an older incarnation also writes

@@ -21,6 +21,7 @@ import (
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/pgchangestream/pgchangestream/schema"
 	"github.com/stretchr/testify/require"
 )
@@ -174,7 +175,7 @@ func runSharedChild(t *testing.T, dsn, name string) {
 	require.NoError(t, err)
 	w.Start(ctx)
 	record := func(ctx context.Context, ev EventWithToken, start, end time.Time) error {
-		id, _, err := parseToken(ev.ResumeToken)
+		id, _, err := position.ParseToken(ev.ResumeToken)
 		if err != nil {
 			return err
 		}
@@ -192,7 +193,7 @@ func runSharedChild(t *testing.T, dsn, name string) {
 		err = errors.Join(errs...)
 	case tx:
 		err = w.ProcessTx(ctx, ProcessOptions{Workers: 8}, func(ctx context.Context, tx *sql.Tx, ev EventWithToken) error {
-			id, _, err := parseToken(ev.ResumeToken)
+			id, _, err := position.ParseToken(ev.ResumeToken)
 			if err != nil {
 				return err
 			}
@@ -208,7 +209,7 @@ func runSharedChild(t *testing.T, dsn, name string) {
 			time.Sleep(2 * time.Millisecond)
 			err := record(ctx, ev, start, time.Now())
 			if err != nil { // its row may be committed all the same: the retry is no replay
-				id, _, _ := parseToken(ev.ResumeToken)
+				id, _, _ := position.ParseToken(ev.ResumeToken)
 				fmt.Println("shared-member: failed attempt:", id, err)
 			}
 			return err
@@ -491,7 +492,7 @@ func TestLiveSharedMembersDivideRows(t *testing.T) {
 			var mu sync.Mutex
 			receive := func(w *Watcher, name string) {
 				for ev := range w.Events() {
-					id, _, err := parseToken(ev.ResumeToken)
+					id, _, err := position.ParseToken(ev.ResumeToken)
 					require.NoError(t, err)
 					mu.Lock()
 					prev, twice := got[id]
@@ -598,7 +599,7 @@ func TestLiveSharedMembersSurviveAServerCrash(t *testing.T) {
 	for _, w := range []*Watcher{a, b} {
 		go func() {
 			for ev := range w.Events() {
-				id, _, err := parseToken(ev.ResumeToken)
+				id, _, err := position.ParseToken(ev.ResumeToken)
 				if err == nil {
 					mu.Lock()
 					got[id]++
@@ -713,7 +714,7 @@ func TestLiveSharedMembersReadRowsFromBeforeTheUpgrade(t *testing.T) {
 	got := map[int64][]string{}
 	consume := func(w *Watcher, name string) {
 		for ev := range w.Events() {
-			id, _, err := parseToken(ev.ResumeToken)
+			id, _, err := position.ParseToken(ev.ResumeToken)
 			require.NoError(t, err)
 			mu.Lock()
 			got[id] = append(got[id], name)

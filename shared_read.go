@@ -12,6 +12,7 @@ import (
 	"github.com/pgchangestream/pgchangestream/internal/backoff"
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/lease"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // A Shared member reads with one cursor over all the ranges it owns. Ranges it took over may
@@ -79,88 +80,47 @@ func (w *Watcher) skipShared(row *changelogRow, pos Position) bool {
 // switch-over is the same for all of them (the client's ranges start from one token).
 func rowCertified(p, pos Position, xid uint64) bool {
 	switch {
-	case !pos.inDelta(): // a row of the legacy part, which every delta position has passed
-		return p.inDelta() || !p.Before(pos)
-	case !p.inDelta():
+	case !pos.InDelta(): // a row of the legacy part, which every delta position has passed
+		return p.InDelta() || !p.Before(pos)
+	case !p.InDelta():
 		return false
-	case !p.span.base.running(xid):
+	case !p.Span.Base.Running(xid):
 		return true
 	}
-	return p.inRows && !p.span.end.running(xid) && pos.ID <= p.ID
+	return p.InRows && !p.Span.End.Running(xid) && pos.ID <= p.ID
 }
 
 // covers reports whether position c certifies every row p certifies (it may say no when it
 // does: a floor then stays a little longer).
 func covers(c, p Position) bool {
 	switch {
-	case !p.inDelta():
-		return c.inDelta() || !c.Before(p)
-	case !c.inDelta():
+	case !p.InDelta():
+		return c.InDelta() || !c.Before(p)
+	case !c.InDelta():
 		return false
 	}
-	return samePosition(c, p) || p.top().within(c.span.base)
-}
-
-// within reports whether every transaction s sees as finished, t sees as finished too.
-func (s pgSnapshot) within(t pgSnapshot) bool {
-	if s.xmax > t.xmax && (s.xmax-t.xmax > uint64(len(s.xip)) || slices.ContainsFunc(rangeOf(t.xmax, s.xmax), func(x uint64) bool { return !s.running(x) })) {
-		return false
-	}
-	for _, x := range t.xip {
-		if x < s.xmax && !s.running(x) {
-			return false
-		}
-	}
-	return true
-}
-
-// rangeOf returns the integers from lo up to hi, excluded.
-func rangeOf(lo, hi uint64) []uint64 {
-	out := make([]uint64, 0, hi-lo)
-	for x := lo; x < hi; x++ {
-		out = append(out, x)
-	}
-	return out
-}
-
-// intersect returns the snapshot that sees as finished exactly the transactions both s and t
-// see as finished.
-func intersect(s, t pgSnapshot) pgSnapshot {
-	m := min(s.xmax, t.xmax)
-	var xip []uint64
-	for _, x := range append(slices.Clone(s.xip), t.xip...) {
-		if x < m {
-			xip = append(xip, x)
-		}
-	}
-	slices.Sort(xip)
-	xip = slices.Compact(xip)
-	xmin := m
-	if len(xip) > 0 {
-		xmin = xip[0]
-	}
-	return pgSnapshot{xmin: xmin, xmax: m, xip: xip}
+	return samePosition(c, p) || p.Top().Within(c.Span.Base)
 }
 
 // samePosition reports whether p and q are the same position in the same form.
 func samePosition(p, q Position) bool {
 	switch {
-	case p.Compare(q) != 0 || (p.span == nil) != (q.span == nil) || p.inRows != q.inRows:
+	case p.Compare(q) != 0 || (p.Span == nil) != (q.Span == nil) || p.InRows != q.InRows:
 		return false
-	case p.span == nil:
+	case p.Span == nil:
 		return true
-	case !p.span.base.equal(q.span.base):
+	case !p.Span.Base.Equal(q.Span.Base):
 		return false
 	}
-	return !p.inRows || p.span.end.equal(q.span.end)
+	return !p.InRows || p.Span.End.Equal(q.Span.End)
 }
 
 // sharedStart returns where a member that owns ranges (ascending) saved at ps starts reading,
 // and the floors of the ranges saved ahead of it. With no range it is the start of the delta
 // after now (nothing is read or saved).
-func sharedStart(ranges []int, ps []Position, now pgSnapshot) (Position, map[int]Position) {
+func sharedStart(ranges []int, ps []Position, now position.Snapshot) (Position, map[int]Position) {
 	if len(ps) == 0 {
-		return Position{span: &span{seq: 1, base: now}}, nil
+		return Position{Span: &position.Span{Seq: 1, Base: now}}, nil
 	}
 	x := ps[0]
 	for _, p := range ps[1:] {
@@ -168,12 +128,12 @@ func sharedStart(ranges []int, ps []Position, now pgSnapshot) (Position, map[int
 			x = p
 		}
 	}
-	if x.inDelta() {
-		base := ps[0].span.base
+	if x.InDelta() {
+		base := ps[0].Span.Base
 		for _, p := range ps[1:] {
-			base = intersect(base, p.span.base)
+			base = position.Intersect(base, p.Span.Base)
 		}
-		x = Position{ChangedAt: x.ChangedAt, ID: x.ID, span: &span{seq: 1, base: base}}
+		x = Position{ChangedAt: x.ChangedAt, ID: x.ID, Span: &position.Span{Seq: 1, Base: base}}
 	}
 	var floors map[int]Position
 	for i, p := range ps {
@@ -191,7 +151,7 @@ func sharedStart(ranges []int, ps []Position, now pgSnapshot) (Position, map[int
 // their start token if they have none, claims its ranges of the split and returns where it
 // starts reading. A rewind only reads its ranges' saved positions again. ckMu must be held;
 // reader goroutine only.
-func (w *Watcher) loadShared(ctx context.Context, rewinding bool, skipFree bool, now pgSnapshot, inc string) (Position, error) {
+func (w *Watcher) loadShared(ctx context.Context, rewinding bool, skipFree bool, now position.Snapshot, inc string) (Position, error) {
 	if !skipFree {
 		return Position{}, fmt.Errorf("%w: changelog %s has no txid column", ErrSharedSchema, w.cfg.ChangelogTable)
 	}
@@ -225,14 +185,14 @@ func (w *Watcher) loadShared(ctx context.Context, rewinding bool, skipFree bool,
 
 // initRanges gives the client's ranges, if they have no rows yet, the start token: the client's
 // saved token (a client that ran unshared before), else the start of a new client.
-func (w *Watcher) initRanges(ctx context.Context, now pgSnapshot, inc string) error {
+func (w *Watcher) initRanges(ctx context.Context, now position.Snapshot, inc string) error {
 	raw, found, err := w.claimToken(ctx, false)
 	if err != nil {
 		return err
 	}
 	var pos Position
 	if found {
-		if pos, err = decodeToken([]byte(raw)); errors.Is(err, errTokenNeedsLookup) {
+		if pos, err = position.DecodeToken([]byte(raw)); errors.Is(err, position.ErrTokenNeedsLookup) {
 			pos, err = w.tokenRowPosition(ctx, pos.ID)
 		}
 		if err != nil {
@@ -244,7 +204,7 @@ func (w *Watcher) initRanges(ctx context.Context, now pgSnapshot, inc string) er
 	} else if pos, err = w.startPosition(ctx, true, now); err != nil {
 		return err
 	}
-	res, err := w.cfg.DB.ExecContext(ctx, w.sh.q.initRanges, w.cfg.ClientName, string(encodeToken(pos, w.cfg.TableName)))
+	res, err := w.cfg.DB.ExecContext(ctx, w.sh.q.initRanges, w.cfg.ClientName, string(position.EncodeToken(pos, w.cfg.TableName)))
 	if err != nil {
 		return fmt.Errorf("create the ranges of client %q: %w", w.cfg.ClientName, err)
 	}
@@ -283,7 +243,7 @@ func (w *Watcher) claimRanges(ctx context.Context, want []int) error {
 
 // loadOwned reads the saved positions of the ranges the member owns, and sets the view and the
 // reads from them; it returns where reading starts. ckMu must be held; reader goroutine only.
-func (w *Watcher) loadOwned(ctx context.Context, now pgSnapshot, inc string) (Position, error) {
+func (w *Watcher) loadOwned(ctx context.Context, now position.Snapshot, inc string) (Position, error) {
 	rows, err := w.cfg.DB.QueryContext(ctx, w.sh.q.load, w.cfg.ClientName, w.sh.id.Load())
 	if err != nil {
 		return Position{}, fmt.Errorf("load the ranges' saved positions: %w", err)
@@ -302,7 +262,7 @@ func (w *Watcher) loadOwned(ctx context.Context, now pgSnapshot, inc string) (Po
 			if err := rows.Scan(&r, &raw); err != nil {
 				return err
 			}
-			p, err := decodeToken([]byte(raw))
+			p, err := position.DecodeToken([]byte(raw))
 			if err != nil {
 				return fmt.Errorf("client %q range %d: %w", w.cfg.ClientName, r, err)
 			}
@@ -322,10 +282,10 @@ func (w *Watcher) loadOwned(ctx context.Context, now pgSnapshot, inc string) (Po
 		return Position{}, fmt.Errorf("load the ranges' saved positions: %w", err)
 	}
 	x, floors := sharedStart(owned, ps, now)
-	if x.span != nil {
-		s := *x.span
-		s.inc = inc
-		x.span = &s
+	if x.Span != nil {
+		s := *x.Span
+		s.Inc = inc
+		x.Span = &s
 	}
 	w.sh.view.Store(newSharedView(owned, floors))
 	w.ownGen.Add(1)
@@ -340,10 +300,10 @@ func (w *Watcher) loadOwned(ctx context.Context, now pgSnapshot, inc string) (Po
 // switchLegacyRanges switches the ranges saved at legacy positions (a reset) over at one
 // snapshot, cut for all of them (switchSnapshot from the lowest to the highest): the legacy part
 // of a switch-over is the same for every range of the client (see rowCertified).
-func (w *Watcher) switchLegacyRanges(ctx context.Context, ps []Position, now pgSnapshot) error {
+func (w *Watcher) switchLegacyRanges(ctx context.Context, ps []Position, now position.Snapshot) error {
 	var lo, hi *Position
 	for i := range ps {
-		if ps[i].span == nil {
+		if ps[i].Span == nil {
 			if lo == nil || ps[i].Before(*lo) {
 				lo = &ps[i]
 			}
@@ -360,8 +320,8 @@ func (w *Watcher) switchLegacyRanges(ctx context.Context, ps []Position, now pgS
 		return err
 	}
 	for i := range ps {
-		if ps[i].span == nil {
-			ps[i].span = &span{base: s}
+		if ps[i].Span == nil {
+			ps[i].Span = &position.Span{Base: s}
 		}
 	}
 	w.log.Info("switching the ranges' legacy tokens over to snapshot deltas", "snapshot", s)

@@ -9,43 +9,17 @@ import (
 	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
-
-// The intersection sees as finished exactly what both see as finished.
-func TestIntersectSnapshots(t *testing.T) {
-	a, b := mustSnapshot(t, "100:110:100,104"), mustSnapshot(t, "98:108:98,105")
-	got := intersect(a, b)
-	require.Equal(t, "98:108:98,100,104,105", got.String())
-	for x := uint64(90); x < 115; x++ {
-		require.Equal(t, !a.running(x) && !b.running(x), !got.running(x), "xid %d", x)
-	}
-	require.True(t, got.within(a) && got.within(b))
-}
-
-func TestSnapshotWithin(t *testing.T) {
-	for _, c := range []struct {
-		s, t string
-		want bool
-	}{
-		{"100:110:100,104", "100:110:100,104", true},
-		{"100:110:100,104", "104:120:104", true},      // 100 finished since: still within
-		{"100:110:100,104", "100:120:100,105", false}, // t still runs 105, which s saw finish
-		{"100:110:100,104", "100:108:", false},        // t does not see 108 and 109
-		{"100:110:100,108,109", "100:108:", true},     // s does not see them either
-		{"100:100:", "100:100:", true},
-	} {
-		require.Equal(t, c.want, mustSnapshot(t, c.s).within(mustSnapshot(t, c.t)), "%s within %s", c.s, c.t)
-	}
-}
 
 // A range's floor certifies what its saved position certifies: the rows its base sees, and
 // in its delta the rows up to its id.
 func TestRowCertified(t *testing.T) {
 	base, end := mustSnapshot(t, "100:110:100,104"), mustSnapshot(t, "104:120:104")
-	inDelta := Position{ID: 50, span: &span{seq: 1, base: base, end: end, hasEnd: true}, inRows: true}
-	atStart := Position{ID: 50, span: &span{seq: 1, base: base}}
-	row := func(id int64) Position { return Position{ID: id, span: &span{seq: 3}, inRows: true} }
+	inDelta := Position{ID: 50, Span: &position.Span{Seq: 1, Base: base, End: end, HasEnd: true}, InRows: true}
+	atStart := Position{ID: 50, Span: &position.Span{Seq: 1, Base: base}}
+	row := func(id int64) Position { return Position{ID: id, Span: &position.Span{Seq: 3}, InRows: true} }
 	for _, c := range []struct {
 		p    Position
 		id   int64
@@ -67,10 +41,10 @@ func TestRowCertified(t *testing.T) {
 	}
 	// The legacy part of a switch-over: every delta position passed it; a switch-over position
 	// passed its rows up to it.
-	legacy := Position{ID: 7, span: &span{base: base}}
-	require.True(t, rowCertified(inDelta, Position{ID: 9, span: legacy.span}, 0))
-	require.True(t, rowCertified(legacy, Position{ID: 7, span: legacy.span}, 0))
-	require.False(t, rowCertified(legacy, Position{ID: 8, span: legacy.span}, 0))
+	legacy := Position{ID: 7, Span: &position.Span{Base: base}}
+	require.True(t, rowCertified(inDelta, Position{ID: 9, Span: legacy.Span}, 0))
+	require.True(t, rowCertified(legacy, Position{ID: 7, Span: legacy.Span}, 0))
+	require.False(t, rowCertified(legacy, Position{ID: 8, Span: legacy.Span}, 0))
 	require.False(t, rowCertified(legacy, row(1), 101))
 }
 
@@ -78,31 +52,31 @@ func TestRowCertified(t *testing.T) {
 // of it with a floor; equal ones start there with none.
 func TestSharedStart(t *testing.T) {
 	now := mustSnapshot(t, "200:200:")
-	p1 := Position{ID: 5, span: &span{seq: 1, base: mustSnapshot(t, "100:110:100,104")}}
-	p2 := Position{ID: 9, span: &span{seq: 1, base: mustSnapshot(t, "98:108:98,105"), end: mustSnapshot(t, "120:130:"), hasEnd: true}, inRows: true}
+	p1 := Position{ID: 5, Span: &position.Span{Seq: 1, Base: mustSnapshot(t, "100:110:100,104")}}
+	p2 := Position{ID: 9, Span: &position.Span{Seq: 1, Base: mustSnapshot(t, "98:108:98,105"), End: mustSnapshot(t, "120:130:"), HasEnd: true}, InRows: true}
 	x, floors := sharedStart([]int{3, 4}, []Position{p1, p1}, now)
 	require.True(t, samePosition(x, p1))
 	require.Nil(t, floors)
 
 	x, floors = sharedStart([]int{3, 4, 7}, []Position{p1, p2, p1}, now)
-	require.Equal(t, "98:108:98,100,104,105", x.span.base.String())
-	require.False(t, x.inRows)
+	require.Equal(t, "98:108:98,100,104,105", x.Span.Base.String())
+	require.False(t, x.InRows)
 	require.Len(t, floors, 3)
 	for r, f := range floors {
-		require.True(t, x.span.base.within(f.span.base), "range %d: the start sees more than its floor", r)
+		require.True(t, x.Span.Base.Within(f.Span.Base), "range %d: the start sees more than its floor", r)
 	}
 
 	x, floors = sharedStart(nil, nil, now)
-	require.Equal(t, now.String(), x.span.base.String())
+	require.Equal(t, now.String(), x.Span.Base.String())
 	require.Nil(t, floors)
 }
 
 func TestCovers(t *testing.T) {
-	p := Position{ID: 9, span: &span{seq: 1, base: mustSnapshot(t, "98:108:98,105"), end: mustSnapshot(t, "120:130:"), hasEnd: true}, inRows: true}
+	p := Position{ID: 9, Span: &position.Span{Seq: 1, Base: mustSnapshot(t, "98:108:98,105"), End: mustSnapshot(t, "120:130:"), HasEnd: true}, InRows: true}
 	require.True(t, covers(p, p))
-	require.False(t, covers(Position{ID: 10, span: &span{seq: 2, base: mustSnapshot(t, "110:125:")}}, p)) // not past the delta's end
-	require.True(t, covers(Position{ID: 10, span: &span{seq: 2, base: mustSnapshot(t, "130:131:130")}}, p))
-	legacy := Position{ID: 7, span: &span{base: mustSnapshot(t, "98:108:98")}}
+	require.False(t, covers(Position{ID: 10, Span: &position.Span{Seq: 2, Base: mustSnapshot(t, "110:125:")}}, p)) // not past the delta's end
+	require.True(t, covers(Position{ID: 10, Span: &position.Span{Seq: 2, Base: mustSnapshot(t, "130:131:130")}}, p))
+	legacy := Position{ID: 7, Span: &position.Span{Base: mustSnapshot(t, "98:108:98")}}
 	require.True(t, covers(p, legacy))
 	require.False(t, covers(legacy, p))
 }
@@ -136,14 +110,14 @@ func TestParseIntArray(t *testing.T) {
 func TestSharedSaveSkipsFloorsAndIsFenced(t *testing.T) {
 	w, mock := newMockWatcher(t, Config{Shared: true})
 	w.sh.id.Store(7)
-	ahead := Position{ID: 9, span: &span{seq: 1, base: mustSnapshot(t, "98:108:98,105"), end: mustSnapshot(t, "120:130:"), hasEnd: true}, inRows: true}
+	ahead := Position{ID: 9, Span: &position.Span{Seq: 1, Base: mustSnapshot(t, "98:108:98,105"), End: mustSnapshot(t, "120:130:"), HasEnd: true}, InRows: true}
 	w.sh.view.Store(newSharedView([]int{2, 3, 4}, map[int]Position{3: ahead}))
-	p := Position{ID: 10, span: &span{seq: 2, base: mustSnapshot(t, "110:125:")}}
+	p := Position{ID: 10, Span: &position.Span{Seq: 2, Base: mustSnapshot(t, "110:125:")}}
 	mock.ExpectExec(w.sh.q.save).WithArgs("c", int64(7), "tok", "{2,4}").WillReturnResult(sqlmock.NewResult(0, 2))
 	require.NoError(t, w.writeShared(context.Background(), p, "tok", ""))
 	require.Len(t, w.sh.view.Load().floors, 1, "a floor dropped before the checkpoint covered it")
 
-	passed := Position{ID: 11, span: &span{seq: 3, base: mustSnapshot(t, "130:131:130")}}
+	passed := Position{ID: 11, Span: &position.Span{Seq: 3, Base: mustSnapshot(t, "130:131:130")}}
 	mock.ExpectExec(w.sh.q.save).WithArgs("c", int64(7), "tok2", "{2,3,4}").WillReturnResult(sqlmock.NewResult(0, 3))
 	require.NoError(t, w.writeShared(context.Background(), passed, "tok2", ""))
 	require.Empty(t, w.sh.view.Load().floors)
@@ -251,12 +225,12 @@ func TestSharedLoadChecksClaimedRangesAgainstASnapshotAfterTheClaim(t *testing.T
 	mock.ExpectQuery(w.sh.q.state).WillReturnRows(sqlmock.NewRows([]string{"m", "o", "s"}).AddRow("{3}", owners, false))
 	mock.ExpectQuery(w.sh.q.claim).WillReturnRows(sqlmock.NewRows([]string{"range_no"}).AddRow(0))
 	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("200:200:"))
-	saved := string(encodeToken(Position{ID: 9, span: &span{seq: 1, base: mustSnapshot(t, "150:150:")}}, "t"))
+	saved := string(position.EncodeToken(Position{ID: 9, Span: &position.Span{Seq: 1, Base: mustSnapshot(t, "150:150:")}}, "t"))
 	mock.ExpectQuery(w.sh.q.load).WillReturnRows(sqlmock.NewRows([]string{"range_no", "resume_token"}).AddRow(0, saved))
 	w.ckMu.Lock()
 	x, err := w.loadShared(ctx, false, true, mustSnapshot(t, "100:100:"), "")
 	w.ckMu.Unlock()
 	require.NoError(t, err)
-	require.Equal(t, "150:150:", x.span.base.String())
+	require.Equal(t, "150:150:", x.Span.Base.String())
 	require.NoError(t, mock.ExpectationsWereMet())
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
@@ -142,7 +143,7 @@ func TestSharedClaimSkipsLockedRanges(t *testing.T) {
 // checkpoint, fenced by their owner; those of ranges with floors stay.
 func TestSharedCompactionByRange(t *testing.T) {
 	w, mock := sharedTxWatcher(t)
-	ahead := Position{ID: 9, span: &span{seq: 1, base: mustSnapshot(t, "98:108:98,105")}}
+	ahead := Position{ID: 9, Span: &position.Span{Seq: 1, Base: mustSnapshot(t, "98:108:98,105")}}
 	saved := Position{ChangedAt: time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC), ID: 40}
 	w.ckMu.Lock()
 	w.sh.view.Store(newSharedView([]int{2, 3, 4}, map[int]Position{3: ahead}))
@@ -162,9 +163,9 @@ func TestSharedCompactionByRange(t *testing.T) {
 // positions, which the reads and the compaction must go on respecting.
 func TestSharedSaveKeepsFloorsUntilWritten(t *testing.T) {
 	w, mock := sharedTxWatcher(t)
-	ahead := Position{ID: 9, span: &span{seq: 1, base: mustSnapshot(t, "98:108:98,105")}}
+	ahead := Position{ID: 9, Span: &position.Span{Seq: 1, Base: mustSnapshot(t, "98:108:98,105")}}
 	w.sh.view.Store(newSharedView([]int{2, 3}, map[int]Position{3: ahead}))
-	passed := Position{ID: 11, span: &span{seq: 3, base: mustSnapshot(t, "130:131:130")}}
+	passed := Position{ID: 11, Span: &position.Span{Seq: 3, Base: mustSnapshot(t, "130:131:130")}}
 	boom := errors.New("connection reset")
 	mock.ExpectExec(w.sh.q.save).WithArgs("c", int64(7), "tok", "{2,3}").WillReturnError(boom)
 	require.ErrorIs(t, w.writeShared(context.Background(), passed, "tok", ""), boom)

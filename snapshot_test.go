@@ -9,43 +9,9 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
-
-func TestParseSnapshot(t *testing.T) {
-	s, err := parseSnapshot("100:110:107,101,104")
-	require.NoError(t, err)
-	require.Equal(t, pgSnapshot{xmin: 100, xmax: 110, xip: []uint64{101, 104, 107}}, s)
-	require.Equal(t, "100:110:101,104,107", s.String())
-	require.True(t, s.running(104))
-	require.True(t, s.running(110), "xmax and above are running")
-	require.False(t, s.running(103))
-	require.False(t, s.running(99))
-
-	s, err = parseSnapshot("3:3:")
-	require.NoError(t, err)
-	require.True(t, s.equal(emptySnapshot))
-
-	for _, bad := range []string{"", "1:2", "a:2:", "5:4:", "1:5:7", "1:5:0", "1:5:x", "1:2:3:4"} {
-		_, err := parseSnapshot(bad)
-		require.Error(t, err, bad)
-	}
-}
-
-func TestDeltaRanges(t *testing.T) {
-	b := pgSnapshot{xmin: 100, xmax: 110, xip: []uint64{100, 104, 107}}
-	e := pgSnapshot{xmin: 107, xmax: 120, xip: []uint64{107, 115}}
-	require.Equal(t, []uint64{100, 104}, finishedBy(b, e))
-	require.Equal(t, []keyRange{
-		{lo: 100, loID: minID, hi: 100, hiID: maxID},
-		{lo: 104, loID: minID, hi: 104, hiID: maxID},
-		{lo: 109, loID: maxID, hi: 119, hiID: maxID},
-	}, deltaRanges(b, e))
-	require.Equal(t, []keyRange{{lo: 100, loID: minID, hi: 100, hiID: maxID}},
-		deltaRanges(b, pgSnapshot{xmin: 104, xmax: 110, xip: []uint64{104, 107}}), "xmax did not move: no range part")
-	require.True(t, emptyDelta(b, pgSnapshot{xmin: 100, xmax: 110, xip: []uint64{100, 104, 107}}))
-	require.False(t, emptyDelta(b, pgSnapshot{xmin: 100, xmax: 110, xip: []uint64{100, 107}}))
-}
 
 // The model of the database for the delta tests: transactions get increasing ids when they
 // begin, rows get increasing ids when they are written, a transaction that writes a key holds
@@ -71,7 +37,7 @@ type modelRow struct {
 }
 
 func newDeltaModel(pageSize, maxIDs int) *deltaModel {
-	return &deltaModel{nextXid: firstNormalXid, latestDone: firstNormalXid - 1, nextID: 1,
+	return &deltaModel{nextXid: position.FirstNormalXid, latestDone: position.FirstNormalXid - 1, nextID: 1,
 		committed: map[uint64]int{}, aborted: map[uint64]bool{}, locks: map[int]uint64{},
 		pageSize: pageSize, maxIDs: maxIDs}
 }
@@ -111,16 +77,16 @@ func (m *deltaModel) finish(i int, commit bool) {
 	m.latestDone = max(m.latestDone, x)
 }
 
-func (m *deltaModel) snapshot() pgSnapshot {
-	s := pgSnapshot{xmax: m.latestDone + 1}
+func (m *deltaModel) snapshot() position.Snapshot {
+	s := position.Snapshot{Xmax: m.latestDone + 1}
 	for _, x := range m.running {
-		if x < s.xmax {
-			s.xip = append(s.xip, x)
+		if x < s.Xmax {
+			s.Xip = append(s.Xip, x)
 		}
 	}
-	s.xmin = s.xmax
-	if len(s.xip) > 0 {
-		s.xmin = s.xip[0]
+	s.Xmin = s.Xmax
+	if len(s.Xip) > 0 {
+		s.Xmin = s.Xip[0]
 	}
 	return s
 }
@@ -128,13 +94,13 @@ func (m *deltaModel) snapshot() pgSnapshot {
 // delta returns the committed rows of from's delta (in the index ranges the watcher reads,
 // visible in its end) with an id above after, in (txid, id) order.
 func (m *deltaModel) delta(from Position, after int64) []modelRow {
-	ranges := deltaRanges(from.span.base, from.span.end)
+	ranges := position.DeltaRanges(from.Span.Base, from.Span.End)
 	var out []modelRow
 	for _, r := range m.rows {
-		if m.committed[r.xid] == 0 || from.span.end.running(r.xid) || r.id <= after {
+		if m.committed[r.xid] == 0 || from.Span.End.Running(r.xid) || r.id <= after {
 			continue
 		}
-		if slices.ContainsFunc(ranges, func(kr keyRange) bool { return inRange(r, kr) }) {
+		if slices.ContainsFunc(ranges, func(kr position.KeyRange) bool { return inRange(r, kr) }) {
 			out = append(out, r)
 		}
 	}
@@ -148,7 +114,7 @@ func (r modelRow) changelogRow() changelogRow {
 
 // deltaPage answers the first page of a delta as the SQL does: in (txid, id) order.
 func (m *deltaModel) deltaPage(_ context.Context, from Position, buf []changelogRow) ([]changelogRow, error) {
-	rows := m.delta(from, from.afterID())
+	rows := m.delta(from, from.AfterID())
 	for _, r := range rows[:min(len(rows), m.pageSize+1)] {
 		buf = append(buf, r.changelogRow())
 	}
@@ -174,8 +140,8 @@ func (m *deltaModel) rowsByID(_ context.Context, ids []int64, buf []changelogRow
 }
 
 // inRange reports whether r's (txid, id) key is in kr.
-func inRange(r modelRow, kr keyRange) bool {
-	return keyAfter(r, kr.lo, kr.loID) && !keyAfter(r, kr.hi, kr.hiID)
+func inRange(r modelRow, kr position.KeyRange) bool {
+	return keyAfter(r, kr.Lo, kr.LoID) && !keyAfter(r, kr.Hi, kr.HiID)
 }
 
 // keyAfter reports whether r's (txid, id) key is after (x, id).
@@ -185,10 +151,10 @@ func keyAfter(r modelRow, x uint64, id int64) bool {
 
 // certifies reports whether delta position p certifies row r (see savedToken).
 func certifies(p Position, r modelRow) bool {
-	if !p.span.base.running(r.xid) {
+	if !p.Span.Base.Running(r.xid) {
 		return true
 	}
-	return p.inRows && !p.span.end.running(r.xid) && r.id <= p.ID
+	return p.InRows && !p.Span.End.Running(r.xid) && r.id <= p.ID
 }
 
 // deltaReader reads the model as the watcher's reader does: a delta start takes a snapshot,
@@ -201,12 +167,12 @@ type deltaReader struct {
 
 func (d *deltaReader) read(t *testing.T, m *deltaModel) {
 	from := d.cursor
-	if from.atDeltaStart() {
+	if from.AtDeltaStart() {
 		end := m.snapshot()
-		if emptyDelta(from.span.base, end) {
+		if position.EmptyDelta(from.Span.Base, end) {
 			return
 		}
-		from = from.withEnd(end, "")
+		from = from.WithEnd(end, "")
 	}
 	rows, more, err := d.pager.read(context.Background(), m, from, nil)
 	require.NoError(t, err)
@@ -216,7 +182,7 @@ func (d *deltaReader) read(t *testing.T, m *deltaModel) {
 		d.cursor = p
 	}
 	if !more {
-		d.cursor = d.cursor.nextDelta(from.span.end)
+		d.cursor = d.cursor.NextDelta(from.Span.End)
 	}
 }
 
@@ -224,11 +190,11 @@ func (d *deltaReader) read(t *testing.T, m *deltaModel) {
 // carry the delta's sequence number, which only orders one watcher's positions: it is kept, so
 // that positions compare across the restart.
 func (d *deltaReader) restart(t *testing.T) {
-	p, err := decodeToken(encodeToken(d.cursor, "t"))
+	p, err := position.DecodeToken(position.EncodeToken(d.cursor, "t"))
 	require.NoError(t, err)
-	s := *p.span
-	s.seq = d.cursor.seq()
-	p.span = &s
+	s := *p.Span
+	s.Seq = d.cursor.Seq()
+	p.Span = &s
 	d.cursor, d.pager = p, deltaPager{pageSize: d.pager.pageSize, maxIDs: d.pager.maxIDs}
 }
 
@@ -245,7 +211,7 @@ func FuzzDeltas(f *testing.F) {
 	f.Fuzz(func(t *testing.T, seed uint64, limit, ids uint8) {
 		rng := rand.New(rand.NewPCG(seed, seed>>7))
 		m := newDeltaModel(int(limit%8)+1, int(ids%6)+1)
-		d := &deltaReader{cursor: Position{span: &span{seq: 1, base: m.snapshot()}},
+		d := &deltaReader{cursor: Position{Span: &position.Span{Seq: 1, Base: m.snapshot()}},
 			pager: deltaPager{pageSize: m.pageSize, maxIDs: m.maxIDs}}
 		for range 300 {
 			switch op := rng.IntN(20); {
@@ -275,7 +241,7 @@ func FuzzDeltas(f *testing.F) {
 			i, j := rng.IntN(len(d.delivered)), rng.IntN(len(d.delivered))
 			prev, p := d.delivered[min(i, j)], d.delivered[max(i, j)]
 			if rng.IntN(3) == 0 {
-				prev = prev.predecessor()
+				prev = prev.Predecessor()
 			}
 			checkCertifyRanges(t, m, prev, p)
 		}
@@ -318,7 +284,7 @@ func checkDeliveries(t *testing.T, m *deltaModel, delivered []Position) {
 // committed row p certifies and prev does not, and marks only rows p certifies.
 func checkCertifyRanges(t *testing.T, m *deltaModel, prev, p Position) {
 	byID := certifiedByID(prev, p)
-	var ranges []keyRange
+	var ranges []position.KeyRange
 	if !byID {
 		ranges = certifyRanges(prev, p)
 	}
@@ -328,10 +294,10 @@ func checkCertifyRanges(t *testing.T, m *deltaModel, prev, p Position) {
 		}
 		var marks bool
 		if byID { // markInDelta: ids above prev's up to p's that the delta's end sees
-			marks = r.id > prev.ID && r.id <= p.ID && !p.span.end.running(r.xid)
+			marks = r.id > prev.ID && r.id <= p.ID && !p.Span.End.Running(r.xid)
 		} else { // markDelta: the ranges' rows p certifies
-			marks = slices.ContainsFunc(ranges, func(kr keyRange) bool { return inRange(r, kr) }) &&
-				(!p.span.base.running(r.xid) || (!p.top().running(r.xid) && r.id <= p.ID))
+			marks = slices.ContainsFunc(ranges, func(kr position.KeyRange) bool { return inRange(r, kr) }) &&
+				(!p.Span.Base.Running(r.xid) || (!p.Top().Running(r.xid) && r.id <= p.ID))
 		}
 		if marks {
 			require.True(t, certifies(p, r), "row %d of transaction %d is marked, but %v does not certify it", r.id, r.xid, p)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/admin"
 	"github.com/pgchangestream/pgchangestream/schema"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -65,13 +66,14 @@ func rowChanges(t *testing.T, w *Watcher, n int) []int {
 
 // resetAfterClose resets client's token to target once the client's lock, which a closed
 // watcher's LISTEN session held, is released (the server ends the session after the close).
-func (e *liveEnv) resetAfterClose(client string, target ResetTarget) {
+func (e *liveEnv) resetAfterClose(client string, target admin.ResetTarget) {
 	e.t.Helper()
 	ctx := context.Background()
-	pos, err := ResetPosition(ctx, e.db, target, AdminOptions{})
+	target.DryRun = true
+	pos, err := admin.ResetToken(ctx, e.db, client, target, admin.Options{})
 	require.NoError(e.t, err)
 	waitFor(e.t, func() bool {
-		err = ResetToken(ctx, e.db, client, pos, AdminOptions{})
+		_, err = admin.ResetToken(ctx, e.db, client, admin.ResetTarget{Position: &pos}, admin.Options{})
 		return !errors.Is(err, ErrClientActive)
 	}, "the closed watcher's lock is released")
 	require.NoError(e.t, err)
@@ -134,17 +136,17 @@ func TestLiveStartPathsDeliverInCommitOrder(t *testing.T) {
 				w := e.start(cfg)
 				assert.Equal(t, all, rowChanges(t, w, len(all)), "a new Shared member's first claim")
 				require.NoError(t, w.Close(ctx))
-				e.resetAfterClose(cfg.ClientName, ResetTarget{AfterID: before})
+				e.resetAfterClose(cfg.ClientName, admin.ResetTarget{AfterID: before})
 				assert.Equal(t, race, rowChanges(t, e.start(cfg), len(race)), "a Shared client's ranges reset after a row")
 
 				for _, reset := range []struct {
 					name   string
-					target ResetTarget
+					target admin.ResetTarget
 					want   []int
 				}{
-					{"reset to the beginning", ResetTarget{Beginning: true}, all},
-					{"reset after a row", ResetTarget{AfterID: before}, race},
-					{"reset to a time", ResetTarget{Time: raceBegan}, race},
+					{"reset to the beginning", admin.ResetTarget{Beginning: true}, all},
+					{"reset after a row", admin.ResetTarget{AfterID: before}, race},
+					{"reset to a time", admin.ResetTarget{Time: raceBegan}, race},
 				} {
 					cfg := client(reset.name)
 					w := e.start(cfg)
@@ -168,7 +170,7 @@ type holdEmptyRead struct {
 }
 
 func (h *holdEmptyRead) ObserveRead(ctx context.Context, r ReadObservation) {
-	if r.Rows == 0 && r.Err == nil && r.From.span == nil && h.armed.CompareAndSwap(true, false) {
+	if r.Rows == 0 && r.Err == nil && r.From.Span == nil && h.armed.CompareAndSwap(true, false) {
 		h.held <- r.Start
 		select {
 		case <-h.release:
@@ -218,7 +220,7 @@ type lagAtFirstDelta struct {
 }
 
 func (o *lagAtFirstDelta) ObserveRead(_ context.Context, r ReadObservation) {
-	if r.From.inDelta() && o.once.CompareAndSwap(false, true) {
+	if r.From.InDelta() && o.once.CompareAndSwap(false, true) {
 		lastEmpty, _ := o.w.Load().LagState()
 		o.at <- lastEmpty
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/document"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 	"github.com/pgchangestream/pgchangestream/internal/testhooks"
 )
@@ -16,10 +17,10 @@ func init() {
 	testhooks.Register(testhooks.Hooks[Config, Position]{
 		Defaults:     Config.withDefaults,
 		Statements:   testStatements,
-		MakePosition: makePosition,
-		Predecessor:  Position.predecessor,
-		DecodeToken:  decodeToken,
-		ParseToken:   parseToken,
+		MakePosition: position.Make,
+		Predecessor:  Position.Predecessor,
+		DecodeToken:  position.DecodeToken,
+		ParseToken:   position.ParseToken,
 		BuildEvent: func(r testhooks.Row, table, documentField string) (map[string]any, error) {
 			ev, _, err := document.Build(&changelogRow{ID: r.ID, RecordID: r.RecordID, Operation: r.Operation,
 				OldValues: r.OldValues, NewValues: r.NewValues, ChangedAt: r.ChangedAt}, table, document.Options{Field: documentField})

@@ -10,6 +10,7 @@ import (
 	"strconv"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // Acknowledgements in the caller's transaction (contract rule 19). MarkProcessedTx computes,
@@ -75,7 +76,7 @@ func (w *Watcher) MarkProcessedTx(ctx context.Context, tx *sql.Tx, token []byte)
 	case w.readsLegacy():
 		return ErrLegacyChangelog
 	}
-	id, ok, err := parseToken(token)
+	id, ok, err := position.ParseToken(token)
 	if err != nil {
 		return fmt.Errorf("pgchangestream: MarkProcessedTx: %w", err)
 	}
@@ -88,10 +89,10 @@ func (w *Watcher) MarkProcessedTx(ctx context.Context, tx *sql.Tx, token []byte)
 		return fmt.Errorf("pgchangestream: MarkProcessedTx: %w", err)
 	}
 	var inc string
-	if p.span != nil {
-		inc = p.span.inc
+	if p.Span != nil {
+		inc = p.Span.Inc
 	}
-	tok := string(appendAck(encodeToken(p, w.cfg.TableName), w.instance, seq))
+	tok := string(appendAck(position.EncodeToken(p, w.cfg.TableName), w.instance, seq))
 	w.noteTxAck(seq)
 	res, err := tx.ExecContext(ctx, w.q.ackTx[ackIndex(fenced, inc)], saveArgs(w.cfg.ClientName, tok, fenced, epoch, inc)...)
 	if err == nil {
@@ -168,7 +169,7 @@ func (w *Watcher) peekCheckpoint(id int64, ok bool) (Position, uint64, error) {
 	}
 	p = w.cursor
 	if hasMin {
-		p = minPosition(p, m)
+		p = position.Min(p, m)
 	}
 	return p, max(seq, s), nil
 }
@@ -286,7 +287,7 @@ func newInstanceID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// saveArgs returns the parameters of a save statement (see saveTokenSQL).
+// saveArgs returns the parameters of a save statement (see changelog.SaveTokenSQL).
 func saveArgs(client, tok string, fenced bool, epoch int64, inc string) []any {
 	args := []any{client, tok}
 	if fenced {
@@ -322,7 +323,7 @@ func ackSaveSQL(tokenTable string, fenced bool, incarnation string, nowait bool)
 	WHERE tok.client_name = $1`
 	n := 3
 	if fenced {
-		q += ` AND ` + fenceCondition
+		q += ` AND ` + changelog.FenceCondition
 		n++
 	}
 	if incarnation != "" {

@@ -9,6 +9,7 @@ import (
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
 
@@ -24,9 +25,9 @@ func txWatcher(t *testing.T) (*Watcher, sqlmock.Sqlmock, *sql.DB) {
 	cfg.DB = db
 	w, err := New(cfg)
 	require.NoError(t, err)
-	expectUpgradedLoad(w, mock, "106:106:", nil, savedTokenRows(string(encodeToken(txPos(t, 1), "t"))))
+	expectUpgradedLoad(w, mock, "106:106:", nil, savedTokenRows(string(position.EncodeToken(txPos(t, 1), "t"))))
 	require.NoError(t, w.load(context.Background()))
-	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "104", int64(maxID), "105", int64(maxID), "106:106:", int64(1)).
+	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "104", int64(position.MaxID), "105", int64(position.MaxID), "106:106:", int64(1)).
 		WillReturnRows(sqlmock.NewRows(deltaCols).
 			AddRow(int64(2), "r2", "INSERT", nil, []byte(`{"a":1}`), txTS, "105").
 			AddRow(int64(3), "r3", "INSERT", nil, []byte(`{"a":1}`), txTS, "105").
@@ -41,19 +42,19 @@ func txWatcher(t *testing.T) (*Watcher, sqlmock.Sqlmock, *sql.DB) {
 func loadLegacy(t *testing.T, w *Watcher, mock sqlmock.Sqlmock) {
 	t.Helper()
 	expectLegacyChangelog(mock)
-	mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(savedTokenRows(string(encodeToken(makePosition(txTS, 1), "t"))))
+	mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(savedTokenRows(string(position.EncodeToken(position.Make(txTS, 1), "t"))))
 	require.NoError(t, w.load(context.Background()))
 }
 
 // txPos is the position in txWatcher's delta past its rows up to id.
 func txPos(t *testing.T, id int64) Position {
-	s := &span{seq: 1, base: mustSnapshot(t, "100:105:"), end: mustSnapshot(t, "106:106:"), hasEnd: true}
-	return Position{ChangedAt: txTS, ID: id, Xid: 105, span: s, inRows: true}
+	s := &position.Span{Seq: 1, Base: mustSnapshot(t, "100:105:"), End: mustSnapshot(t, "106:106:"), HasEnd: true}
+	return Position{ChangedAt: txTS, ID: id, Xid: 105, Span: s, InRows: true}
 }
 
 // markedToken is the token a watcher writes for p with its marker of seq.
 func markedToken(w *Watcher, p Position, seq uint64) string {
-	return string(appendAck(encodeToken(p, "t"), w.instance, seq))
+	return string(appendAck(position.EncodeToken(p, "t"), w.instance, seq))
 }
 
 func ackRows(instance any, seq any) *sqlmock.Rows {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pgchangestream/pgchangestream/internal/document"
 	"github.com/pgchangestream/pgchangestream/internal/document/doctest"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // healthEventWithStatus and healthRowJSON are the health event of the decoding tests.
@@ -31,7 +32,7 @@ func healthEvent(tb testing.TB, rawDocuments bool) EventWithToken {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return EventWithToken{Event: ev, ResumeToken: formatToken(row.ID), raw: raw}
+	return EventWithToken{Event: ev, ResumeToken: position.FormatToken(row.ID), raw: raw}
 }
 
 // BenchmarkUnmarshalDocument decodes the fullDocument of a ~1 KB health event into a
@@ -98,7 +99,7 @@ func BenchmarkDeliveryPathHealthTyped(b *testing.B) {
 			b.ReportAllocs()
 			for i := range b.N {
 				row := healthRow(int64(i + 1))
-				if err := w.deliver(ctx, &row, makePosition(row.ChangedAt, row.ID), false); err != nil {
+				if err := w.deliver(ctx, &row, position.Make(row.ChangedAt, row.ID), false); err != nil {
 					b.Fatal(err)
 				}
 				ev := <-w.events

@@ -120,7 +120,7 @@ func clientTables(opts Options) []string {
 
 // RestrictTokens limits role (and its members) to the token rows of clients: it can read, save,
 // fence and delete only their tokens, so it cannot move another client's position, which
-// admin's Prune trusts. The same holds for the clients' rows of the dead-letter table and of the
+// admin.Prune trusts. The same holds for the clients' rows of the dead-letter table and of the
 // acknowledgement rows of transactional handlers, by which another client's events could be
 // parked, released or marked done, and of the members and ranges of shared clients, by which
 // another client's ranges could be taken or their saved positions moved. Calling it again

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgchangestream/pgchangestream"
+	"github.com/pgchangestream/pgchangestream/admin"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 	"github.com/pgchangestream/pgchangestream/schema"
 )
@@ -321,7 +322,7 @@ func firstIDs(ids []int64) []int64 {
 // consumer still hold the client's lock (they end a moment after the crash).
 func deleteDemoToken(ctx context.Context, db *sql.DB) error {
 	for {
-		_, err := pgchangestream.DeleteToken(ctx, db, demoClient, pgchangestream.AdminOptions{})
+		_, err := admin.DeleteToken(ctx, db, demoClient, admin.Options{})
 		if !errors.Is(err, pgchangestream.ErrClientActive) {
 			return err
 		}

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgchangestream/pgchangestream"
+	"github.com/pgchangestream/pgchangestream/admin"
 )
 
 // stringList is a flag that may be repeated.
@@ -53,7 +53,7 @@ func staleAfterFlag(c *command) *time.Duration {
 }
 
 // holders converts the library's holders for output.
-func holders(hs []pgchangestream.PruneHolder, staleAfter time.Duration) []pruneHolder {
+func holders(hs []admin.PruneHolder, staleAfter time.Duration) []pruneHolder {
 	out := make([]pruneHolder, 0, len(hs))
 	for _, h := range hs {
 		ph := pruneHolder{Client: h.Client, Rows: h.Rows, SavedAt: h.SavedAt.UTC(),
@@ -106,7 +106,7 @@ terminal.`, stdout, stderr)
 	var ignore stringList
 	c.fs.Var(&ignore, "ignore-client", "a client whose token holds nothing back (repeatable)")
 	table := c.fs.String("table", "", "delete only the rows of this table (default: every table)")
-	batch := c.fs.Int("batch", pgchangestream.DefaultPruneBatch, "rows per DELETE")
+	batch := c.fs.Int("batch", admin.DefaultPruneBatch, "rows per DELETE")
 	format := c.fs.String("format", "text", "text or json")
 	staleAfter := staleAfterFlag(c)
 	return c.exit(func() error {
@@ -130,13 +130,13 @@ terminal.`, stdout, stderr)
 			return err
 		}
 		defer db.Close()
-		opts := pgchangestream.PruneOptions{AdminOptions: f.opts, OlderThan: *olderThan, Table: *table,
+		opts := admin.PruneOptions{Options: f.opts, OlderThan: *olderThan, Table: *table,
 			IgnoreClients: ignore, BatchSize: *batch, DryRun: *dryRun}
 		progress := isTerminal(stderr)
 		if progress {
 			opts.Progress = func(n int64) { fmt.Fprintf(stderr, "\rdeleted %d rows", n) }
 		}
-		res, err := pgchangestream.Prune(ctx, db, opts)
+		res, err := admin.Prune(ctx, db, opts)
 		if progress && res.Batches > 0 {
 			fmt.Fprintln(stderr)
 		}

@@ -82,7 +82,7 @@ var flagNames = strings.NewReplacer(
 	"schema.Options.NotifyChannel", "--channel", "Config.NotifyChannel", "--channel",
 	"schema.Options.FunctionName", "--function", "Config.ClientName", "--client",
 	"Config.TableName", "--table", "schema.Capture table", "TABLE",
-	"AdminOptions.ChangelogTable", "--changelog-table", "AdminOptions.TokenTable", "--token-table",
+	"admin.Options.ChangelogTable", "--changelog-table", "admin.Options.TokenTable", "--token-table",
 )
 
 // schemaError turns an invalid configuration (a bad name) into a usage error naming the flag.

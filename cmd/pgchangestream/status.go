@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream"
+	"github.com/pgchangestream/pgchangestream/admin"
 )
 
 // Token formats, as status reports them.
@@ -111,7 +112,7 @@ backlog counts every row.`, stdout, stderr)
 		if err != nil {
 			return err
 		}
-		opts := pgchangestream.AdminOptions{ChangelogTable: *changelog, TokenTable: *tokens}
+		opts := admin.Options{ChangelogTable: *changelog, TokenTable: *tokens}
 		db, err := connectFlagDSN(ctx, *dsn)
 		if err != nil {
 			return err
@@ -163,14 +164,14 @@ func parseClientTables(values []string) (map[string]string, error) {
 // loadStatus reads every client's token and computes its position, age, lag and backlog, and
 // whether it is stale; tableOf names a client's table ("" for every table) from its name and
 // the table its token records. Position, backlog and lag are the library's own
-// (pgchangestream.SavedTokenBacklog): what a watcher restarting from the token would deliver.
-func loadStatus(ctx context.Context, db *sql.DB, opts pgchangestream.AdminOptions, staleAfter time.Duration,
+// (admin.Backlog): what a watcher restarting from the token would deliver.
+func loadStatus(ctx context.Context, db *sql.DB, opts admin.Options, staleAfter time.Duration,
 	tableOf func(client, recorded string) string) ([]clientStatus, error) {
-	tokens, err := pgchangestream.ListTokens(ctx, db, opts)
+	tokens, err := admin.ListTokens(ctx, db, opts)
 	if err != nil {
 		return nil, err
 	}
-	shared, err := pgchangestream.ListShared(ctx, db, opts)
+	shared, err := admin.ListShared(ctx, db, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -182,7 +183,7 @@ func loadStatus(ctx context.Context, db *sql.DB, opts pgchangestream.AdminOption
 	out := make([]clientStatus, 0, len(tokens))
 	for _, t := range tokens {
 		s := clientStatus{Client: t.Client, Token: t.Token}
-		if i := slices.IndexFunc(shared, func(c pgchangestream.SharedClient) bool { return c.Client == t.Client }); i >= 0 {
+		if i := slices.IndexFunc(shared, func(c admin.SharedClient) bool { return c.Client == t.Client }); i >= 0 {
 			s.Shared = newSharedStatus(shared[i], now)
 		}
 		if !t.UpdatedAt.IsZero() {
@@ -191,7 +192,7 @@ func loadStatus(ctx context.Context, db *sql.DB, opts pgchangestream.AdminOption
 		}
 		s.TokenFormat, s.Table = tokenFormat(t.Token)
 		table := tableOf(s.Client, deref(s.Table))
-		b, err := pgchangestream.SavedTokenBacklog(ctx, db, t.Token, table, opts)
+		b, err := admin.Backlog(ctx, db, t.Token, table, opts)
 		switch {
 		case errors.Is(err, pgchangestream.ErrInvalidSavedToken):
 			s.TokenFormat, s.Error = tokenInvalid, strings.TrimPrefix(err.Error(), pgchangestream.ErrInvalidSavedToken.Error()+": ")

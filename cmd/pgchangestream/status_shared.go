@@ -13,7 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/pgchangestream/pgchangestream"
+	"github.com/pgchangestream/pgchangestream/admin"
 )
 
 // sharedStatus is a shared client's members and ranges, in status and token list.
@@ -47,7 +47,7 @@ type rangeStatus struct {
 }
 
 // newSharedStatus describes c, by the database's clock now.
-func newSharedStatus(c pgchangestream.SharedClient, now time.Time) *sharedStatus {
+func newSharedStatus(c admin.SharedClient, now time.Time) *sharedStatus {
 	s := &sharedStatus{Members: []memberStatus{}, Ranges: []rangeStatus{}}
 	for _, m := range c.Members {
 		s.Members = append(s.Members, memberStatus{Member: m.Member, Name: m.Name, JoinedAt: m.JoinedAt,
@@ -80,20 +80,20 @@ func roundSeconds(d time.Duration) float64 {
 
 // behindmost returns the token of c's range the furthest behind (by position), as a saved
 // token of c: the one that holds back the most of the client's rows.
-func behindmost(c pgchangestream.SharedClient) pgchangestream.SavedToken {
-	r := slices.MinFunc(c.Ranges, func(a, b pgchangestream.SharedRangeInfo) int { return a.Position.Compare(b.Position) })
-	return pgchangestream.SavedToken{Client: c.Client, Token: r.Token, UpdatedAt: r.UpdatedAt}
+func behindmost(c admin.SharedClient) admin.SavedToken {
+	r := slices.MinFunc(c.Ranges, func(a, b admin.SharedRangeInfo) int { return a.Position.Compare(b.Position) })
+	return admin.SavedToken{Client: c.Client, Token: r.Token, UpdatedAt: r.UpdatedAt}
 }
 
 // withShared returns tokens with each shared client's token row replaced by its range the
 // furthest behind, and the shared clients without a token row added (by client name).
-func withShared(tokens []pgchangestream.SavedToken, shared []pgchangestream.SharedClient) []pgchangestream.SavedToken {
+func withShared(tokens []admin.SavedToken, shared []admin.SharedClient) []admin.SavedToken {
 	added := false
 	for _, c := range shared {
 		if len(c.Ranges) == 0 {
 			continue
 		}
-		i := slices.IndexFunc(tokens, func(t pgchangestream.SavedToken) bool { return t.Client == c.Client })
+		i := slices.IndexFunc(tokens, func(t admin.SavedToken) bool { return t.Client == c.Client })
 		if i >= 0 {
 			tokens[i] = behindmost(c)
 			continue
@@ -101,7 +101,7 @@ func withShared(tokens []pgchangestream.SavedToken, shared []pgchangestream.Shar
 		tokens, added = append(tokens, behindmost(c)), true
 	}
 	if added {
-		slices.SortStableFunc(tokens, func(a, b pgchangestream.SavedToken) int { return strings.Compare(a.Client, b.Client) })
+		slices.SortStableFunc(tokens, func(a, b admin.SavedToken) int { return strings.Compare(a.Client, b.Client) })
 	}
 	return tokens
 }
@@ -141,12 +141,12 @@ func writeSharedTables(w io.Writer, clients []string, shared []*sharedStatus) er
 
 // listTokens returns every client's token-table row and every shared client's members and
 // ranges, by client name.
-func listTokens(ctx context.Context, db *sql.DB, opts pgchangestream.AdminOptions) ([]listedToken, error) {
-	tokens, err := pgchangestream.ListTokens(ctx, db, opts)
+func listTokens(ctx context.Context, db *sql.DB, opts admin.Options) ([]listedToken, error) {
+	tokens, err := admin.ListTokens(ctx, db, opts)
 	if err != nil {
 		return nil, err
 	}
-	shared, err := pgchangestream.ListShared(ctx, db, opts)
+	shared, err := admin.ListShared(ctx, db, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream"
+	"github.com/pgchangestream/pgchangestream/admin"
 )
 
 // tokenUsage is the usage text of "token" without a subcommand.
@@ -37,7 +38,7 @@ func runToken(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 // adminFlags are the database and table flags of the token and prune commands.
 type adminFlags struct {
 	dsn  *string
-	opts pgchangestream.AdminOptions
+	opts admin.Options
 }
 
 func addAdminFlags(c *command) *adminFlags {
@@ -158,27 +159,27 @@ func checkConfirm(dryRun, yes bool, change string) error {
 }
 
 // parseResetTarget parses --to: beginning, newest, an RFC 3339 time or a changelog id.
-func parseResetTarget(to, table string) (pgchangestream.ResetTarget, error) {
+func parseResetTarget(to, table string) (admin.ResetTarget, error) {
 	switch to {
 	case "":
-		return pgchangestream.ResetTarget{}, usagef("--to is required: beginning, newest, a time (RFC 3339) or a changelog id")
+		return admin.ResetTarget{}, usagef("--to is required: beginning, newest, a time (RFC 3339) or a changelog id")
 	case "beginning":
-		return pgchangestream.ResetTarget{Beginning: true}, nil
+		return admin.ResetTarget{Beginning: true}, nil
 	case "newest":
-		return pgchangestream.ResetTarget{Newest: true, Table: table}, nil
+		return admin.ResetTarget{Newest: true, Table: table}, nil
 	}
 	if id, err := strconv.ParseInt(to, 10, 64); err == nil && id > 0 {
-		return pgchangestream.ResetTarget{AfterID: id}, nil
+		return admin.ResetTarget{AfterID: id}, nil
 	}
 	if ts, err := time.Parse(time.RFC3339Nano, to); err == nil {
-		return pgchangestream.ResetTarget{Time: ts}, nil
+		return admin.ResetTarget{Time: ts}, nil
 	}
-	return pgchangestream.ResetTarget{}, usagef("--to %q is not beginning, newest, a time (RFC 3339) or a changelog id", to)
+	return admin.ResetTarget{}, usagef("--to %q is not beginning, newest, a time (RFC 3339) or a changelog id", to)
 }
 
 // currentToken returns the client's saved token, or "" when it has none.
-func currentToken(ctx context.Context, db *sql.DB, client string, opts pgchangestream.AdminOptions) (string, error) {
-	tokens, err := pgchangestream.ListTokens(ctx, db, opts)
+func currentToken(ctx context.Context, db *sql.DB, client string, opts admin.Options) (string, error) {
+	tokens, err := admin.ListTokens(ctx, db, opts)
 	if err != nil {
 		return "", err
 	}
@@ -234,7 +235,8 @@ it. It needs --yes, or --dry-run to print the old and new token only.`, stdout, 
 			return err
 		}
 		defer db.Close()
-		pos, err := pgchangestream.ResetPosition(ctx, db, target, f.opts)
+		target.DryRun = true
+		pos, err := admin.ResetToken(ctx, db, client, target, f.opts)
 		if err != nil {
 			return schemaError(err)
 		}
@@ -254,17 +256,12 @@ it. It needs --yes, or --dry-run to print the old and new token only.`, stdout, 
 			_, recorded := tokenFormat(old)
 			kept = deref(recorded)
 		}
-		where := fmt.Sprintf("%s; new token %s", describeReset(target, pos), pgchangestream.ResetTokenJSON(pos, kept))
+		where := fmt.Sprintf("%s; new token %s", describeReset(target, pos), pos.Token(kept))
 		if *dryRun {
 			_, err := fmt.Fprintf(stdout, "would reset client %s to %s (token now %s)\n", client, where, old)
 			return err
 		}
-		if *table != "" {
-			err = pgchangestream.ResetTableToken(ctx, db, client, *table, pos, f.opts)
-		} else {
-			err = pgchangestream.ResetToken(ctx, db, client, pos, f.opts)
-		}
-		if err != nil {
+		if _, err := admin.ResetToken(ctx, db, client, admin.ResetTarget{Position: &pos, Table: *table}, f.opts); err != nil {
 			return activeError(err)
 		}
 		_, err = fmt.Fprintf(stdout, "reset client %s to %s (token was %s)\n", client, where, old)
@@ -273,8 +270,8 @@ it. It needs --yes, or --dry-run to print the old and new token only.`, stdout, 
 }
 
 // describeReset says, as an operator reads it, where target places a client (pos, as
-// ResetPosition returned it).
-func describeReset(target pgchangestream.ResetTarget, pos pgchangestream.Position) string {
+// admin.ResetToken resolved it).
+func describeReset(target admin.ResetTarget, pos pgchangestream.Position) string {
 	switch {
 	case !target.Time.IsZero():
 		return "after every row written before " + target.Time.UTC().Format(time.RFC3339Nano)
@@ -316,7 +313,7 @@ while a watcher of CLIENT runs, and needs --yes, or --dry-run to print the token
 			_, err := fmt.Fprintf(stdout, "would delete the token of client %s: %s\n", client, old)
 			return err
 		}
-		if _, err := pgchangestream.DeleteToken(ctx, db, client, f.opts); err != nil {
+		if _, err := admin.DeleteToken(ctx, db, client, f.opts); err != nil {
 			return activeError(err)
 		}
 		_, err = fmt.Fprintf(stdout, "deleted the token of client %s (was %s)\n", client, old)

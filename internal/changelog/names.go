@@ -76,3 +76,7 @@ func MemberSequence(changelog string) string { return changelog + "_member_seq" 
 // RangeTable holds each shared client's ranges, their owners and saved positions, beside
 // changelog ("<name>_ranges").
 func RangeTable(changelog string) string { return changelog + "_ranges" }
+
+// MaxTableNameLen is the length, in characters, of the changelog's table_name column
+// (VARCHAR(100)).
+const MaxTableNameLen = 100

@@ -61,6 +61,7 @@ var imports = map[string]string{
 	"time":               "time",
 	"pgchangestream":     modulePath,
 	"pgchangestreamtest": modulePath + "/pgchangestreamtest",
+	"admin":              modulePath + "/admin",
 	"pgprom":             modulePath + "/prometheus",
 	"pgotel":             modulePath + "/otel",
 	"metric":             "go.opentelemetry.io/otel/metric",

@@ -1,6 +1,7 @@
-package pgchangestream
+package admin
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -10,35 +11,41 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/lock"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
-// AdminOptions names the tables of the token and retention functions ([ListTokens],
-// [ResetToken], [DeleteToken], [Prune]). Zero values take the [Config] defaults.
-type AdminOptions struct {
+// Options names the tables the calls work on. Zero values take the defaults of the watcher's
+// Config.
+type Options struct {
 	ChangelogTable string // default "datastore_changelog"
 	TokenTable     string // default "resume_tokens"
 }
 
-// adminTables are the validated tables of an administration function.
-type adminTables struct {
-	changelog, tokens string  // names, defaults filled, for messages
-	cl, tok           string  // quoted
-	ranges            string  // the changelog's _ranges table (shared clients), quoted
-	q                 queries // the watcher's queries on these tables
+// resolved are the validated tables of a call, and the statements it runs on them.
+type resolved struct {
+	changelog, tokens string // names, defaults filled, for messages
+	cl, tok           string // quoted
+	ranges            string // the changelog's _ranges table (shared clients), quoted
+	// The statements on these tables that the watcher runs too.
+	newest, rowTime, loadToken, saveToken, bumpEpoch string
 }
 
 // resolve validates the names and fills the defaults.
-func (o AdminOptions) resolve() (adminTables, error) {
-	cfg := Config{ChangelogTable: o.ChangelogTable, TokenTable: o.TokenTable}.withDefaults()
-	if err := changelog.CheckName(cfg.ChangelogTable); err != nil {
-		return adminTables{}, fmt.Errorf("%w: AdminOptions.ChangelogTable: %v", ErrInvalidConfig, err)
+func (o Options) resolve() (resolved, error) {
+	log := cmp.Or(o.ChangelogTable, changelog.DefaultChangelogTable)
+	tok := cmp.Or(o.TokenTable, changelog.DefaultTokenTable)
+	if err := changelog.CheckName(log); err != nil {
+		return resolved{}, fmt.Errorf("%w: admin.Options.ChangelogTable: %v", changelog.ErrInvalidConfig, err)
 	}
-	if err := changelog.CheckName(cfg.TokenTable); err != nil {
-		return adminTables{}, fmt.Errorf("%w: AdminOptions.TokenTable: %v", ErrInvalidConfig, err)
+	if err := changelog.CheckName(tok); err != nil {
+		return resolved{}, fmt.Errorf("%w: admin.Options.TokenTable: %v", changelog.ErrInvalidConfig, err)
 	}
-	return adminTables{changelog: cfg.ChangelogTable, tokens: cfg.TokenTable,
-		cl: changelog.Quote(cfg.ChangelogTable), tok: changelog.Quote(cfg.TokenTable),
-		ranges: changelog.Quote(changelog.RangeTable(cfg.ChangelogTable)), q: buildQueries(cfg)}, nil
+	cl, qtok := changelog.Quote(log), changelog.Quote(tok)
+	return resolved{changelog: log, tokens: tok, cl: cl, tok: qtok,
+		ranges: changelog.Quote(changelog.RangeTable(log)),
+		newest: changelog.NewestRowSQL(cl), rowTime: changelog.RowTimeSQL(cl), loadToken: changelog.LoadTokenSQL(qtok),
+		saveToken: changelog.SaveTokenSQL(qtok, false, ""), bumpEpoch: changelog.BumpEpochSQL(qtok)}, nil
 }
 
 // SavedToken is one client's row of the token table.
@@ -49,7 +56,7 @@ type SavedToken struct {
 }
 
 // ListTokens returns every client's saved token, ordered by client name.
-func ListTokens(ctx context.Context, db *sql.DB, opts AdminOptions) ([]SavedToken, error) {
+func ListTokens(ctx context.Context, db *sql.DB, opts Options) ([]SavedToken, error) {
 	t, err := opts.resolve()
 	if err != nil {
 		return nil, err
@@ -77,36 +84,45 @@ func ListTokens(ctx context.Context, db *sql.DB, opts AdminOptions) ([]SavedToke
 	return out, nil
 }
 
-// ResetTarget is where [ResetPosition] places a client: exactly one of its fields is set.
+// ResetTarget is where [ResetToken] places a client, for which table, and whether to save.
+// Exactly one of Beginning, Newest, Time, AfterID and Position is set.
 type ResetTarget struct {
 	Beginning bool      // before every row
 	Newest    bool      // after the newest row (of Table, when set)
-	Table     string    // with Newest: the table whose newest row counts; empty: any table
 	Time      time.Time // before the first row with changed_at at or after Time
 	AfterID   int64     // after the row with this id (which must exist)
+	Position  *Position // exactly this position, e.g. one a [TokenBacklog] reports
+	// Table is the table the client's watcher reads (the changelog's table_name, its
+	// Config.TableName). The token records it, so [Prune] keeps only that table's rows for the
+	// client; with Newest it is also the table whose newest row counts. Empty: the token keeps
+	// the table the client's current token records (none for a client without a token, which
+	// [Prune] then counts for every table), and Newest counts the newest row of any table.
+	Table string
+	// DryRun resolves the position and changes nothing: no lock is taken, so ErrClientActive
+	// is not checked. The returned position's Token method gives the token a reset saves:
+	// pos.Token(table), with Table or else the table the current token records.
+	DryRun bool
 }
 
-// ResetPosition returns the position a client placed at target resumes after.
-func ResetPosition(ctx context.Context, db *sql.DB, target ResetTarget, opts AdminOptions) (Position, error) {
-	t, err := opts.resolve()
-	if err != nil {
-		return Position{}, err
-	}
+// resolveTarget returns the position a client placed at target resumes after.
+func resolveTarget(ctx context.Context, db *sql.DB, t resolved, target ResetTarget) (pos Position, err error) {
 	set := 0
-	for _, b := range []bool{target.Beginning, target.Newest, !target.Time.IsZero(), target.AfterID != 0} {
+	for _, b := range []bool{target.Beginning, target.Newest, !target.Time.IsZero(), target.AfterID != 0, target.Position != nil} {
 		if b {
 			set++
 		}
 	}
 	if set != 1 {
-		return Position{}, errors.New("pgchangestream: reset target: set exactly one of Beginning, Newest, Time, AfterID")
+		return Position{}, errors.New("pgchangestream: reset target: set exactly one of Beginning, Newest, Time, AfterID, Position")
 	}
 	switch {
+	case target.Position != nil:
+		return *target.Position, nil
 	case target.Beginning:
 		return Position{}, nil
 	case !target.Time.IsZero():
 		// Every row with changed_at before Time, whatever its id, is passed.
-		return makePosition(target.Time.Add(-time.Microsecond), math.MaxInt64), nil
+		return position.Make(target.Time.Add(-time.Microsecond), math.MaxInt64), nil
 	}
 	var (
 		ts time.Time
@@ -114,12 +130,12 @@ func ResetPosition(ctx context.Context, db *sql.DB, target ResetTarget, opts Adm
 	)
 	switch {
 	case target.Newest && target.Table != "":
-		err = db.QueryRowContext(ctx, t.q.newest, target.Table).Scan(&ts, &id)
+		err = db.QueryRowContext(ctx, t.newest, target.Table).Scan(&ts, &id)
 	case target.Newest:
 		err = db.QueryRowContext(ctx, `SELECT changed_at, id FROM `+t.cl+` ORDER BY changed_at DESC, id DESC LIMIT 1`).
 			Scan(&ts, &id)
 	default:
-		err = db.QueryRowContext(ctx, t.q.rowTime, id).Scan(&ts)
+		err = db.QueryRowContext(ctx, t.rowTime, id).Scan(&ts)
 	}
 	switch {
 	case errors.Is(err, sql.ErrNoRows) && target.Newest:
@@ -129,47 +145,44 @@ func ResetPosition(ctx context.Context, db *sql.DB, target ResetTarget, opts Adm
 	case err != nil:
 		return Position{}, fmt.Errorf("read changelog %s: %w", t.changelog, err)
 	}
-	return makePosition(ts, id), nil
+	return position.Make(ts, id), nil
 }
 
-// ResetTokenJSON returns the token [ResetTableToken] saves for pos and table, and [ResetToken]
-// saves for pos when the client's current token records table ("" for none).
-func ResetTokenJSON(pos Position, table string) string {
-	return string(encodeToken(pos, table))
-}
-
-// ResetToken saves pos as the client's token, in the form every schema state accepts:
-// {"timestamp", "eventID"}, keeping the table the client's current token records. It refuses
-// (ErrClientActive) while a watcher of the client runs. A client without a token gets one that
-// records no table, which [Prune] counts for every table: use [ResetTableToken] for it.
-// It also moves the client's owner epoch on, so that a former exclusive watcher that lost its
-// lock but did not notice yet (a paused process) cannot save over the reset (ErrFenced). For a
-// shared client ([Config.Shared]) it saves pos to every range too, and frees them in the same
-// statement: a member still running (a polling one holds no lock) saves nothing over the reset
-// (its saves match only the ranges it owns: it stops with ErrFenced), and the members that
-// claim the ranges again read from pos.
-func ResetToken(ctx context.Context, db *sql.DB, client string, pos Position, opts AdminOptions) error {
-	return resetToken(ctx, db, client, "", pos, opts)
-}
-
-// ResetTableToken is [ResetToken] for the client of table (the changelog's table_name, which
-// its watcher reads): the token records table, so [Prune] keeps only that table's rows for it.
-func ResetTableToken(ctx context.Context, db *sql.DB, client, table string, pos Position, opts AdminOptions) error {
-	if err := changelog.CheckText(table, MaxTableNameLen); err != nil || strings.TrimSpace(table) == "" {
-		if err == nil {
-			err = errors.New("is empty")
-		}
-		return fmt.Errorf("%w: table: %v", ErrInvalidConfig, err)
+// ResetToken places client at to, and returns the position it resumes after. It saves the
+// position as the client's token, in the form every schema state accepts: {"timestamp",
+// "eventID"}, with the table of to.Table, else the table the client's current token records.
+// With to.DryRun it only returns the position (see [ResetTarget]).
+//
+// It refuses (ErrClientActive) while a watcher of the client runs, and moves the client's owner
+// epoch on, so that a former exclusive watcher that lost its lock but did not notice yet (a
+// paused process) cannot save over the reset (ErrFenced). For a shared client (Config.Shared)
+// it saves the position to every range too, and frees them in the same statement: a member
+// still running (a polling one holds no lock) saves nothing over the reset (its saves match only
+// the ranges it owns: it stops with ErrFenced), and the members that claim the ranges again read
+// from the position. A client without a token gets one that records to.Table, or none, which
+// [Prune] counts for every table: give a new client its Table.
+func ResetToken(ctx context.Context, db *sql.DB, client string, to ResetTarget, opts Options) (Position, error) {
+	t, err := opts.resolve()
+	if err != nil {
+		return Position{}, err
 	}
-	return resetToken(ctx, db, client, table, pos, opts)
+	if to.Table != "" {
+		if err := changelog.CheckText(to.Table, changelog.MaxTableNameLen); err != nil || strings.TrimSpace(to.Table) == "" {
+			if err == nil {
+				err = errors.New("is empty")
+			}
+			return Position{}, fmt.Errorf("%w: ResetTarget.Table: %v", changelog.ErrInvalidConfig, err)
+		}
+	}
+	pos, err := resolveTarget(ctx, db, t, to)
+	if err != nil || to.DryRun {
+		return pos, err
+	}
+	return pos, resetToken(ctx, db, client, to.Table, pos, t)
 }
 
 // resetToken saves pos as the client's token for table; "" keeps the table of its token.
-func resetToken(ctx context.Context, db *sql.DB, client, table string, pos Position, opts AdminOptions) error {
-	t, err := opts.resolve()
-	if err != nil {
-		return err
-	}
+func resetToken(ctx context.Context, db *sql.DB, client, table string, pos Position, t resolved) error {
 	return withClientLock(ctx, db, client, t, func(conn *sql.Conn) error {
 		ranged, err := hasRangeTable(ctx, conn, t)
 		if err != nil {
@@ -177,7 +190,7 @@ func resetToken(ctx context.Context, db *sql.DB, client, table string, pos Posit
 		}
 		if table == "" {
 			var raw string
-			err := conn.QueryRowContext(ctx, t.q.loadToken, client).Scan(&raw)
+			err := conn.QueryRowContext(ctx, t.loadToken, client).Scan(&raw)
 			if errors.Is(err, sql.ErrNoRows) && ranged { // a shared client that never ran unshared
 				err = conn.QueryRowContext(ctx, `SELECT resume_token::text FROM `+t.ranges+
 					` WHERE client_name = $1 ORDER BY range_no LIMIT 1`, client).Scan(&raw)
@@ -186,12 +199,12 @@ func resetToken(ctx context.Context, db *sql.DB, client, table string, pos Posit
 				return fmt.Errorf("read the saved token of client %s: %w", client, err)
 			}
 			if err == nil {
-				_, table, _ = decodeTableToken([]byte(raw)) // a token that does not load keeps its table all the same
+				_, table, _ = position.DecodeTableToken([]byte(raw)) // a token that does not load keeps its table all the same
 			}
 		}
-		token := string(encodeToken(pos, table))
+		token := string(position.EncodeToken(pos, table))
 		var fenced bool
-		if err := conn.QueryRowContext(ctx, t.q.epochColumn, t.tok).Scan(&fenced); err != nil {
+		if err := conn.QueryRowContext(ctx, changelog.EpochColumnSQL, t.tok).Scan(&fenced); err != nil {
 			return fmt.Errorf("inspect token table %s: %w", t.tokens, err)
 		}
 		tx, err := conn.BeginTx(ctx, nil)
@@ -199,7 +212,7 @@ func resetToken(ctx context.Context, db *sql.DB, client, table string, pos Posit
 			return fmt.Errorf("write token table %s: %w", t.tokens, err)
 		}
 		defer func() { _ = tx.Rollback() }()
-		if _, err := tx.ExecContext(ctx, t.q.saveToken, client, token); err != nil {
+		if _, err := tx.ExecContext(ctx, t.saveToken, client, token); err != nil {
 			return fmt.Errorf("write token table %s: %w", t.tokens, err)
 		}
 		if ranged { // freed in the same statement: a member's saves only match the ranges it owns (ErrFenced)
@@ -209,7 +222,7 @@ func resetToken(ctx context.Context, db *sql.DB, client, table string, pos Posit
 			}
 		}
 		if fenced {
-			if _, err := tx.ExecContext(ctx, t.q.bumpEpoch, client); err != nil {
+			if _, err := tx.ExecContext(ctx, t.bumpEpoch, client); err != nil {
 				return fmt.Errorf("fence the client's owners in token table %s: %w", t.tokens, err)
 			}
 		}
@@ -224,7 +237,7 @@ func resetToken(ctx context.Context, db *sql.DB, client, table string, pos Posit
 // reports whether there was one, and refuses (ErrClientActive) while a watcher of the client
 // runs. For a shared client it deletes its ranges too; a member still running then stops at its
 // next save (ErrFenced).
-func DeleteToken(ctx context.Context, db *sql.DB, client string, opts AdminOptions) (bool, error) {
+func DeleteToken(ctx context.Context, db *sql.DB, client string, opts Options) (bool, error) {
 	t, err := opts.resolve()
 	if err != nil {
 		return false, err
@@ -268,26 +281,25 @@ func DeleteToken(ctx context.Context, db *sql.DB, client string, opts AdminOptio
 
 // withClientLock runs f on a connection holding the client's lock, which no watcher of the
 // client holds meanwhile; ErrClientActive if one does.
-func withClientLock(ctx context.Context, db *sql.DB, client string, t adminTables, f func(*sql.Conn) error) error {
+func withClientLock(ctx context.Context, db *sql.DB, client string, t resolved, f func(*sql.Conn) error) error {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return err
 	}
-	s := &sqlLockSession{conn: conn}
-	defer s.close()
-	got, err := s.tryLock(ctx, lockKey(t.tokens, client))
+	defer lock.Release(conn)
+	got, err := lock.TryLock(ctx, conn, lock.Key(t.tokens, client))
 	if err != nil {
 		return fmt.Errorf("try the lock of client %s: %w", client, err)
 	}
 	if !got {
-		return fmt.Errorf("%w: %s", ErrClientActive, client)
+		return fmt.Errorf("%w: %s", changelog.ErrClientActive, client)
 	}
 	return f(conn)
 }
 
 // hasRangeTable reports whether the changelog has a _ranges table (schema.Install adds it), where
 // shared clients keep their positions.
-func hasRangeTable(ctx context.Context, conn *sql.Conn, t adminTables) (bool, error) {
+func hasRangeTable(ctx context.Context, conn *sql.Conn, t resolved) (bool, error) {
 	var exists bool
 	if err := conn.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, t.ranges).Scan(&exists); err != nil {
 		return false, fmt.Errorf("look for range table %s: %w", t.ranges, err)

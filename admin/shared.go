@@ -1,4 +1,4 @@
-package pgchangestream
+package admin
 
 import (
 	"context"
@@ -11,9 +11,10 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
-// SharedClient is a [Config.Shared] client as its tables hold it (see [ListShared]).
+// SharedClient is a Config.Shared client as its tables hold it (see [ListShared]).
 type SharedClient struct {
 	Client string
 	// Members are the client's members, by id; a member whose lease ran out stays listed (with
@@ -53,7 +54,7 @@ type SharedRangeInfo struct {
 // ListShared returns every shared client of the changelog (those with rows in its _ranges
 // table), ordered by client name, with their members and ranges. A changelog without the
 // shared tables (schema.Install adds them) has none.
-func ListShared(ctx context.Context, db *sql.DB, opts AdminOptions) ([]SharedClient, error) {
+func ListShared(ctx context.Context, db *sql.DB, opts Options) ([]SharedClient, error) {
 	t, err := opts.resolve()
 	if err != nil {
 		return nil, err
@@ -61,7 +62,7 @@ func ListShared(ctx context.Context, db *sql.DB, opts AdminOptions) ([]SharedCli
 	return listShared(ctx, db, t)
 }
 
-func listShared(ctx context.Context, db *sql.DB, t adminTables) ([]SharedClient, error) {
+func listShared(ctx context.Context, db *sql.DB, t resolved) ([]SharedClient, error) {
 	ranges, members := changelog.RangeTable(t.changelog), changelog.MemberTable(t.changelog)
 	var exists bool
 	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL`,
@@ -87,7 +88,7 @@ func listShared(ctx context.Context, db *sql.DB, t adminTables) ([]SharedClient,
 		if err := rows.Scan(&client, &r.Range, &r.Owner, &r.OwnerName, &r.Token, &r.UpdatedAt); err != nil {
 			return err
 		}
-		if p, err := decodeToken([]byte(r.Token)); err == nil || errors.Is(err, errTokenNeedsLookup) {
+		if p, err := position.DecodeToken([]byte(r.Token)); err == nil || errors.Is(err, position.ErrTokenNeedsLookup) {
 			r.Position = p
 		}
 		if len(out) == 0 || out[len(out)-1].Client != client {

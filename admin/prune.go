@@ -1,6 +1,7 @@
-package pgchangestream
+package admin
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // DefaultPruneBatch is the number of rows [Prune] deletes per statement by default.
@@ -17,7 +19,7 @@ const DefaultPruneBatch = changelog.DefaultPruneBatch
 
 // PruneOptions configures [Prune].
 type PruneOptions struct {
-	AdminOptions
+	Options
 	// OlderThan keeps the rows whose changed_at is less than this old (by the database's
 	// clock). 0 keeps none of the passed rows.
 	OlderThan time.Duration
@@ -60,7 +62,7 @@ type PruneHolder struct {
 	// behind has not passed (SavedAt and Age are that token's).
 	Rows int64
 	// SavedAt is when its token was last saved, and Age how long ago, by the database's clock.
-	// A running watcher saves at least once per [Config.CheckpointRefreshInterval] while it has
+	// A running watcher saves at least once per Config.CheckpointRefreshInterval while it has
 	// nothing pending: a much older token often belongs to a client that no longer runs.
 	SavedAt time.Time
 	Age     time.Duration
@@ -77,7 +79,7 @@ type pruneToken struct {
 // Prune deletes the changelog rows that every client of their table has passed: a row is
 // deleted only if it is older than OlderThan, some saved token counts for its table, and every
 // such token (but those in IgnoreClients) certifies it. A token counts for the table it
-// records ([Config.TableName] of the watcher that saved it); a token that records none (saved
+// records (Config.TableName of the watcher that saved it); a token that records none (saved
 // by an older watcher, or by [ResetToken] for a client without a token) counts for every
 // table. So the rows of a table that no token counts for are kept, and so is everything when
 // there is no token. Prune never uses the legacy processed flag, which is shared by all
@@ -86,7 +88,7 @@ type pruneToken struct {
 // position is certified by that token too, but its watcher may not have fetched it yet:
 // OlderThan keeps a margin against that. The tokens are read once, before the first batch: do
 // not move a token back ([ResetToken]) while Prune runs. The result names the clients whose
-// tokens kept rows back, with the age of their tokens. A shared client's ([Config.Shared]) tokens
+// tokens kept rows back, with the age of their tokens. A shared client's (Config.Shared) tokens
 // are the saved positions of its ranges, each counted for every row as a client's token is;
 // its token-table row, which only gave its ranges their first position, no longer counts once
 // they exist.
@@ -104,8 +106,8 @@ func Prune(ctx context.Context, db *sql.DB, opts PruneOptions) (PruneResult, err
 	if err != nil || len(tokens) == 0 || len(res.Unresolved) > 0 {
 		return res, err
 	}
-	var args params
-	conds := opts.reach(args.add)
+	var args changelog.Params
+	conds := opts.reach(args.Add)
 	everyTable := false
 	var tokenTables []string
 	for _, t := range tokens {
@@ -114,17 +116,17 @@ func Prune(ctx context.Context, db *sql.DB, opts PruneOptions) (PruneResult, err
 			everyTable = true
 		case opts.Table == "": // it holds back only the rows of its table
 			tokenTables = append(tokenTables, t.table)
-			other := args.add(t.table)
-			conds = append(conds, "(c.table_name <> "+other+" OR "+certifiedBy(t.pos, args.add)+")")
+			other := args.Add(t.table)
+			conds = append(conds, "(c.table_name <> "+other+" OR "+changelog.CertifiedBy(t.pos, args.Add)+")")
 			continue
 		}
-		conds = append(conds, certifiedBy(t.pos, args.add))
+		conds = append(conds, changelog.CertifiedBy(t.pos, args.Add))
 	}
 	if !everyTable && opts.Table == "" { // keep the rows of tables no token counts for
 		slices.Sort(tokenTables)
 		in := make([]string, 0, len(tokenTables))
 		for _, table := range slices.Compact(tokenTables) {
-			in = append(in, args.add(table))
+			in = append(in, args.Add(table))
 		}
 		conds = append(conds, "c.table_name IN ("+strings.Join(in, ", ")+")")
 	}
@@ -138,15 +140,6 @@ func Prune(ctx context.Context, db *sql.DB, opts PruneOptions) (PruneResult, err
 		return res, err
 	}
 	return res, findHolders(ctx, db, tables, opts, tokens, &res)
-}
-
-// params collects the parameters of one statement.
-type params []any
-
-// add appends a parameter and returns its placeholder.
-func (p *params) add(v any) string {
-	*p = append(*p, v)
-	return "$" + strconv.Itoa(len(*p))
 }
 
 // reach returns the conditions, on changelog row c, of the rows Prune may delete whatever the
@@ -167,7 +160,7 @@ var restrictedTokensSQL = `SELECT ` + changelog.RestrictedTokens("to_regclass($1
 // ranges, each counted as a client's token is; its token-table row, which only gave the ranges
 // their first position, does not count once they exist. It adds their clients to res.Clients, or to
 // res.Unresolved for those whose row is gone.
-func pruneTokens(ctx context.Context, db *sql.DB, tables adminTables, opts PruneOptions, res *PruneResult) ([]pruneToken, error) {
+func pruneTokens(ctx context.Context, db *sql.DB, tables resolved, opts PruneOptions, res *PruneResult) ([]pruneToken, error) {
 	var restricted bool
 	if err := db.QueryRowContext(ctx, restrictedTokensSQL, tables.tok).Scan(&restricted); err != nil {
 		return nil, fmt.Errorf("read the policies of token table %s: %w", tables.tokens, err)
@@ -175,7 +168,7 @@ func pruneTokens(ctx context.Context, db *sql.DB, tables adminTables, opts Prune
 	if restricted {
 		return nil, fmt.Errorf(changelog.RestrictedTokensMessage, tables.tokens)
 	}
-	saved, err := ListTokens(ctx, db, opts.AdminOptions)
+	saved, err := ListTokens(ctx, db, opts.Options)
 	if err != nil {
 		return nil, err
 	}
@@ -231,7 +224,7 @@ func appendNew(list []string, s string) []string {
 }
 
 // deletePassed deletes the rows matching where, in batches.
-func deletePassed(ctx context.Context, db *sql.DB, tables adminTables, where string, args params, opts PruneOptions, res *PruneResult) error {
+func deletePassed(ctx context.Context, db *sql.DB, tables resolved, where string, args changelog.Params, opts PruneOptions, res *PruneResult) error {
 	del := `WITH doomed AS (SELECT c.id FROM ` + tables.cl + ` c WHERE ` + where + ` ORDER BY c.id LIMIT ` +
 		strconv.Itoa(opts.BatchSize) + `)
 	DELETE FROM ` + tables.cl + ` WHERE id IN (SELECT id FROM doomed)`
@@ -257,19 +250,19 @@ func deletePassed(ctx context.Context, db *sql.DB, tables adminTables, where str
 
 // findHolders counts, for each token, the rows in reach of the prune that it has not passed,
 // and lists the tokens that kept some in res.Holders.
-func findHolders(ctx context.Context, db *sql.DB, tables adminTables, opts PruneOptions, tokens []pruneToken, res *PruneResult) error {
+func findHolders(ctx context.Context, db *sql.DB, tables resolved, opts PruneOptions, tokens []pruneToken, res *PruneResult) error {
 	for _, t := range tokens {
-		var args params
-		conds := opts.reach(args.add)
+		var args changelog.Params
+		conds := opts.reach(args.Add)
 		if t.table != "" && opts.Table == "" {
-			conds = append(conds, "c.table_name = "+args.add(t.table))
+			conds = append(conds, "c.table_name = "+args.Add(t.table))
 		}
 		h := PruneHolder{Client: t.Client, Table: t.table, SavedAt: t.UpdatedAt}
 		var (
 			now time.Time
 			err error
 		)
-		h.Rows, _, now, err = countNotCertified(ctx, db, tables.cl, t.pos, conds, args)
+		h.Rows, _, now, err = changelog.CountNotCertified(ctx, db, tables.cl, t.pos, conds, args)
 		if err != nil {
 			return fmt.Errorf("count the rows client %s holds back in changelog %s: %w", t.Client, tables.changelog, err)
 		}
@@ -287,7 +280,7 @@ func findHolders(ctx context.Context, db *sql.DB, tables adminTables, opts Prune
 		}
 		res.Holders = append(res.Holders, h)
 	}
-	slices.SortStableFunc(res.Holders, func(a, b PruneHolder) int { return cmpOrdered(b.Rows, a.Rows) })
+	slices.SortStableFunc(res.Holders, func(a, b PruneHolder) int { return cmp.Compare(b.Rows, a.Rows) })
 	return nil
 }
 
@@ -298,44 +291,5 @@ func lookUpTokenRow(ctx context.Context, db *sql.DB, rowTime string, id int64) (
 	if err := db.QueryRowContext(ctx, rowTime, id).Scan(&ts); err != nil {
 		return Position{}, err
 	}
-	return makePosition(ts, id), nil
-}
-
-// certifiedBy returns the SQL predicate, on changelog row c, of the rows a saved token at p has
-// passed (see [savedToken]); arg adds a parameter and returns its placeholder.
-func certifiedBy(p Position, arg func(any) string) string {
-	var (
-		f    changelog.TokenFields
-		form string
-	)
-	switch { // the parameters in the order the predicate names them
-	case p.span == nil || !p.inDelta():
-		form = changelog.FormLegacy
-		f.TS, f.ID = arg(p.ChangedAt)+"::timestamptz", arg(p.ID)+"::bigint"
-		if p.span != nil {
-			form, f.Base = changelog.FormSwitchover, arg(p.span.base.String())+"::pg_snapshot"
-		}
-	case !p.inRows:
-		form, f.Base = changelog.FormSnapshot, arg(p.span.base.String())+"::pg_snapshot"
-	default:
-		form, f.Base = changelog.FormInRows, arg(p.span.base.String())+"::pg_snapshot"
-		f.End, f.ID = arg(p.span.end.String())+"::pg_snapshot", arg(p.ID)+"::bigint"
-	}
-	return changelog.Certified(form, f)
-}
-
-// notCertifiedBy returns the SQL predicate, on changelog row c, of the rows a saved token at p
-// has not passed, with a bound an index can serve: a legacy position's, or the base snapshot's
-// xmin, below which every transaction is visible.
-func notCertifiedBy(p Position, arg func(any) string) string {
-	var bound string
-	if p.inDelta() {
-		bound = "c.txid >= " + arg(strconv.FormatUint(p.span.base.xmin, 10)) + "::xid8"
-	} else {
-		bound = "(c.changed_at, c.id) > (" + arg(p.ChangedAt) + "::timestamptz, " + arg(p.ID) + "::bigint)"
-		if p.span != nil { // the switch-over's legacy part: rows it does not see are ahead too
-			bound = "(" + bound + " OR NOT pg_visible_in_snapshot(c.txid, " + arg(p.span.base.String()) + "::pg_snapshot))"
-		}
-	}
-	return bound + " AND NOT " + certifiedBy(p, arg)
+	return position.Make(ts, id), nil
 }

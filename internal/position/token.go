@@ -1,4 +1,4 @@
-package pgchangestream
+package position
 
 import (
 	"bytes"
@@ -28,7 +28,7 @@ import (
 //     position (timestamp, eventID) are passed; no row it does not see is passed.
 //
 // "table" names the table the client reads (the changelog's table_name): a token certifies
-// nothing about the rows of other tables, so [Prune] lets them go. Tokens without it (written
+// nothing about the rows of other tables, so the admin package's Prune lets them go. Tokens without it (written
 // by older watchers) count for every table.
 type savedToken struct {
 	Timestamp  string      `json:"timestamp,omitempty"`
@@ -42,22 +42,22 @@ type savedToken struct {
 	Table      string      `json:"table,omitempty"`
 }
 
-// encodeToken returns the saved-token JSON for p, a position of the client of table ("": none
+// EncodeToken returns the saved-token JSON for p, a position of the client of table ("": none
 // recorded).
-func encodeToken(p Position, table string) []byte {
+func EncodeToken(p Position, table string) []byte {
 	b := make([]byte, 0, 96)
 	b = append(b, `{"timestamp":"`...)
 	b = p.ChangedAt.AppendFormat(b, time.RFC3339Nano)
 	b = append(b, `","eventID":`...)
 	b = strconv.AppendInt(b, p.ID, 10)
 	switch {
-	case p.span == nil:
-	case p.span.seq == 0:
-		b = appendField(b, "switchover", p.span.base.String())
+	case p.Span == nil:
+	case p.Span.Seq == 0:
+		b = appendField(b, "switchover", p.Span.Base.String())
 	default:
-		b = appendField(b, "snapshot", p.span.base.String())
-		if p.inRows {
-			b = appendField(b, "deltaEnd", p.span.end.String())
+		b = appendField(b, "snapshot", p.Span.Base.String())
+		if p.InRows {
+			b = appendField(b, "deltaEnd", p.Span.End.String())
 			b = append(b, `,"deltaAfterID":`...)
 			b = strconv.AppendInt(b, p.ID, 10)
 		}
@@ -79,19 +79,23 @@ func appendField(b []byte, name, value string) []byte {
 	return append(b, '"')
 }
 
-// errTokenNeedsLookup is returned by decodeToken for an id-only token: the position's time must
-// be looked up from the changelog row.
-var errTokenNeedsLookup = errors.New("token has no timestamp")
+// ErrInvalidToken is wrapped by the error MarkProcessed returns for a token that is not a
+// decimal int64.
+var ErrInvalidToken = errors.New("pgchangestream: invalid resume token")
 
-// decodeToken parses saved-token JSON. For an id-only token it returns the id with
-// errTokenNeedsLookup.
-func decodeToken(data []byte) (Position, error) {
-	p, _, err := decodeTableToken(data)
+// ErrTokenNeedsLookup is returned by DecodeToken for an id-only token: the position's time must
+// be looked up from the changelog row.
+var ErrTokenNeedsLookup = errors.New("token has no timestamp")
+
+// DecodeToken parses saved-token JSON. For an id-only token it returns the id with
+// ErrTokenNeedsLookup.
+func DecodeToken(data []byte) (Position, error) {
+	p, _, err := DecodeTableToken(data)
 	return p, err
 }
 
-// decodeTableToken is decodeToken that also returns the table the token records ("" for none).
-func decodeTableToken(data []byte) (Position, string, error) {
+// DecodeTableToken is DecodeToken that also returns the table the token records ("" for none).
+func DecodeTableToken(data []byte) (Position, string, error) {
 	var t savedToken
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
@@ -118,13 +122,13 @@ func (t savedToken) position(data []byte) (Position, error) {
 		if t.Snapshot != "" || t.Switchover != "" {
 			return Position{}, fmt.Errorf("saved token %q has a snapshot but no timestamp", data)
 		}
-		return Position{ID: id}, errTokenNeedsLookup
+		return Position{ID: id}, ErrTokenNeedsLookup
 	}
 	ts, err := time.Parse(time.RFC3339Nano, t.Timestamp)
 	if err != nil {
 		return Position{}, fmt.Errorf("saved token %q: timestamp: %w", data, err)
 	}
-	p := makePosition(ts, id)
+	p := Make(ts, id)
 	if err := t.decodeSpan(&p); err != nil {
 		return Position{}, fmt.Errorf("saved token %q: %w", data, err)
 	}
@@ -138,17 +142,17 @@ func (t savedToken) decodeSpan(p *Position) error {
 		if t.Snapshot != "" || t.hasDelta() {
 			return errors.New("switchover goes with no snapshot, deltaEnd, deltaAfterID, deltaXid or deltaID")
 		}
-		s, err := parseSnapshot(t.Switchover)
+		s, err := ParseSnapshot(t.Switchover)
 		if err != nil {
 			return fmt.Errorf("switchover: %w", err)
 		}
-		p.span = &span{base: s}
+		p.Span = &Span{Base: s}
 	case t.Snapshot != "":
-		s, err := parseSnapshot(t.Snapshot)
+		s, err := ParseSnapshot(t.Snapshot)
 		if err != nil {
 			return fmt.Errorf("snapshot: %w", err)
 		}
-		p.span = &span{seq: 1, base: s}
+		p.Span = &Span{Seq: 1, Base: s}
 		return t.decodeDelta(p)
 	case t.hasDelta():
 		return errors.New("deltaEnd, deltaAfterID, deltaXid and deltaID need a snapshot")
@@ -170,15 +174,15 @@ func (t savedToken) decodeDelta(p *Position) error {
 	if t.DeltaEnd == "" {
 		return errors.New("deltaAfterID, deltaXid and deltaID need a deltaEnd")
 	}
-	e, err := parseSnapshot(t.DeltaEnd)
+	e, err := ParseSnapshot(t.DeltaEnd)
 	if err != nil {
 		return fmt.Errorf("deltaEnd: %w", err)
 	}
-	b := p.span.base
-	if e.xmax < b.xmax {
+	b := p.Span.Base
+	if e.Xmax < b.Xmax {
 		return fmt.Errorf("deltaEnd %s is before snapshot %s", e, b)
 	}
-	p.span.end, p.span.hasEnd = e, true
+	p.Span.End, p.Span.HasEnd = e, true
 	if older {
 		return t.checkOlderDelta(b, e)
 	}
@@ -192,14 +196,14 @@ func (t savedToken) decodeDelta(p *Position) error {
 	if id != p.ID {
 		return fmt.Errorf("deltaAfterID %d is not the eventID %d", id, p.ID)
 	}
-	p.inRows = true
+	p.InRows = true
 	return nil
 }
 
 // checkOlderDelta checks the in-delta fields an earlier release wrote, in (txid, id) order. The
 // position they name cannot be placed in id order, so the token resumes at the start of its
 // delta (from snapshot to deltaEnd): the caller leaves p there.
-func (t savedToken) checkOlderDelta(b, e pgSnapshot) error {
+func (t savedToken) checkOlderDelta(b, e Snapshot) error {
 	if t.DeltaAfter != "" {
 		return errors.New("deltaAfterID goes without deltaXid and deltaID")
 	}
@@ -213,7 +217,7 @@ func (t savedToken) checkOlderDelta(b, e pgSnapshot) error {
 	if _, err := savedID(t.DeltaID); err != nil {
 		return fmt.Errorf("deltaID: %w", err)
 	}
-	if x < firstNormalXid || e.running(x) || !b.running(x) {
+	if x < FirstNormalXid || e.Running(x) || !b.Running(x) {
 		return fmt.Errorf("deltaXid %d is not in the delta from %s to %s", x, b, e)
 	}
 	return nil
@@ -236,9 +240,16 @@ func savedID(n json.Number) (int64, error) {
 	return id, nil
 }
 
-// parseToken parses a delivery's resume token (a decimal changelog id). ok is false for an empty
+// FormatToken returns the resume token for a changelog id: the id in decimal, e.g.
+// []byte("452"). It allocates once.
+func FormatToken(id int64) []byte {
+	// 20 bytes hold any int64, including "-9223372036854775808".
+	return strconv.AppendInt(make([]byte, 0, 20), id, 10)
+}
+
+// ParseToken parses a delivery's resume token (a decimal changelog id). ok is false for an empty
 // token, which certifies nothing.
-func parseToken(token []byte) (id int64, ok bool, err error) {
+func ParseToken(token []byte) (id int64, ok bool, err error) {
 	if len(token) == 0 {
 		return 0, false, nil
 	}
@@ -257,3 +268,7 @@ func truncateForError(b []byte) []byte {
 	}
 	return b
 }
+
+// Token returns the saved-token JSON of p for a client of table ("": none recorded): what a
+// watcher saves at p, and what the admin package's ResetToken saves for a client of table.
+func (p Position) Token(table string) string { return string(EncodeToken(p, table)) }
