@@ -80,7 +80,7 @@ type Watcher struct {
 	savedAt  time.Time // when saved was loaded or last written
 	// fenced: saves match the owner epoch (Config.Exclusive on a token table with the
 	// owner_epoch column); epoch: the epoch claimed by the load, 0 until the token row of a new
-	// client is created (fence.go). Set by each load.
+	// client is created (load.go). Set by each load.
 	fenced        bool
 	epoch         int64
 	unfencedNoted bool // the unfenced token table was reported
@@ -118,7 +118,7 @@ type Watcher struct {
 	floorNoted     bool
 	legacyNoted    bool      // the legacy changelog was reported (by the load, which the reader runs)
 	upgradeChecked time.Time // when a legacy watcher last looked for the txid column
-	hasInc         bool      // the changelog has an incarnation table (set by the load; see rewind.go)
+	hasInc         bool      // the changelog has an incarnation table (set by the load; see load.go)
 	readNow        bool      // readBatch ended a span at a snapshot it did not take: read on at once
 	incNoted       bool      // its absence was reported
 	statsChecked   time.Time // when the changelog's statistics were last looked for (plans.go)

@@ -6,309 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
-	"github.com/pgchangestream/pgchangestream/internal/backoff"
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/lock"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
-// loadWithRetry loads the saved token into the cursor. It never guesses a position: while the
-// token cannot be read it retries with backoff until it succeeds or ctx ends. A restored
-// database is refused at once.
-func (w *Watcher) loadWithRetry(ctx context.Context) error {
-	retry := backoff.Backoff{Min: loadRetryMin, Max: loadRetryMax}
-	failed := newRepeatLog(w.log, slog.LevelError, "cannot load the start position; retrying")
-	for {
-		err := w.load(ctx)
-		if err == nil {
-			failed.ok()
-			w.health.ok(opLoad)
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		op := opLoad
-		if errors.As(err, new(changelogReadError)) {
-			op = opRead
-		}
-		w.health.fail(op, err)
-		if errors.Is(err, ErrRestoredDatabase) || errors.Is(err, ErrSharedSchema) { // retrying cannot help: an operator must act
-			w.log.Error("refusing to start", "error", err)
-			return err
-		}
-		wait := retry.Next()
-		failed.fail("error", err, "retry_in", wait)
-		if !backoff.Sleep(ctx, wait) {
-			return ctx.Err()
-		}
-	}
-}
-
-// load reads the saved token, or picks and saves the start position of a new client, and
-// starts reading there.
-func (w *Watcher) load(ctx context.Context) error {
-	w.ckMu.Lock()
-	defer w.ckMu.Unlock()
-	pos, err := w.loadPosition(ctx, false)
-	if err != nil {
-		return err
-	}
-	w.saved, w.hasSaved, w.savedAt = pos, true, time.Now()
-	w.mu.Lock()
-	w.cursor = pos
-	w.savedMirror = pos
-	w.loaded = true
-	w.mu.Unlock()
-	w.setMarked(pos)
-	return nil
-}
-
-// loadPosition reads the saved token, or picks and saves the start position of a new client.
-// It first finds out whether the changelog is upgraded (reads follow snapshot deltas) and, if
-// so, checks the stored transaction ids against the database's counter. rewinding is set when
-// the watcher goes back to the saved token after a server recovery: a client without one then
-// starts from the beginning, since no start position taken before the recovery can be trusted.
-// ckMu must be held; reader goroutine only.
-func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, error) {
-	var skipFree, stats bool
-	if err := w.cfg.DB.QueryRowContext(ctx, w.q.detect, changelog.Quote(w.cfg.ChangelogTable),
-		changelog.Quote(changelog.IncarnationTable(w.cfg.ChangelogTable))).Scan(&skipFree, &w.hasInc, &stats); err != nil {
-		return Position{}, fmt.Errorf("inspect changelog %s: %w", w.cfg.ChangelogTable, err)
-	}
-	w.noteStats(stats)
-	var (
-		now position.Snapshot
-		inc string
-	)
-	if skipFree {
-		var err error
-		if now, inc, err = w.transactionCounter(ctx); err != nil {
-			return Position{}, err
-		}
-	} else {
-		w.upgradeChecked = time.Now() // noticeUpgrade looks again upgradeCheckInterval later
-	}
-	if !skipFree && !w.legacyNoted {
-		w.legacyNoted = true
-		w.log.Warn("the changelog has no txid column: reads are not skip-free (a row whose transaction commits "+
-			"behind the read position is found only through its NOTIFY); upgrade it with schema.Install, "+
-			"or the statements it lists with DryRun; a running watcher then switches over by itself", "changelog", w.cfg.ChangelogTable)
-	}
-	if skipFree && !w.hasInc && !w.incNoted {
-		w.incNoted = true
-		w.log.Warn("the changelog has no incarnation table: after a server crash the watcher notices the "+
-			"transaction counter going back only while it has not passed the ids seen before; run schema.Install to add it",
-			"table", changelog.IncarnationTable(w.cfg.ChangelogTable))
-	}
-	if w.sh != nil {
-		return w.loadShared(ctx, rewinding, skipFree, now, inc)
-	}
-	raw, found, err := w.claimToken(ctx, !rewinding)
-	if err != nil {
-		return Position{}, err
-	}
-	var (
-		pos  Position
-		save bool
-	)
-	switch {
-	case !found && rewinding:
-		if pos, err = w.beginning(ctx, skipFree, now); err != nil {
-			return Position{}, err
-		}
-		save = true
-	case !found:
-		if pos, err = w.startPosition(ctx, skipFree, now); err != nil {
-			return Position{}, err
-		}
-		save = true // so a restart before the first acknowledgement resumes here too
-		w.log.Info("no saved token: starting", "position", pos, "from_beginning", w.cfg.StartFromBeginning)
-	default:
-		var table string
-		pos, table, err = position.DecodeTableToken([]byte(raw))
-		if table != "" && table != w.cfg.TableName && !rewinding {
-			w.log.Warn("the saved token was written by a watcher of another table; Prune keeps this table's rows "+
-				"for it only once it saves its own", "token_table", table)
-		}
-		if errors.Is(err, position.ErrTokenNeedsLookup) {
-			pos, err = w.tokenRowPosition(ctx, pos.ID)
-		}
-		if err != nil {
-			return Position{}, fmt.Errorf("load saved token of client %q: %w", w.cfg.ClientName, err)
-		}
-		if pos, save, err = w.resumePosition(ctx, pos, skipFree, now); err != nil {
-			return Position{}, err
-		}
-		if !rewinding {
-			w.log.Info("resuming after the saved token", "position", pos)
-		}
-	}
-	if pos.Span != nil { // the snapshots were read in (or, for a saved token, survived into) inc
-		s := *pos.Span
-		s.Inc = inc
-		pos.Span = &s
-	}
-	if save && !w.cfg.Ephemeral {
-		if err := w.writeToken(ctx, pos, w.ackedSeq()); err != nil {
-			return Position{}, fmt.Errorf("save start position to token table %s: %w", w.cfg.TokenTable, err)
-		}
-		w.ckWrites.Add(1)
-	}
-	w.skipFree.Store(skipFree)
-	if skipFree {
-		w.takeHints() // noted before the load: snapshot deltas need no ids
-	}
-	return pos, nil
-}
-
-// changelogReadError is a failure to read the changelog while loading: health counts it as a
-// read failure, not as one of the token table.
-type changelogReadError struct{ error }
-
-func (e changelogReadError) Unwrap() error { return e.error }
-
-// transactionCounter returns the current snapshot of an upgraded changelog and the server's
-// incarnation ("" without an incarnation table), after checking that no transaction id stored
-// for the table is at or beyond it (a restored database).
-func (w *Watcher) transactionCounter(ctx context.Context) (position.Snapshot, string, error) {
-	var (
-		text, inc string
-		newest    sql.NullString
-		err       error
-	)
-	if w.hasInc {
-		err = w.queryIncarnation(ctx, w.q.deltaStartInc, []any{w.cfg.TableName}, &text, &newest, &inc)
-	} else {
-		err = w.cfg.DB.QueryRowContext(ctx, w.q.deltaStart, w.cfg.TableName).Scan(&text, &newest)
-	}
-	if err != nil {
-		return position.Snapshot{}, "", changelogReadError{fmt.Errorf("read changelog: take snapshot: %w", err)}
-	}
-	now, err := position.ParseSnapshot(text)
-	if err != nil {
-		return position.Snapshot{}, "", err
-	}
-	if newest.Valid {
-		x, err := strconv.ParseUint(newest.String, 10, 64)
-		if err != nil {
-			return position.Snapshot{}, "", fmt.Errorf("read changelog: newest txid %q: %w", newest.String, err)
-		}
-		if x >= now.Xmax {
-			return position.Snapshot{}, "", fmt.Errorf("%w: the changelog holds txid %d, the current snapshot is %s",
-				ErrRestoredDatabase, x, now)
-		}
-	}
-	return now, inc, nil
-}
-
-// resumePosition adapts a saved token to the changelog: a legacy token on an upgraded changelog
-// starts a switch-over at the current snapshot, cut by switchSnapshot (save reports that the new
-// form must be saved at once, so a restart keeps the same switch-over snapshot); a token of an
-// upgraded changelog on a legacy one resumes after its legacy position. now is a snapshot taken
-// before the token was read (see notAhead).
-func (w *Watcher) resumePosition(ctx context.Context, pos Position, skipFree bool, now position.Snapshot) (_ Position, save bool, err error) {
-	switch {
-	case skipFree && pos.Span == nil:
-		s, err := w.switchSnapshot(ctx, pos, pos, now)
-		if err != nil {
-			return Position{}, false, err
-		}
-		pos.Span = &position.Span{Base: s}
-		w.log.Info("switching a legacy token over to snapshot deltas", "snapshot", s)
-		return pos, true, nil
-	case skipFree:
-		top := pos.Span.Base
-		if pos.Span.HasEnd {
-			top = pos.Span.End
-		}
-		return pos, false, w.notAhead(ctx, top, now)
-	case pos.Span != nil:
-		w.log.Warn("the saved token was written for a changelog with a txid column, which this one lacks; "+
-			"resuming after its timestamp and eventID", "position", pos)
-		return position.Make(pos.ChangedAt, pos.ID), false, nil
-	}
-	return pos, false, nil
-}
-
-// notAhead fails with ErrRestoredDatabase if top, the newest snapshot of a saved token, is ahead
-// of the database's transaction counter. now was taken before the token was read, so a save that
-// committed in between (another instance of the client, the previous owner of an exclusive
-// client or of a Shared range, a transaction acknowledging with MarkProcessedTx) can hold a
-// snapshot taken after now. Only a token still ahead of a snapshot taken after it was read is
-// ahead of the counter: its snapshot was taken before its save committed, and on a running
-// server a later snapshot's xmax is never below an earlier one's.
-func (w *Watcher) notAhead(ctx context.Context, top, now position.Snapshot) error {
-	if top.Xmax <= now.Xmax {
-		return nil
-	}
-	after, _, err := w.currentSnapshot(ctx)
-	if err != nil {
-		return changelogReadError{fmt.Errorf("read changelog: take snapshot: %w", err)}
-	}
-	if top.Xmax > after.Xmax {
-		return fmt.Errorf("%w: the saved token's snapshot is %s, the current snapshot is %s",
-			ErrRestoredDatabase, top, after)
-	}
-	return nil
-}
-
-// startPosition is where a client without a saved token starts: after the newest row of its
-// table as the database sees it (on an upgraded changelog: after the current snapshot, so rows
-// of transactions still open are ahead of it), or at the beginning.
-func (w *Watcher) startPosition(ctx context.Context, skipFree bool, now position.Snapshot) (Position, error) {
-	if w.cfg.StartFromBeginning {
-		return w.beginning(ctx, skipFree, now)
-	}
-	var (
-		ts  time.Time
-		id  int64
-		pos Position
-	)
-	err := w.cfg.DB.QueryRowContext(ctx, w.q.newest, w.cfg.TableName).Scan(&ts, &id)
-	switch {
-	case errors.Is(err, sql.ErrNoRows): // nothing to skip
-	case err != nil:
-		return Position{}, changelogReadError{fmt.Errorf("read changelog: find newest position in %s: %w", w.cfg.ChangelogTable, err)}
-	default:
-		pos = position.Make(ts, id)
-	}
-	if skipFree {
-		pos.Span = &position.Span{Seq: 1, Base: now}
-	}
-	return pos, nil
-}
-
-// beginning is the position before every row of the table: on an upgraded changelog, a
-// switch-over from it (switchSnapshot): the rows without a txid in legacy order, then the rows
-// with one in deltas.
-func (w *Watcher) beginning(ctx context.Context, skipFree bool, now position.Snapshot) (Position, error) {
-	if !skipFree {
-		return Position{}, nil
-	}
-	s, err := w.switchSnapshot(ctx, Position{}, Position{}, now)
-	if err != nil {
-		return Position{}, err
-	}
-	return Position{Span: &position.Span{Base: s}}, nil
-}
-
-// tokenRowPosition converts an id-only saved token by looking up its row's changed_at. If the
-// row is gone, the position is placed before every row (replaying rather than skipping).
-func (w *Watcher) tokenRowPosition(ctx context.Context, id int64) (Position, error) {
-	var ts time.Time
-	err := w.cfg.DB.QueryRowContext(ctx, w.q.rowTime, id).Scan(&ts)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		w.log.Warn("the saved token's changelog row no longer exists; replaying the table from the beginning", "id", id)
-		return Position{ID: id}, nil
-	case err != nil:
-		return Position{}, fmt.Errorf("look up changelog %s row %d of an id-only token: %w", w.cfg.ChangelogTable, id, err)
-	}
-	return position.Make(ts, id), nil
-}
+// Saves of the checkpoint. Every write of the client's saved position lives in this file: the
+// watcher's own saves (writeToken and the statements it picks: plain, fenced, marked, a Shared
+// member's ranges, the first row of a fenced new client) and MarkProcessedTx's write in the
+// caller's transaction (writeInTx). Loading the token and claiming an owner epoch are in
+// load.go.
 
 // saveRule says when a save writes.
 type saveRule uint8
@@ -489,53 +198,220 @@ func (w *Watcher) saveInBackground(ctx context.Context, rule saveRule) error {
 	return w.saveCheckpoint(ctx, rule)
 }
 
-// GetUnprocessedEventCount counts the changelog rows of the watched table after lastProcessedID
-// (the cursor's id when empty) that are not marked processed, as the watcher it replaces did.
-// Without [Config.ProcessedFlag] it counts every row after that id. The processed flag is shared by
-// every client of the table and set in the background, so the count is approximate: for this
-// client's exact backlog use [Watcher.Backlog].
-func (w *Watcher) GetUnprocessedEventCount(ctx context.Context, lastProcessedID string) (int64, error) {
-	if w.cfgErr != nil {
-		return 0, w.cfgErr
+// writeToken saves p as the client's token; seq is the last delivery acknowledged in memory
+// when p was computed (the marker of a watcher that acknowledged in a transaction, txack.go).
+// It is fenced to the watcher's owner epoch when it claimed one (the first save of a fenced new
+// client creates the token row with epoch 1, on the lock session), and a position read in a
+// server incarnation is written only while the server is still in it (see load.go). A fenced
+// save that matches no row stops the watcher and returns an error wrapping ErrFenced; a save
+// whose incarnation ended writes nothing and returns ErrServerRecovered. ckMu must be held.
+func (w *Watcher) writeToken(ctx context.Context, p Position, seq uint64) error {
+	tok := position.EncodeToken(p, w.cfg.TableName)
+	var inc string
+	if p.Span != nil {
+		inc = p.Span.Inc
 	}
-	var after int64
-	if lastProcessedID == "" {
-		w.mu.Lock()
-		after = w.cursor.ID
-		w.mu.Unlock()
-	} else {
-		id, ok, err := position.ParseToken([]byte(lastProcessedID))
-		if err != nil || !ok {
-			return 0, fmt.Errorf("pgchangestream: lastProcessedID: %w", err)
-		}
-		after = id
+	switch {
+	case w.sh != nil:
+		return w.writeShared(ctx, p, string(tok), inc)
+	case w.fenced && w.epoch == 0: // the lock session ends with a crash: it cannot outlive the incarnation
+		return w.claimNew(ctx, string(tok))
+	case w.txAcked:
+		return w.writeMarked(ctx, tok, seq, inc)
 	}
-	var n int64
-	if err := w.cfg.DB.QueryRowContext(ctx, w.q.unprocessed, w.cfg.TableName, after).Scan(&n); err != nil {
-		return 0, fmt.Errorf("pgchangestream: count unprocessed events: %w", err)
-	}
-	return n, nil
+	return w.writePlain(ctx, string(tok), inc)
 }
 
-// Backlog counts the rows of the watched table, visible now, that this client's saved token
-// does not certify: what a restart would deliver. Unlike GetUnprocessedEventCount it does not
-// read the shared processed flag, so it is exact for this client. It counts rows still in the
-// Events channel or not acknowledged, and is 0 only when everything was acknowledged and saved.
-func (w *Watcher) Backlog(ctx context.Context) (int64, error) {
-	if w.cfgErr != nil {
-		return 0, w.cfgErr
+// writePlain is writeToken's statement without a marker. ckMu must be held.
+func (w *Watcher) writePlain(ctx context.Context, tok, inc string) error {
+	var (
+		res sql.Result
+		err error
+	)
+	switch {
+	case !w.fenced && inc == "":
+		_, err = w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, tok)
+		return err
+	case !w.fenced:
+		res, err = w.cfg.DB.ExecContext(ctx, w.q.saveTokenInc, w.cfg.ClientName, tok, inc)
+	case inc == "":
+		res, err = w.cfg.DB.ExecContext(ctx, w.q.saveFenced, w.cfg.ClientName, tok, w.epoch)
+	default:
+		res, err = w.cfg.DB.ExecContext(ctx, w.q.saveFencedInc, w.cfg.ClientName, tok, w.epoch, inc)
 	}
-	w.mu.Lock()
-	saved, loaded := w.savedMirror, w.loaded
-	w.mu.Unlock()
-	if !loaded {
-		return 0, errors.New("pgchangestream: backlog: the saved token is not loaded yet")
-	}
-	var args changelog.Params
-	conds := []string{"c.table_name = " + args.Add(w.cfg.TableName)}
-	n, _, _, err := changelog.CountNotCertified(ctx, w.cfg.DB, changelog.Quote(w.cfg.ChangelogTable), saved, conds, args)
 	if err != nil {
-		return 0, fmt.Errorf("pgchangestream: count backlog in changelog %s: %w", w.cfg.ChangelogTable, err)
+		return err
 	}
-	return n, nil
+	if n, err := res.RowsAffected(); err != nil || n == 1 {
+		return err
+	}
+	return w.noWriteErr(ctx, w.cfg.DB, w.fenced, w.epoch, inc)
+}
+
+// noWriteErr explains a save that matched no row: the incarnation ended (ErrServerRecovered),
+// or, fenced to epoch, a later owner claimed the client (ErrFenced: the watcher stops). q is
+// where the save ran.
+func (w *Watcher) noWriteErr(ctx context.Context, q queryer, fenced bool, epoch int64, inc string) error {
+	if !fenced { // only the incarnation can have stopped an upsert
+		return ErrServerRecovered
+	}
+	if inc != "" {
+		var same bool
+		if err := q.QueryRowContext(ctx, w.q.incarnationIs, inc).Scan(&same); err != nil {
+			return fmt.Errorf("the save wrote nothing; checking why: %w", err)
+		}
+		if !same {
+			return ErrServerRecovered
+		}
+	}
+	err := fmt.Errorf("%w: the token row no longer holds owner epoch %d", ErrFenced, epoch)
+	w.stopOwning(err, "fenced off: a later watcher owns this client; stopping")
+	return err
+}
+
+// claimNew creates the token row of a new client with epoch 1, on the lock session while it
+// holds the lock. It fails when a row appeared meanwhile (a watcher without Config.Exclusive
+// saved one): the load is retried, and claims that row.
+func (w *Watcher) claimNew(ctx context.Context, token string) error {
+	s := w.excl.current()
+	if s == nil {
+		return w.lockLostErr()
+	}
+	c, o := lockHalves(lock.Key(w.cfg.TokenTable, w.cfg.ClientName))
+	row, err := s.query(ctx, w.q.claimNew, w.cfg.ClientName, token, string(itoa(c)), string(itoa(o)))
+	switch {
+	case err != nil:
+		return err
+	case len(row) == 0:
+		return errors.New("the token row was created meanwhile, or the lock was lost: claiming again")
+	}
+	w.epoch = 1
+	w.log.Info("claimed the client", "owner_epoch", w.epoch)
+	return nil
+}
+
+// writeMarked is writeToken once the watcher acknowledged in a transaction: the token carries
+// the marker of seq, and the save neither waits for the row lock nor writes over a later
+// marker of this watcher (errAckAhead, after applying it). ckMu must be held.
+func (w *Watcher) writeMarked(ctx context.Context, tok []byte, seq uint64, inc string) error {
+	t := string(appendAck(tok, w.instance, seq))
+	res, err := w.cfg.DB.ExecContext(ctx, w.q.ackSave[ackIndex(w.fenced, inc)], saveArgs(w.cfg.ClientName, t, w.fenced, w.epoch, inc)...)
+	if err != nil {
+		if changelog.HasCode(err, changelog.LockNotAvailable) {
+			return fmt.Errorf("%w: %w", errTokenLocked, err)
+		}
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 1 {
+		return err
+	}
+	stored, mine, found, err := w.readAck(ctx, w.cfg.DB)
+	switch {
+	case err != nil:
+		return fmt.Errorf("the save wrote nothing; checking why: %w", err)
+	case mine && stored > seq:
+		w.applyTxAck(stored)
+		return errAckAhead
+	case !found && !w.fenced: // the row was deleted: create it again, as an unmarked save does
+		return w.writePlain(ctx, t, inc)
+	}
+	return w.noWriteErr(ctx, w.cfg.DB, w.fenced, w.epoch, inc)
+}
+
+// writeShared saves p (as tok, read in incarnation inc) to the ranges the member owns, except
+// those whose floor p does not cover yet; once saved, it drops the floors p covers (until
+// then those ranges still hold their own positions, which reads and compaction respect). A range the member no
+// longer owns (another member claimed it after this one's lease ran out) fences the save off:
+// the watcher stops. ckMu must be held.
+func (w *Watcher) writeShared(ctx context.Context, p Position, tok, inc string) error {
+	v := w.sh.view.Load()
+	ranges := v.owned
+	var next *sharedView // the view without the floors p covers, once p is saved
+	if len(v.floors) > 0 {
+		ranges = nil
+		floors := make(map[int]Position)
+		for _, r := range v.owned {
+			if f, ok := v.floors[r]; ok && !covers(p, f) {
+				floors[r] = f
+				continue
+			}
+			ranges = append(ranges, r)
+		}
+		if len(floors) < len(v.floors) {
+			if len(floors) == 0 {
+				floors = nil
+			}
+			next = newSharedView(v.owned, floors)
+		}
+	}
+	if len(ranges) == 0 {
+		return nil
+	}
+	id := w.sh.id.Load()
+	var (
+		res sql.Result
+		err error
+	)
+	if inc == "" {
+		res, err = w.cfg.DB.ExecContext(ctx, w.sh.q.save, w.cfg.ClientName, id, tok, pgArray(int64s(ranges)))
+	} else {
+		res, err = w.cfg.DB.ExecContext(ctx, w.sh.q.saveInc, w.cfg.ClientName, id, tok, pgArray(int64s(ranges)), inc)
+	}
+	if err != nil {
+		return err
+	}
+	n, err := res.RowsAffected()
+	switch {
+	case err != nil:
+		return err
+	case n == int64(len(ranges)):
+		if next != nil {
+			w.sh.view.Store(next)
+		}
+		return nil
+	}
+	if inc != "" {
+		var same bool
+		if err := w.cfg.DB.QueryRowContext(ctx, w.q.incarnationIs, inc).Scan(&same); err != nil {
+			return fmt.Errorf("the save wrote nothing; checking why: %w", err)
+		}
+		if !same {
+			return ErrServerRecovered
+		}
+	}
+	err = fmt.Errorf("%w: member %d no longer owns %d of its %d ranges", ErrFenced, id, len(ranges)-int(n), len(ranges))
+	w.stopOwning(err, "fenced off: another member took over ranges of this one; stopping")
+	return err
+}
+
+// writeInTx is MarkProcessedTx's write of the marked token tok (seq, fencing and incarnation as
+// writeToken's) in the caller's transaction tx.
+func (w *Watcher) writeInTx(ctx context.Context, tx *sql.Tx, tok string, seq uint64, fenced bool, epoch int64, inc string) error {
+	res, err := tx.ExecContext(ctx, w.q.ackTx[ackIndex(fenced, inc)], saveArgs(w.cfg.ClientName, tok, fenced, epoch, inc)...)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 1 {
+		return err
+	}
+	return w.whyNoTxWrite(ctx, tx, seq, fenced, epoch, inc)
+}
+
+// whyNoTxWrite explains a MarkProcessedTx write that affected no row: nil when a later
+// acknowledgement of this watcher was committed first (it certifies this one too).
+func (w *Watcher) whyNoTxWrite(ctx context.Context, tx *sql.Tx, seq uint64, fenced bool, epoch int64, inc string) error {
+	stored, mine, found, err := w.readAck(ctx, tx)
+	switch {
+	case err != nil:
+		return fmt.Errorf("the save wrote nothing; checking why: %w", err)
+	case mine && stored >= seq:
+		return nil
+	case !found && !fenced:
+		return errors.New("the client has no token row (it was deleted): the watcher's next save creates it again")
+	}
+	err = w.noWriteErr(ctx, tx, fenced, epoch, inc)
+	if errors.Is(err, ErrServerRecovered) {
+		w.askRewind()
+	}
+	return err
 }

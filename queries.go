@@ -52,7 +52,7 @@ type queries struct {
 	// rowTime: the changed_at of an id-only saved token's row.
 	rowTime string
 	// loadToken, saveToken: the saved token. saveFenced: saveToken of an exclusive watcher,
-	// only while the row's owner_epoch is still its own ($3): see fence.go.
+	// only while the row's owner_epoch is still its own ($3): see load.go.
 	loadToken, saveToken, saveFenced string
 	// ackSave and ackTx save a token that carries the acknowledgement marker (txack.go): the
 	// watcher's own saves once it acknowledged in a caller's transaction, and MarkProcessedTx's
@@ -349,6 +349,31 @@ func buildReadQueries(cl, limit, pageLimit string, u *unitSQL) readQueries {
 	}
 	if u != nil {
 		q.deltaSpan = `SELECT ` + withXid + ` FROM ` + cl + ` WHERE id BETWEEN $1 AND $2` + u.cond + ` ORDER BY id`
+	}
+	return q
+}
+
+// ackSaveSQL is the statement that saves a marked token $2 of client $1: an update of the row
+// (fenced: only while its owner epoch is $3; given the incarnation subquery, only while the
+// server's incarnation is still the last parameter) that writes nothing over a marker of the
+// same watcher with a higher seq. With nowait it fails at once when the row is locked.
+func ackSaveSQL(tokenTable string, fenced bool, incarnation string, nowait bool) string {
+	q := `UPDATE ` + tokenTable + ` AS tok SET resume_token = $2::jsonb, last_updated = now()
+	WHERE tok.client_name = $1`
+	n := 3
+	if fenced {
+		q += ` AND ` + changelog.FenceCondition
+		n++
+	}
+	if incarnation != "" {
+		q += ` AND ` + incarnation + ` = $` + strconv.Itoa(n)
+	}
+	q += `
+	AND NOT COALESCE(tok.resume_token->'ack'->>'w' = $2::jsonb->'ack'->>'w'
+		AND (tok.resume_token->'ack'->>'seq')::numeric > ($2::jsonb->'ack'->>'seq')::numeric, false)`
+	if nowait {
+		q += `
+	AND EXISTS (SELECT FROM ` + tokenTable + ` AS l WHERE l.client_name = $1 FOR UPDATE NOWAIT)`
 	}
 	return q
 }

@@ -2,7 +2,6 @@ package pgchangestream
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -326,72 +325,6 @@ func (w *Watcher) switchLegacyRanges(ctx context.Context, ps []Position, now pos
 	}
 	w.log.Info("switching the ranges' legacy tokens over to snapshot deltas", "snapshot", s)
 	return nil
-}
-
-// writeShared saves p (as tok, read in incarnation inc) to the ranges the member owns, except
-// those whose floor p does not cover yet; once saved, it drops the floors p covers (until
-// then those ranges still hold their own positions, which reads and compaction respect). A range the member no
-// longer owns (another member claimed it after this one's lease ran out) fences the save off:
-// the watcher stops. ckMu must be held.
-func (w *Watcher) writeShared(ctx context.Context, p Position, tok, inc string) error {
-	v := w.sh.view.Load()
-	ranges := v.owned
-	var next *sharedView // the view without the floors p covers, once p is saved
-	if len(v.floors) > 0 {
-		ranges = nil
-		floors := make(map[int]Position)
-		for _, r := range v.owned {
-			if f, ok := v.floors[r]; ok && !covers(p, f) {
-				floors[r] = f
-				continue
-			}
-			ranges = append(ranges, r)
-		}
-		if len(floors) < len(v.floors) {
-			if len(floors) == 0 {
-				floors = nil
-			}
-			next = newSharedView(v.owned, floors)
-		}
-	}
-	if len(ranges) == 0 {
-		return nil
-	}
-	id := w.sh.id.Load()
-	var (
-		res sql.Result
-		err error
-	)
-	if inc == "" {
-		res, err = w.cfg.DB.ExecContext(ctx, w.sh.q.save, w.cfg.ClientName, id, tok, pgArray(int64s(ranges)))
-	} else {
-		res, err = w.cfg.DB.ExecContext(ctx, w.sh.q.saveInc, w.cfg.ClientName, id, tok, pgArray(int64s(ranges)), inc)
-	}
-	if err != nil {
-		return err
-	}
-	n, err := res.RowsAffected()
-	switch {
-	case err != nil:
-		return err
-	case n == int64(len(ranges)):
-		if next != nil {
-			w.sh.view.Store(next)
-		}
-		return nil
-	}
-	if inc != "" {
-		var same bool
-		if err := w.cfg.DB.QueryRowContext(ctx, w.q.incarnationIs, inc).Scan(&same); err != nil {
-			return fmt.Errorf("the save wrote nothing; checking why: %w", err)
-		}
-		if !same {
-			return ErrServerRecovered
-		}
-	}
-	err = fmt.Errorf("%w: member %d no longer owns %d of its %d ranges", ErrFenced, id, len(ranges)-int(n), len(ranges))
-	w.stopOwning(err, "fenced off: another member took over ranges of this one; stopping")
-	return err
 }
 
 // handOver releases and claims ranges as the split asks, between two batches: it waits until

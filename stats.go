@@ -1,8 +1,14 @@
 package pgchangestream
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"time"
+
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // Stats are counters of a [Watcher], for metrics and tests.
@@ -122,4 +128,55 @@ func (w *Watcher) LagState() (lastEmptyBatch, lastEventRead time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.lastEmptyBatch, w.lastEventRead
+}
+
+// GetUnprocessedEventCount counts the changelog rows of the watched table after lastProcessedID
+// (the cursor's id when empty) that are not marked processed, as the watcher it replaces did.
+// Without [Config.ProcessedFlag] it counts every row after that id. The processed flag is shared by
+// every client of the table and set in the background, so the count is approximate: for this
+// client's exact backlog use [Watcher.Backlog].
+func (w *Watcher) GetUnprocessedEventCount(ctx context.Context, lastProcessedID string) (int64, error) {
+	if w.cfgErr != nil {
+		return 0, w.cfgErr
+	}
+	var after int64
+	if lastProcessedID == "" {
+		w.mu.Lock()
+		after = w.cursor.ID
+		w.mu.Unlock()
+	} else {
+		id, ok, err := position.ParseToken([]byte(lastProcessedID))
+		if err != nil || !ok {
+			return 0, fmt.Errorf("pgchangestream: lastProcessedID: %w", err)
+		}
+		after = id
+	}
+	var n int64
+	if err := w.cfg.DB.QueryRowContext(ctx, w.q.unprocessed, w.cfg.TableName, after).Scan(&n); err != nil {
+		return 0, fmt.Errorf("pgchangestream: count unprocessed events: %w", err)
+	}
+	return n, nil
+}
+
+// Backlog counts the rows of the watched table, visible now, that this client's saved token
+// does not certify: what a restart would deliver. Unlike GetUnprocessedEventCount it does not
+// read the shared processed flag, so it is exact for this client. It counts rows still in the
+// Events channel or not acknowledged, and is 0 only when everything was acknowledged and saved.
+func (w *Watcher) Backlog(ctx context.Context) (int64, error) {
+	if w.cfgErr != nil {
+		return 0, w.cfgErr
+	}
+	w.mu.Lock()
+	saved, loaded := w.savedMirror, w.loaded
+	w.mu.Unlock()
+	if !loaded {
+		return 0, errors.New("pgchangestream: backlog: the saved token is not loaded yet")
+	}
+	var args changelog.Params
+	conds := []string{"c.table_name = " + args.Add(w.cfg.TableName)}
+	n, _, _, err := changelog.CountNotCertified(ctx, w.cfg.DB, changelog.Quote(w.cfg.ChangelogTable), saved, conds, args)
+	if err != nil {
+		return 0, fmt.Errorf("pgchangestream: count backlog in changelog %s: %w", w.cfg.ChangelogTable, err)
+	}
+	return n, nil
 }

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
@@ -94,36 +93,10 @@ func (w *Watcher) MarkProcessedTx(ctx context.Context, tx *sql.Tx, token []byte)
 	}
 	tok := string(appendAck(position.EncodeToken(p, w.cfg.TableName), w.instance, seq))
 	w.noteTxAck(seq)
-	res, err := tx.ExecContext(ctx, w.q.ackTx[ackIndex(fenced, inc)], saveArgs(w.cfg.ClientName, tok, fenced, epoch, inc)...)
-	if err == nil {
-		var n int64
-		if n, err = res.RowsAffected(); err == nil && n != 1 {
-			err = w.whyNoTxWrite(ctx, tx, seq, fenced, epoch, inc)
-		}
-	}
-	if err != nil {
+	if err := w.writeInTx(ctx, tx, tok, seq, fenced, epoch, inc); err != nil {
 		return fmt.Errorf("pgchangestream: MarkProcessedTx: save %s to token table %s: %w", p, w.cfg.TokenTable, err)
 	}
 	return nil
-}
-
-// whyNoTxWrite explains a MarkProcessedTx write that affected no row: nil when a later
-// acknowledgement of this watcher was committed first (it certifies this one too).
-func (w *Watcher) whyNoTxWrite(ctx context.Context, tx *sql.Tx, seq uint64, fenced bool, epoch int64, inc string) error {
-	stored, mine, found, err := w.readAck(ctx, tx)
-	switch {
-	case err != nil:
-		return fmt.Errorf("the save wrote nothing; checking why: %w", err)
-	case mine && stored >= seq:
-		return nil
-	case !found && !fenced:
-		return errors.New("the client has no token row (it was deleted): the watcher's next save creates it again")
-	}
-	err = w.noWriteErr(ctx, tx, fenced, epoch, inc)
-	if errors.Is(err, ErrServerRecovered) {
-		w.askRewind()
-	}
-	return err
 }
 
 // beginTxAck switches the watcher's saves to marked ones (under ckMu, so no unmarked save is
@@ -243,34 +216,6 @@ func (w *Watcher) readAck(ctx context.Context, q queryer) (seq uint64, mine, fou
 	return seq, true, true, nil
 }
 
-// writeMarked is writeToken once the watcher acknowledged in a transaction: the token carries
-// the marker of seq, and the save neither waits for the row lock nor writes over a later
-// marker of this watcher (errAckAhead, after applying it). ckMu must be held.
-func (w *Watcher) writeMarked(ctx context.Context, tok []byte, seq uint64, inc string) error {
-	t := string(appendAck(tok, w.instance, seq))
-	res, err := w.cfg.DB.ExecContext(ctx, w.q.ackSave[ackIndex(w.fenced, inc)], saveArgs(w.cfg.ClientName, t, w.fenced, w.epoch, inc)...)
-	if err != nil {
-		if changelog.HasCode(err, changelog.LockNotAvailable) {
-			return fmt.Errorf("%w: %w", errTokenLocked, err)
-		}
-		return err
-	}
-	if n, err := res.RowsAffected(); err != nil || n == 1 {
-		return err
-	}
-	stored, mine, found, err := w.readAck(ctx, w.cfg.DB)
-	switch {
-	case err != nil:
-		return fmt.Errorf("the save wrote nothing; checking why: %w", err)
-	case mine && stored > seq:
-		w.applyTxAck(stored)
-		return errAckAhead
-	case !found && !w.fenced: // the row was deleted: create it again, as an unmarked save does
-		return w.writePlain(ctx, t, inc)
-	}
-	return w.noWriteErr(ctx, w.cfg.DB, w.fenced, w.epoch, inc)
-}
-
 // appendAck returns token JSON tok with the marker of instance's acknowledgements up to seq.
 func appendAck(tok []byte, instance string, seq uint64) []byte {
 	b := append(tok[:len(tok)-1:len(tok)-1], `,"ack":{"w":"`...)
@@ -313,28 +258,3 @@ func ackIndex(fenced bool, inc string) int {
 }
 
 func ackIndexParts(i int) (fenced, withInc bool) { return i&1 != 0, i&2 != 0 }
-
-// ackSaveSQL is the statement that saves a marked token $2 of client $1: an update of the row
-// (fenced: only while its owner epoch is $3; given the incarnation subquery, only while the
-// server's incarnation is still the last parameter) that writes nothing over a marker of the
-// same watcher with a higher seq. With nowait it fails at once when the row is locked.
-func ackSaveSQL(tokenTable string, fenced bool, incarnation string, nowait bool) string {
-	q := `UPDATE ` + tokenTable + ` AS tok SET resume_token = $2::jsonb, last_updated = now()
-	WHERE tok.client_name = $1`
-	n := 3
-	if fenced {
-		q += ` AND ` + changelog.FenceCondition
-		n++
-	}
-	if incarnation != "" {
-		q += ` AND ` + incarnation + ` = $` + strconv.Itoa(n)
-	}
-	q += `
-	AND NOT COALESCE(tok.resume_token->'ack'->>'w' = $2::jsonb->'ack'->>'w'
-		AND (tok.resume_token->'ack'->>'seq')::numeric > ($2::jsonb->'ack'->>'seq')::numeric, false)`
-	if nowait {
-		q += `
-	AND EXISTS (SELECT FROM ` + tokenTable + ` AS l WHERE l.client_name = $1 FOR UPDATE NOWAIT)`
-	}
-	return q
-}

@@ -38,7 +38,7 @@ type Span struct {
 	// End is the delta's end snapshot, once the reader has taken it (HasEnd).
 	End    Snapshot
 	HasEnd bool
-	// Inc is the server incarnation the snapshots were taken in (see the root's rewind.go); "" when the
+	// Inc is the server incarnation the snapshots were taken in (see the root's load.go); "" when the
 	// changelog has no incarnation table. It is not saved: a loaded token takes the current one.
 	Inc string
 }
