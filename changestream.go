@@ -12,7 +12,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgchangestream/pgchangestream/internal/marker"
 	"github.com/pgchangestream/pgchangestream/internal/pending"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
@@ -41,7 +43,7 @@ type Watcher struct {
 	wake     chan struct{}       // capacity 1; listener → reader: read now
 	ready    chan struct{}       // closed by the listener after its first connect attempt
 	primed   signal              // fired after the first read, or when stopping before (see Ready)
-	wg       sync.WaitGroup      // reader, listener, saver, marker, prefetch and lock goroutines
+	wg       sync.WaitGroup      // reader, listener, saver, prefetch and lock goroutines
 	health   health              // failures and their counters; safe for concurrent use
 	excl     exclusive           // the exclusive lock; see exclusive.go
 	sh       *sharedMember       // immutable pointer; nil unless Config.Shared (shared.go)
@@ -70,9 +72,15 @@ type Watcher struct {
 	savedMirror    Position // copy of saved for Stats
 	lastEmptyBatch time.Time
 	lastEventRead  time.Time
+	// switched is the span of an in-place switch-over (seq 0, its snapshot as base), set by the
+	// reader when it switches, for the marker's passes (markTarget); guarded by mu, not by the
+	// marker's lock, so that the reader never waits for a marking statement (one held up by a
+	// row lock, say).
+	switched *position.Span
 
-	// The processed-flag marker (marker.go): its own lock, and its goroutine.
-	mark marker
+	// The processed-flag marker (marker.go, internal/marker): its own lock, and its goroutine.
+	// Immutable pointer; nil unless the watcher sets the processed flag.
+	mark *marker.Marker
 
 	// Checkpoint state, guarded by ckMu, which serializes compute-and-save.
 	ckMu     sync.Mutex
@@ -213,7 +221,6 @@ func newWatcher(cfg Config) *Watcher {
 		events:   make(chan EventWithToken, eventsCapacity(cfg)),
 		wake:     make(chan struct{}, 1),
 		ready:    make(chan struct{}),
-		mark:     marker{wake: make(chan struct{}, 1)},
 		ring:     pending.New(cfg.MaxPending, Position.Predecessor),
 		recent:   newRecentIDs(recentCapacity),
 		batch:    make([]changelogRow, 0, cfg.BatchSize+1), // a delta's first page reads one more
@@ -224,6 +231,9 @@ func newWatcher(cfg Config) *Watcher {
 		schemaEvery: schemaCheckInterval,
 	}
 	w.rq = &w.q.readQueries
+	if cfg.marksProcessed() {
+		w.mark = w.newMarker()
+	}
 	w.excl.gone, w.excl.markGone = context.WithCancel(context.Background())
 	if cfg.Shared {
 		w.sh = newSharedMember(cfg)
@@ -266,10 +276,8 @@ func (w *Watcher) start(ctx context.Context) bool {
 	go w.run(ctx)
 	go w.saveLoop(ctx)
 	go w.schemaCheckLoop(ctx)
-	if w.cfg.marksProcessed() {
-		w.wg.Add(1)
-		w.mark.running.Store(true)
-		go w.markLoop(ctx)
+	if w.mark != nil {
+		_ = w.mark.Start(ctx) // never started before: start runs once
 	}
 	if w.listen != nil {
 		w.wg.Add(1)
@@ -309,6 +317,9 @@ func (w *Watcher) Close(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() {
 		w.wg.Wait()
+		if w.mark != nil {
+			w.mark.Stop()
+		}
 		close(done)
 	}()
 	select {

@@ -353,9 +353,9 @@ func (w *Watcher) writeShared(ctx context.Context, p Position, tok, inc string) 
 		err error
 	)
 	if inc == "" {
-		res, err = w.cfg.DB.ExecContext(ctx, w.sh.q.save, w.cfg.ClientName, id, tok, pgArray(int64s(ranges)))
+		res, err = w.cfg.DB.ExecContext(ctx, w.sh.q.save, w.cfg.ClientName, id, tok, changelog.Array(int64s(ranges)))
 	} else {
-		res, err = w.cfg.DB.ExecContext(ctx, w.sh.q.saveInc, w.cfg.ClientName, id, tok, pgArray(int64s(ranges)), inc)
+		res, err = w.cfg.DB.ExecContext(ctx, w.sh.q.saveInc, w.cfg.ClientName, id, tok, changelog.Array(int64s(ranges)), inc)
 	}
 	if err != nil {
 		return err

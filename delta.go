@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
@@ -113,13 +114,13 @@ func (w *Watcher) deltaPage(ctx context.Context, from Position, buf []changelogR
 		return w.query(ctx, w.rq.deltaRange, buf, w.rq.columnsOf(true), w.cfg.TableName, strconv.FormatUint(r.Lo, 10), r.LoID,
 			strconv.FormatUint(r.Hi, 10), r.HiID, from.Span.End.String(), from.AfterID())
 	}
-	lo, loID, hi, hiID := rangeArgs(ranges)
+	lo, loID, hi, hiID := changelog.RangeArrays(ranges)
 	return w.query(ctx, w.rq.deltaRead, buf, w.rq.columnsOf(true), w.cfg.TableName, lo, loID, hi, hiID, from.Span.End.String(), from.AfterID())
 }
 
 // deltaIDs lists the ids of from's delta after after (deltaReads).
 func (w *Watcher) deltaIDs(ctx context.Context, from Position, after int64) ([]int64, error) {
-	lo, loID, hi, hiID := rangeArgs(position.DeltaRanges(from.Span.Base, from.Span.End))
+	lo, loID, hi, hiID := changelog.RangeArrays(position.DeltaRanges(from.Span.Base, from.Span.End))
 	var ids []int64
 	err := w.read(ctx, w.rq.deltaIDs, func(rows *sql.Rows) error {
 		defer rows.Close()
@@ -165,7 +166,7 @@ func (w *Watcher) rowsByIDQuery(ids []int64) (string, []any) {
 	case n > 0 && w.rq.deltaSpan != "" && ids[n-1]-ids[0] < int64(n)*sharedSpanFactor:
 		return w.rq.deltaSpan, []any{ids[0], ids[n-1]}
 	}
-	return w.rq.deltaRows, []any{pgArray(ids)}
+	return w.rq.deltaRows, []any{changelog.Array(ids)}
 }
 
 // keepIDs keeps the rows (ascending by id) whose id is in ids (ascending), in place.
@@ -228,19 +229,4 @@ func (w *Watcher) switchSnapshot(ctx context.Context, lo, hi Position, now posit
 		return position.Snapshot{}, fmt.Errorf("read changelog: txid %q: %w", cut.String, err)
 	}
 	return position.Intersect(now, position.Snapshot{Xmin: x, Xmax: x}), nil
-}
-
-// certifyRanges returns the (txid, id) index ranges holding the rows that delta position p
-// certifies and prev, an earlier delta position, does not: the rows visible in p's top snapshot
-// and not in prev's base. They may hold rows p does not certify (the save filters them out). When
-// prev is past some rows of p's own delta, the rows between them are found by id instead
-// (certifiedByID).
-func certifyRanges(prev, p Position) []position.KeyRange {
-	return position.DeltaRanges(prev.Span.Base, p.Top())
-}
-
-// certifiedByID reports whether the rows p certifies and prev does not are the rows of p's
-// delta with ids from prev's (excluded) to p's: both are past rows of the same delta.
-func certifiedByID(prev, p Position) bool {
-	return prev.InRows && p.InRows && prev.Span.Seq == p.Span.Seq
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 )
@@ -18,7 +19,7 @@ import (
 // arrays, and the shared buffers its top node touched.
 func explainDeltaRead(t *testing.T, e *liveEnv, q string, b, end position.Snapshot) (string, int) {
 	t.Helper()
-	lo, loID, hi, hiID := rangeArgs(position.DeltaRanges(b, end))
+	lo, loID, hi, hiID := changelog.RangeArrays(position.DeltaRanges(b, end))
 	return explainLive(t, e, q, liveTable, lo, loID, hi, hiID, end.String(), int64(position.MinID))
 }
 
@@ -98,7 +99,7 @@ func TestLiveDeltaReadPlans(t *testing.T) {
 	require.NotContains(t, plan, "Sort")
 	require.LessOrEqual(t, buffers, 20, plan)
 
-	plan, buffers = explainLive(t, e, w.q.deltaRows, pgArray([]int64{one}))
+	plan, buffers = explainLive(t, e, w.q.deltaRows, changelog.Array([]int64{one}))
 	require.Regexp(t, `Index Scan using datastore_changelog_pkey on datastore_changelog`, plan, "pages of a listed delta, by primary key")
 	require.LessOrEqual(t, buffers, 10, plan)
 

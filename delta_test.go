@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/pgchangestream/pgchangestream/internal/marker"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
@@ -99,7 +100,7 @@ func TestDeltaReadsFollowSnapshots(t *testing.T) {
 	const saved = `{"timestamp":"2025-05-06T07:08:09Z","eventID":11,"snapshot":"100:105:100,103","deltaEnd":"100:110:100,107","deltaAfterID":11,"table":"t"}`
 	mock.ExpectExec(wantSaveToken).WithArgs("c", saved).WillReturnResult(sqlmock.NewResult(0, 1))
 	expectCatchUp(w, mock, loaded, mustDecodeToken(t, saved), ts, 4)
-	expectMark(mock, w.q.markDelta, []any{"t",
+	expectMark(mock, marker.NewStatements(w.cfg.ChangelogTable).Delta, []any{"t",
 		"{103,104}", "{-9223372036854775808,9223372036854775807}", "{103,109}", "{9223372036854775807,9223372036854775807}",
 		"100:105:100,103", "100:110:100,107", int64(11)}, 8)
 	require.NoError(t, w.MarkProcessed(ctx, first.ResumeToken))
@@ -108,7 +109,7 @@ func TestDeltaReadsFollowSnapshots(t *testing.T) {
 	mock.ExpectExec(wantSaveToken).WithArgs("c",
 		`{"timestamp":"2025-05-06T07:08:09Z","eventID":12,"snapshot":"100:105:100,103","deltaEnd":"100:110:100,107","deltaAfterID":12,"table":"t"}`).
 		WillReturnResult(sqlmock.NewResult(0, 1))
-	expectMark(mock, w.q.markInDelta, []any{"t", int64(11), int64(12), "100:110:100,107"}, 12)
+	expectMark(mock, marker.NewStatements(w.cfg.ChangelogTable).InDelta, []any{"t", int64(11), int64(12), "100:110:100,107"}, 12)
 	require.NoError(t, w.MarkProcessed(ctx, second.ResumeToken))
 	require.NoError(t, mock.ExpectationsWereMet())
 }
@@ -239,7 +240,7 @@ func TestLegacyTokenSwitchesOver(t *testing.T) {
 	const saved = `{"timestamp":"2025-05-06T07:08:09Z","eventID":6,"snapshot":"103:103:","table":"t"}`
 	mock.ExpectExec(wantSaveToken).WithArgs("c", saved).WillReturnResult(sqlmock.NewResult(0, 1))
 	expectCatchUp(w, mock, loaded, mustDecodeToken(t, saved), ts)
-	expectMark(mock, w.q.markSwitch, []any{"t", "{}", "{}", "{}", "{}",
+	expectMark(mock, marker.NewStatements(w.cfg.ChangelogTable).Switch, []any{"t", "{}", "{}", "{}", "{}",
 		"103:103:", "103:103:", int64(6), ts, int64(5)}, 6)
 	require.NoError(t, w.MarkProcessed(ctx, []byte("6")))
 

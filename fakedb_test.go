@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/backoff"
+	"github.com/pgchangestream/pgchangestream/internal/marker"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
@@ -24,6 +25,7 @@ import (
 // checks behaviour.
 type fakeDB struct {
 	q     queries
+	mq    marker.Statements
 	limit int
 
 	mu             sync.Mutex
@@ -51,7 +53,7 @@ type fakeRow struct {
 
 func newFakeDB(cfg Config) *fakeDB {
 	cfg = cfg.withDefaults()
-	return &fakeDB{q: buildQueries(cfg), limit: cfg.BatchSize, tokens: map[string]string{}, nextID: 1,
+	return &fakeDB{q: buildQueries(cfg), mq: marker.NewStatements(cfg.ChangelogTable), limit: cfg.BatchSize, tokens: map[string]string{}, nextID: 1,
 		readErr: errors.New("fake: connection refused")}
 }
 
@@ -156,12 +158,12 @@ func (fakeConn) Begin() (driver.Tx, error)           { return nil, errors.New("f
 
 func (c fakeConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	f := c.f
-	if query == f.q.markLegacy || strings.HasPrefix(query, f.q.catchUp) { // the processed flag: not modelled, no rows to mark
+	if query == f.mq.Legacy || strings.HasPrefix(query, f.mq.CatchUp) { // the processed flag: not modelled, no rows to mark
 		if err := f.markFault(ctx); err != nil {
 			return nil, err
 		}
 		cols := []string{"id"}
-		if query != f.q.markLegacy { // a page of the catch-up after a load
+		if query != f.mq.Legacy { // a page of the catch-up after a load
 			cols = append(cols, "changed_at")
 		}
 		return &valueRows{cols: cols}, nil

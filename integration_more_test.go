@@ -388,7 +388,7 @@ func TestLiveDropInConstructorSetsTheProcessedFlag(t *testing.T) {
 	require.Equal(t, ids, receiveWithin(t, w, 3, liveWait))
 	require.NoError(t, w.MarkProcessed(ctx, tok(ids[2])))
 	require.NoError(t, w.Flush(ctx))
-	require.NoError(t, w.markSaved(ctx)) // what its marker would run after the save
+	require.NoError(t, w.markPass(ctx)) // what its marker would run after the save
 	for _, id := range ids {
 		require.False(t, e.processed(id), "New's defaults never set the flag (row %d)", id)
 	}

@@ -133,7 +133,7 @@ func (w *Watcher) noticeUpgrade(ctx context.Context) error {
 	}
 	w.mu.Lock()
 	w.cursor.Span = &position.Span{Base: s, Inc: inc}
-	w.mark.switched = w.cursor.Span
+	w.switched = w.cursor.Span
 	w.mu.Unlock()
 	w.log.Info("the changelog was upgraded: switching over to snapshot deltas", "snapshot", s)
 	return w.saveInBackground(ctx, saveChanged)

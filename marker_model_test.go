@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/marker"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
@@ -26,6 +27,7 @@ import (
 type markWorld struct {
 	t        testing.TB
 	q        queries
+	mq       marker.Statements
 	m        *deltaModel
 	ts       map[int64]time.Time  // changed_at of each row
 	begun    map[uint64]time.Time // changed_at of each transaction's rows
@@ -38,7 +40,8 @@ type markWorld struct {
 
 func newMarkWorld(t testing.TB, cfg Config) *markWorld {
 	start := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
-	return &markWorld{t: t, q: buildQueries(cfg.withDefaults()), m: newDeltaModel(0, 0), ts: map[int64]time.Time{},
+	cfg = cfg.withDefaults()
+	return &markWorld{t: t, q: buildQueries(cfg), mq: marker.NewStatements(cfg.ChangelogTable), m: newDeltaModel(0, 0), ts: map[int64]time.Time{},
 		begun: map[uint64]time.Time{}, clock: start, token: string(position.EncodeToken(position.Make(start, 0), "t")),
 		flagged: map[int64]bool{}}
 }
@@ -153,14 +156,14 @@ func (mw *markWorld) markRows(query string, a []any) []modelRow {
 	}
 	var match func(modelRow) bool
 	switch query {
-	case mw.q.markLegacy, mw.q.markPhase:
+	case mw.mq.Legacy, mw.mq.Phase:
 		after, upTo := legacyAfter(1), position.Make(a[3].(time.Time), a[4].(int64))
 		match = func(r modelRow) bool { return after(r) && !upTo.Before(mw.legacyPos(r)) }
-		if query == mw.q.markPhase {
+		if query == mw.mq.Phase {
 			legacy, base := match, snap(5)
 			match = func(r modelRow) bool { return legacy(r) && sees(base, r.xid) }
 		}
-	case mw.q.markDelta, mw.q.markSwitch:
+	case mw.mq.Delta, mw.mq.Switch:
 		lo, loID, hi, hiID := uintArray(mw.t, a[1]), intArray(mw.t, a[2]), uintArray(mw.t, a[3]), intArray(mw.t, a[4])
 		base, end, id := snap(5), snap(6), a[7].(int64)
 		inRanges := func(r modelRow) bool {
@@ -174,11 +177,11 @@ func (mw *markWorld) markRows(query string, a []any) []modelRow {
 		match = func(r modelRow) bool {
 			return r.xid != 0 && inRanges(r) && (sees(base, r.xid) || (sees(end, r.xid) && r.id <= id))
 		}
-		if query == mw.q.markSwitch {
+		if query == mw.mq.Switch {
 			delta, after := match, legacyAfter(8)
 			match = func(r modelRow) bool { return delta(r) || (after(r) && sees(base, r.xid)) }
 		}
-	case mw.q.markInDelta:
+	case mw.mq.InDelta:
 		above, upTo, end := a[1].(int64), a[2].(int64), snap(3)
 		match = func(r modelRow) bool { return r.id > above && r.id <= upTo && r.xid != 0 && sees(end, r.xid) }
 	default:
@@ -229,7 +232,7 @@ func (markConn) Begin() (driver.Tx, error)           { return nil, fmt.Errorf("n
 
 func (c markConn) QueryContext(_ context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	mw := c.mw
-	if strings.HasPrefix(query, mw.q.catchUp) {
+	if strings.HasPrefix(query, mw.mq.CatchUp) {
 		return mw.catchUpRows(values(args)), nil
 	}
 	switch query {
@@ -237,7 +240,7 @@ func (c markConn) QueryContext(_ context.Context, query string, args []driver.Na
 		return &valueRows{cols: []string{"skip_free", "incarnation", "stats"}, vals: [][]driver.Value{{mw.upgraded, false, true}}}, nil
 	case mw.q.loadToken:
 		return &valueRows{cols: []string{"resume_token"}, vals: [][]driver.Value{{mw.token}}}, nil
-	case mw.q.markLegacy, mw.q.markPhase, mw.q.markDelta, mw.q.markSwitch, mw.q.markInDelta:
+	case mw.mq.Legacy, mw.mq.Phase, mw.mq.Delta, mw.mq.Switch, mw.mq.InDelta:
 		rows := &valueRows{cols: []string{"id"}}
 		for _, r := range mw.markRows(query, values(args)) {
 			rows.vals = append(rows.vals, []driver.Value{r.id})
@@ -292,7 +295,7 @@ func (mw *markWorld) catchUpRows(a []any) driver.Rows {
 	}
 	slices.SortFunc(out, func(x, y modelRow) int { return mw.legacyPos(x).Compare(mw.legacyPos(y)) })
 	rows := &valueRows{cols: []string{"id", "changed_at"}}
-	for _, r := range out[:min(len(out), catchUpPage)] {
+	for _, r := range out[:min(len(out), marker.CatchUpPage)] {
 		rows.vals = append(rows.vals, []driver.Value{r.id, mw.ts[r.id]})
 	}
 	return rows
@@ -321,7 +324,7 @@ func (c markConn) ExecContext(_ context.Context, query string, args []driver.Nam
 		mw.token = args[1].Value.(string)
 		return driver.RowsAffected(1), nil
 	}
-	if query != mw.q.markIDs {
+	if query != mw.mq.MarkIDs {
 		return nil, fmt.Errorf("unexpected exec %q", query)
 	}
 	saved := mw.savedToken()
@@ -361,7 +364,7 @@ func FuzzMarker(f *testing.F) {
 			w, err = New(cfg)
 			require.NoError(t, err)
 			require.NoError(t, w.load(ctx))
-			w.mark.running.Store(true) // saves only wake the marker: the test runs its passes
+			w.mark.HoldPasses() // saves only wake the marker: the test runs its passes
 			mw.loaded = w.Stats().Checkpoint
 		}
 		start()
@@ -369,11 +372,12 @@ func FuzzMarker(f *testing.F) {
 
 		var delivered []int64
 		pass := func() {
-			require.NoError(t, w.markSaved(ctx))
+			require.NoError(t, w.markPass(ctx))
 			w.mu.Lock()
 			saved := w.savedMirror // a decoded token's delta order is its own, so compare the watcher's
 			w.mu.Unlock()
-			require.False(t, saved.Before(w.mark.marked), "marked %v passes the saved token %v", w.mark.marked, saved)
+			marked := w.mark.Marked()
+			require.False(t, saved.Before(marked), "marked %v passes the saved token %v", marked, saved)
 		}
 		step := func(op int) {
 			switch {
@@ -435,7 +439,7 @@ func FuzzMarker(f *testing.F) {
 			if !prev.Before(p) {
 				continue
 			}
-			q, args := w.markStatement(prev, p)
+			q, args := mw.mq.MarkStatement(cfg.TableName, prev, p)
 			for _, r := range mw.markRows(q, args) {
 				require.True(t, mw.certified(p, r), "marking from %v to %v flags row %d (txid %d), which %v does not certify", prev, p, r.id, r.xid, p)
 			}

@@ -6,6 +6,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/marker"
 	"github.com/stretchr/testify/require"
 )
 
@@ -78,7 +79,7 @@ func TestPanicInTheMarkerIsRetried(t *testing.T) {
 		f.mu.Lock()
 		f.markPanic = nil
 		f.mu.Unlock()
-		time.Sleep(markRetryMax + time.Second)
+		time.Sleep(marker.RetryMax + time.Second)
 		require.NoError(t, w.Health(), "the failure clears when a pass succeeds")
 		closeWatcher(t, w)
 	})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 )
@@ -99,7 +100,7 @@ func requireIndexPlans(t *testing.T, e *liveEnv, w *Watcher, b, end position.Sna
 	require.NoError(t, e.db.QueryRow(`SELECT max(id) FROM datastore_changelog`).Scan(&one))
 	stream := `Index Scan using datastore_changelog_stream_idx on datastore_changelog`
 	txid := `Index (Only )?Scan using datastore_changelog_txid_unit_idx on datastore_changelog`
-	lo, loID, hi, hiID := rangeArgs(position.DeltaRanges(b, end))
+	lo, loID, hi, hiID := changelog.RangeArrays(position.DeltaRanges(b, end))
 	for _, r := range []struct {
 		name, q, index string
 		maxBuffers     int
@@ -113,7 +114,7 @@ func requireIndexPlans(t *testing.T, e *liveEnv, w *Watcher, b, end position.Sna
 		// A listed delta's rows: by primary key, at most a batch of ids (or the key range of a
 		// batch of consecutive ids), whatever the plan's shape.
 		{"deltaRows", w.q.deltaRows, `(Bitmap Index Scan on|Index Scan using) datastore_changelog_pkey`, 10,
-			[]any{pgArray([]int64{one - 1, one})}, true, true},
+			[]any{changelog.Array([]int64{one - 1, one})}, true, true},
 		{"deltaKeyRange", w.q.deltaKeyRange, `(Bitmap Index Scan on|Index Scan using) datastore_changelog_pkey`, 10,
 			[]any{one - 1, one}, true, true},
 		{"byID", w.q.byID, `Index Scan using datastore_changelog_pkey on datastore_changelog`, 10, []any{liveTable, one}, false, true},

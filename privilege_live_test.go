@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/admin"
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/pgchangestream/pgchangestream/schema"
@@ -285,7 +286,7 @@ func TestLiveConsumerReadsOnlyItsTables(t *testing.T) {
 	b := e.snapshot()
 	e.insert(1)
 	end := e.snapshot()
-	lo, loID, hi, hiID := rangeArgs(position.DeltaRanges(b, end))
+	lo, loID, hi, hiID := changelog.RangeArrays(position.DeltaRanges(b, end))
 	for _, q := range []struct {
 		name, sql string
 		args      []any

@@ -2,11 +2,9 @@ package pgchangestream
 
 import (
 	"database/sql"
-	"fmt"
 	"strconv"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
-	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // txidColumn is the upgraded changelog's column holding the writing transaction's id
@@ -80,31 +78,6 @@ type queries struct {
 	// parkFence fences the insert of client $1's parked event (deadletter.go) to the owner
 	// epoch $9, locking the token row FOR KEY SHARE.
 	parkFence string
-	// markLegacy, markPhase, markDelta, markSwitch and markInDelta select the ids of the rows
-	// newly certified since the rows last marked, whose legacy processed flag the background
-	// marker then sets with markIDs (after saves). markLegacy selects table $1's legacy positions
-	// in ($2, $3) .. ($4, $5); markPhase, in the legacy part of a switch-over, only those that
-	// snapshot $6 sees or that have no txid. markDelta selects the rows in the (txid, id) index
-	// ranges $2..$5 that the saved position certifies: those snapshot $6 sees, and those snapshot
-	// $7 sees with an id up to $8. markSwitch is markDelta after the legacy part of a switch-over
-	// ended: it also selects the rest of that part, the legacy positions after ($9, $10) that
-	// snapshot $6 sees. markInDelta, when the saved position moved on inside a delta, selects the
-	// rows with an id above $2 and up to $3 that the delta's end snapshot $4 sees, by primary key.
-	// Only the range index (or the primary key) can serve them: they have no "processed"
-	// predicate, which the partial unprocessed index would match (a generic plan of a cached
-	// statement would otherwise read every unprocessed row from the range's changed_at on). So
-	// marking costs about what it certifies.
-	markLegacy, markPhase, markDelta, markSwitch, markInDelta string
-	// catchUp begins the selection of a page of the catch-up after a load (marker.go): the ids
-	// and changed_at of table $1's rows not flagged, after the legacy key ($2, $3), that the
-	// loaded position certifies (the predicate certifiedBy appends, from $4 on), in (changed_at,
-	// id) order. The "processed = FALSE" predicate lets the partial unprocessed indexes serve it
-	// (the existing schema's (table_name, changed_at, id), or schema.Install's (changed_at)), so it
-	// reads the table's rows not flagged, not the whole changelog.
-	catchUp string
-	// markIDs sets the processed flag of the rows with the ids $1 (an int8 array) that do not
-	// have it, by primary key.
-	markIDs string
 	// unprocessed: GetUnprocessedEventCount.
 	unprocessed string
 }
@@ -153,17 +126,6 @@ func buildQueries(cfg Config) queries {
 	pageLimit := strconv.Itoa(cfg.BatchSize + 1)
 	newestTxid := `(SELECT c.txid::text AS newest_txid FROM ` + cl + ` c
 		WHERE c.table_name = $1 AND c.txid IS NOT NULL ORDER BY c.txid DESC LIMIT 1)`
-	seesOrOld := `(txid IS NULL OR pg_visible_in_snapshot(txid, $6::pg_snapshot))`
-	legacyIDs := func(after, cond string) string {
-		return `SELECT id FROM ` + cl + ` WHERE table_name = $1 AND (changed_at, id) > ` + after + cond + `
-		ORDER BY changed_at, id`
-	}
-	upTo := ` AND (changed_at, id) <= ($4, $5)`
-	deltaIDs := `SELECT c.id FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
-		CROSS JOIN LATERAL (SELECT id FROM ` + cl + ` WHERE table_name = $1
-			AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id)
-			AND (pg_visible_in_snapshot(txid, $6::pg_snapshot)
-				OR (pg_visible_in_snapshot(txid, $7::pg_snapshot) AND id <= $8))) c`
 	q := queries{
 		readQueries: buildReadQueries(cl, limit, pageLimit, nil),
 		snapshot:    `SELECT pg_current_snapshot()::text`,
@@ -211,18 +173,8 @@ func buildQueries(cfg Config) queries {
 	AND NOT EXISTS (SELECT FROM ` + cl + ` c WHERE c.id = a.changelog_id AND NOT `,
 		compactFence: ` AND EXISTS (SELECT FROM ` + tok + ` AS tok WHERE tok.client_name = $1 AND tok.` + changelog.EpochColumn + ` = `,
 		bumpEpoch:    changelog.BumpEpochSQL(tok),
-		markLegacy:   legacyIDs(`($2, $3)`, upTo),
-		markPhase:    legacyIDs(`($2, $3)`, upTo+` AND `+seesOrOld),
-		markDelta:    deltaIDs,
-		markSwitch: `(` + legacyIDs(`($9, $10)`, ` AND `+seesOrOld) + `)
-	UNION ALL ` + deltaIDs,
-		markInDelta: `SELECT id FROM ` + cl + ` WHERE id > $2 AND id <= $3 AND table_name = $1
-			AND pg_visible_in_snapshot(txid, $4::pg_snapshot)`,
-		catchUp: `SELECT c.id, c.changed_at FROM ` + cl + ` c WHERE c.table_name = $1 AND c.processed = FALSE
-	AND (c.changed_at, c.id) > ($2::timestamptz, $3::bigint) AND `,
-		markIDs:     `UPDATE ` + cl + ` SET processed = TRUE WHERE id = ANY($1::int8[]) AND processed = FALSE`,
-		unprocessed: `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2 AND processed = FALSE`,
-		readAck:     `SELECT resume_token->'ack'->>'w', resume_token->'ack'->>'seq' FROM ` + tok + ` WHERE client_name = $1`,
+		unprocessed:  `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2 AND processed = FALSE`,
+		readAck:      `SELECT resume_token->'ack'->>'w', resume_token->'ack'->>'seq' FROM ` + tok + ` WHERE client_name = $1`,
 	}
 	for i := range q.ackSave {
 		fenced, withInc := ackIndexParts(i)
@@ -278,30 +230,6 @@ func cloneOrNil(b sql.RawBytes) []byte {
 		return nil
 	}
 	return append([]byte{}, b...)
-}
-
-// pgArray formats integers as a PostgreSQL array literal.
-func pgArray[T int64 | uint64](xs []T) string {
-	b := make([]byte, 0, 2+21*len(xs))
-	b = append(b, '{')
-	for i, x := range xs {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = fmt.Append(b, x)
-	}
-	return string(append(b, '}'))
-}
-
-// rangeArgs returns the four array arguments of key ranges: lower txids, lower ids, upper txids,
-// upper ids.
-func rangeArgs(rs []position.KeyRange) (lo string, loID string, hi string, hiID string) {
-	los, hts := make([]uint64, len(rs)), make([]uint64, len(rs))
-	loIDs, hiIDs := make([]int64, len(rs)), make([]int64, len(rs))
-	for i, r := range rs {
-		los[i], loIDs[i], hts[i], hiIDs[i] = r.Lo, r.LoID, r.Hi, r.HiID
-	}
-	return pgArray(los), pgArray(loIDs), pgArray(hts), pgArray(hiIDs)
 }
 
 // incarnationSQL is the subquery of the server's incarnation (NULL while its row is missing).

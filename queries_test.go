@@ -5,12 +5,12 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
-	"slices"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/marker"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
@@ -59,13 +59,13 @@ func expectMark(mock sqlmock.Sqlmock, q string, args []any, ids ...int64) {
 		values[i] = a
 	}
 	mock.ExpectQuery(q).WithArgs(values...).WillReturnRows(rows)
-	mock.ExpectExec(wantMarkIDs).WithArgs(pgArray(ids)).WillReturnResult(sqlmock.NewResult(0, int64(len(ids))))
+	mock.ExpectExec(wantMarkIDs).WithArgs(changelog.Array(ids)).WillReturnResult(sqlmock.NewResult(0, int64(len(ids))))
 }
 
 // expectCatchUp expects the first page of the catch-up after loading loaded, with saved as the
 // saved position, which finds rows ids (changed_at ts), and their marking.
 func expectCatchUp(w *Watcher, mock sqlmock.Sqlmock, loaded, saved Position, ts time.Time, ids ...int64) {
-	q, args := w.catchUpStatement(loaded, saved, Position{})
+	q, args := marker.NewStatements(w.cfg.ChangelogTable).CatchUpStatement(w.cfg.TableName, loaded, saved, Position{})
 	rows := sqlmock.NewRows([]string{"id", "changed_at"})
 	for _, id := range ids {
 		rows.AddRow(id, ts)
@@ -76,7 +76,7 @@ func expectCatchUp(w *Watcher, mock sqlmock.Sqlmock, loaded, saved Position, ts 
 	}
 	mock.ExpectQuery(q).WithArgs(values...).WillReturnRows(rows)
 	if len(ids) > 0 {
-		mock.ExpectExec(wantMarkIDs).WithArgs(pgArray(ids)).WillReturnResult(sqlmock.NewResult(0, int64(len(ids))))
+		mock.ExpectExec(wantMarkIDs).WithArgs(changelog.Array(ids)).WillReturnResult(sqlmock.NewResult(0, int64(len(ids))))
 	}
 }
 
@@ -93,8 +93,9 @@ func newMockWatcher(t *testing.T, cfg Config) (*Watcher, sqlmock.Sqlmock) {
 func TestQueriesAreTheRowComparisonForm(t *testing.T) {
 	w, _ := newMockWatcher(t, Config{})
 	require.Equal(t, wantRead, w.q.read)
-	require.Equal(t, wantMark, w.q.markLegacy)
-	require.Equal(t, wantMarkIDs, w.q.markIDs)
+	mq := marker.NewStatements(w.cfg.ChangelogTable)
+	require.Equal(t, wantMark, mq.Legacy)
+	require.Equal(t, wantMarkIDs, mq.MarkIDs)
 	require.Equal(t, wantLoad, w.q.loadToken)
 	require.Equal(t, wantNewest, w.q.newest)
 	require.Equal(t, wantByID, w.q.byID)
@@ -151,56 +152,6 @@ func TestLoadSavedTokenFormats(t *testing.T) {
 	})
 }
 
-// A pass that marks many rows splits them, in id order, into statements of contiguous ids that
-// run at once; if one fails, the pass fails and the next one marks from the same position again.
-func TestLargeMarkingPassRunsStatementsAtOnce(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
-		w, mock := newMockWatcher(t, Config{ProcessedFlag: true})
-		mock.MatchExpectationsInOrder(false) // the statements of a pass run at once
-		n := markStatements * markChunk
-		from, to := position.Make(ts, 0), position.Make(ts, int64(n))
-		w.loaded, w.savedMirror = true, to
-		w.setMarked(from)
-		ids := make([]int64, n)
-		for i := range ids {
-			ids[i] = int64(n - i) // selected in (changed_at, id) order, which need not be id order
-		}
-		chunks := slices.Collect(slices.Chunk(slices.Sorted(slices.Values(ids)), markChunk))
-		require.Len(t, chunks, markStatements)
-		const took = time.Second // each statement's
-		expectCatchUp(w, mock, from, to, ts)
-		pass := func(fail error) (time.Duration, error) {
-			rows := sqlmock.NewRows([]string{"id"})
-			for _, id := range ids {
-				rows.AddRow(id)
-			}
-			mock.ExpectQuery(wantMark).WithArgs("t", ts, int64(0), ts, int64(n)).WillReturnRows(rows)
-			for i, c := range chunks {
-				e := mock.ExpectExec(wantMarkIDs).WithArgs(pgArray(c)).WillDelayFor(took)
-				if i == 0 && fail != nil {
-					e.WillReturnError(fail)
-				} else {
-					e.WillReturnResult(sqlmock.NewResult(0, int64(len(c))))
-				}
-			}
-			start := time.Now()
-			err := w.markSaved(context.Background())
-			return time.Since(start), err
-		}
-
-		d, err := pass(errors.New("deadlock"))
-		require.ErrorContains(t, err, "deadlock")
-		require.Equal(t, took, d, "the pass waits for all its statements, which run at once")
-		require.Equal(t, from, w.mark.marked, "a failed pass marks nothing as done")
-		d, err = pass(nil)
-		require.NoError(t, err)
-		require.Equal(t, took, d)
-		require.Equal(t, to, w.mark.marked)
-		require.NoError(t, mock.ExpectationsWereMet())
-	})
-}
-
 // A save writes the token alone; the processed flag of the rows it newly certified is set
 // after it (here at once: the watcher is not started, so no marker goroutine runs).
 func TestSaveThenMark(t *testing.T) {
@@ -232,7 +183,7 @@ func TestSaveThenMark(t *testing.T) {
 	mock.ExpectExec(wantMarkIDs).WithArgs("{3}").WillReturnError(errors.New("deadlock"))
 	require.NoError(t, w.MarkProcessed(context.Background(), nil), "the flag may lag: its failure is not the save's")
 	expectMark(mock, wantMark, []any{"t", want.ChangedAt, want.ID, ts, int64(3)}, 3)
-	require.NoError(t, w.markSaved(context.Background()), "marked from where marking stopped")
+	require.NoError(t, w.markPass(context.Background()), "marked from where marking stopped")
 	require.NoError(t, mock.ExpectationsWereMet())
 }
 
@@ -300,7 +251,7 @@ func TestProcessedFlagDefaults(t *testing.T) {
 				expectMark(mock, wantMark, []any{"t", ts, int64(1), want.ChangedAt, want.ID}, 2)
 			}
 			require.NoError(t, w.MarkProcessed(context.Background(), tok(2)))
-			require.NoError(t, w.markSaved(context.Background()), "no statement beyond those expected")
+			require.NoError(t, w.markPass(context.Background()), "no statement beyond those expected")
 			require.NoError(t, mock.ExpectationsWereMet())
 			require.Equal(t, tc.mark, w.cfg.marksProcessed())
 		})
@@ -323,22 +274,5 @@ func TestGetUnprocessedEventCount(t *testing.T) {
 	require.Equal(t, int64(5), n)
 	_, err = w.GetUnprocessedEventCount(context.Background(), "x")
 	require.ErrorIs(t, err, ErrInvalidToken)
-	require.NoError(t, mock.ExpectationsWereMet())
-}
-
-// A row that the selection of a pass returns twice (the two parts of markSwitch can both
-// select it), or out of id order, is updated once, in ascending id order.
-func TestMarkingPassUpdatesEachRowOnce(t *testing.T) {
-	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
-	w, mock := newMockWatcher(t, Config{ProcessedFlag: true})
-	from, to := position.Make(ts, 0), position.Make(ts, 9)
-	w.loaded, w.savedMirror = true, to
-	w.setMarked(from)
-	expectCatchUp(w, mock, from, to, ts)
-	rows := sqlmock.NewRows([]string{"id"}).AddRow(int64(7)).AddRow(int64(3)).AddRow(int64(7)).AddRow(int64(5))
-	mock.ExpectQuery(wantMark).WithArgs("t", ts, int64(0), ts, int64(9)).WillReturnRows(rows)
-	mock.ExpectExec(wantMarkIDs).WithArgs(pgArray([]int64{3, 5, 7})).WillReturnResult(sqlmock.NewResult(0, 3))
-	require.NoError(t, w.markSaved(context.Background()))
-	require.Equal(t, to, w.mark.marked)
 	require.NoError(t, mock.ExpectationsWereMet())
 }

@@ -218,7 +218,7 @@ func (w *Watcher) claimRanges(ctx context.Context, want []int) error {
 	if len(want) == 0 {
 		return nil
 	}
-	rows, err := w.cfg.DB.QueryContext(ctx, w.sh.q.claim, w.cfg.ClientName, w.sh.id.Load(), pgArray(int64s(want)), w.sh.lease.Milliseconds())
+	rows, err := w.cfg.DB.QueryContext(ctx, w.sh.q.claim, w.cfg.ClientName, w.sh.id.Load(), changelog.Array(int64s(want)), w.sh.lease.Milliseconds())
 	if err != nil {
 		return fmt.Errorf("claim ranges: %w", err)
 	}
@@ -369,7 +369,7 @@ func (w *Watcher) handOver(ctx context.Context) error {
 		}
 	}
 	if len(release) > 0 {
-		if _, err := w.cfg.DB.ExecContext(ctx, w.sh.q.release, w.cfg.ClientName, w.sh.id.Load(), pgArray(int64s(release))); err != nil {
+		if _, err := w.cfg.DB.ExecContext(ctx, w.sh.q.release, w.cfg.ClientName, w.sh.id.Load(), changelog.Array(int64s(release))); err != nil {
 			w.sh.changeAsked.Store(true)
 			return fmt.Errorf("release ranges: %w", err)
 		}
@@ -397,7 +397,7 @@ func (w *Watcher) handOver(ctx context.Context) error {
 	return nil
 }
 
-// int64s converts ranges for pgArray.
+// int64s converts ranges for changelog.Array.
 func int64s(xs []int) []int64 {
 	out := make([]int64, len(xs))
 	for i, x := range xs {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 )
 
 // ProcessTx in a Shared member. The transactional claim of an event (ackrows.go) is fenced by
@@ -71,5 +73,5 @@ func (w *Watcher) sharedCompaction(arg func(any) string) string {
 			ranges = append(ranges, int64(r))
 		}
 	}
-	return w.sh.q.compactOwned + arg(w.sh.id.Load()) + ` AND r.range_no = ANY(` + arg(pgArray(ranges)) + `::int2[]) FOR KEY SHARE)`
+	return w.sh.q.compactOwned + arg(w.sh.id.Load()) + ` AND r.range_no = ANY(` + arg(changelog.Array(ranges)) + `::int2[]) FOR KEY SHARE)`
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/pgchangestream/pgchangestream/internal/marker"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
@@ -283,19 +284,19 @@ func checkDeliveries(t *testing.T, m *deltaModel, delivered []Position) {
 // checkCertifyRanges checks the marking of a save at p after one at prev: it finds every
 // committed row p certifies and prev does not, and marks only rows p certifies.
 func checkCertifyRanges(t *testing.T, m *deltaModel, prev, p Position) {
-	byID := certifiedByID(prev, p)
+	byID := marker.CertifiedByID(prev, p)
 	var ranges []position.KeyRange
 	if !byID {
-		ranges = certifyRanges(prev, p)
+		ranges = marker.CertifyRanges(prev, p)
 	}
 	for _, r := range m.rows {
 		if m.committed[r.xid] == 0 {
 			continue
 		}
 		var marks bool
-		if byID { // markInDelta: ids above prev's up to p's that the delta's end sees
+		if byID { // the marker's InDelta: ids above prev's up to p's that the delta's end sees
 			marks = r.id > prev.ID && r.id <= p.ID && !p.Span.End.Running(r.xid)
-		} else { // markDelta: the ranges' rows p certifies
+		} else { // the marker's Delta: the ranges' rows p certifies
 			marks = slices.ContainsFunc(ranges, func(kr position.KeyRange) bool { return inRange(r, kr) }) &&
 				(!p.Span.Base.Running(r.xid) || (!p.Top().Running(r.xid) && r.id <= p.ID))
 		}
