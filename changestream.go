@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgchangestream/pgchangestream/internal/listen"
 	"github.com/pgchangestream/pgchangestream/internal/pending"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
@@ -35,10 +36,9 @@ type Watcher struct {
 	// markers in the token (txack.go).
 	instance string
 	q        queries             // immutable
-	listen   *pgconn.Config      // immutable; nil when not listening
+	listen   *listen.Listener    // immutable; nil when not listening (listen.go)
 	events   chan EventWithToken // sent on and closed by the reader goroutine only (or by Close before Start)
 	wake     chan struct{}       // capacity 1; listener → reader: read now
-	ready    chan struct{}       // closed by the listener after its first connect attempt
 	primed   signal              // fired after the first read, or when stopping before (see Ready)
 	wg       sync.WaitGroup      // reader, listener, saver, marker, prefetch and lock goroutines
 	health   health              // failures and their counters; safe for concurrent use
@@ -96,10 +96,8 @@ type Watcher struct {
 	errMu sync.Mutex
 	bgErr error
 
-	// Hints from NOTIFY payloads, guarded by hintMu (listener appends, reader takes).
-	hintMu    sync.Mutex
-	hints     []int64
-	hintsLost bool
+	// Hints from NOTIFY payloads (listener adds, reader takes); safe for concurrent use.
+	hints listen.Hints
 
 	// Counters, atomic: added by their writers, read by Stats from any goroutine.
 	delivered atomic.Uint64 // added by the reader after each completed send
@@ -110,7 +108,7 @@ type Watcher struct {
 	// rq: the row reads; a Shared member's change with its ranges (set by its hand-overs,
 	// before any prefetch that uses them starts).
 	rq             *readQueries
-	recent         *recentIDs
+	recent         *listen.RecentIDs
 	batch          []changelogRow // the rows being delivered
 	spare          []changelogRow // the other buffer; owned by the prefetch while one runs
 	next           *nextBatch     // the prefetch of the next batch, if one was started
@@ -164,7 +162,7 @@ func New(cfg Config) (*Watcher, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: Config.ConnString: %v", ErrInvalidConfig, err)
 		}
-		w.setListenConfig(pc)
+		w.listen = w.newListener(pc)
 	} else if cfg.Mode == ModeHybrid {
 		w.log.Warn("hybrid mode without Config.ConnString: polling only")
 	}
@@ -211,10 +209,9 @@ func newWatcher(cfg Config) *Watcher {
 		instance: newInstanceID(),
 		events:   make(chan EventWithToken, eventsCapacity(cfg)),
 		wake:     make(chan struct{}, 1),
-		ready:    make(chan struct{}),
 		mark:     marker{wake: make(chan struct{}, 1)},
 		ring:     pending.New(cfg.MaxPending, Position.Predecessor),
-		recent:   newRecentIDs(recentCapacity),
+		recent:   listen.NewRecentIDs(recentCapacity),
 		batch:    make([]changelogRow, 0, cfg.BatchSize+1), // a delta's first page reads one more
 		spare:    make([]changelogRow, 0, cfg.BatchSize+1),
 		pager:    deltaPager{pageSize: cfg.BatchSize, maxIDs: maxDeltaIDs},
@@ -273,8 +270,6 @@ func (w *Watcher) start(ctx context.Context) bool {
 	if w.listen != nil {
 		w.wg.Add(1)
 		go w.listenLoop(ctx)
-	} else {
-		close(w.ready)
 	}
 	return true
 }

@@ -159,7 +159,7 @@ func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, e
 	}
 	w.skipFree.Store(skipFree)
 	if skipFree {
-		w.takeHints() // noted before the load: snapshot deltas need no ids
+		w.hints.Take() // noted before the load: snapshot deltas need no ids
 	}
 	return pos, nil
 }

@@ -132,7 +132,7 @@ func (w *Watcher) becomeActive(ctx context.Context) bool {
 	w.excl.active = true
 	w.excl.mu.Unlock()
 	w.ownGen.Add(1)
-	w.takeHints() // ids notified while a standby: the read after the saved token covers them
+	w.hints.Take() // ids notified while a standby: the read after the saved token covers them
 	w.log.Info("holding the exclusive lock: active")
 	w.wg.Add(1)
 	go w.keepLock(ctx, s)
