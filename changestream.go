@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgchangestream/pgchangestream/internal/listen"
+	"github.com/pgchangestream/pgchangestream/internal/lock"
 	"github.com/pgchangestream/pgchangestream/internal/pending"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
@@ -43,6 +44,7 @@ type Watcher struct {
 	wg       sync.WaitGroup      // reader, listener, saver, marker, prefetch and lock goroutines
 	health   health              // failures and their counters; safe for concurrent use
 	excl     exclusive           // the exclusive lock; see exclusive.go
+	elector  *lock.Elector       // immutable pointer; nil unless Config.Exclusive (exclusive.go)
 	sh       *sharedMember       // immutable pointer; nil unless Config.Shared (shared.go)
 
 	// Lifecycle, guarded by lifeMu.
@@ -221,6 +223,9 @@ func newWatcher(cfg Config) *Watcher {
 	}
 	w.rq = &w.q.readQueries
 	w.excl.gone, w.excl.markGone = context.WithCancel(context.Background())
+	if cfg.Exclusive {
+		w.elector = w.newElector()
+	}
 	if cfg.Shared {
 		w.sh = newSharedMember(cfg)
 	}

@@ -60,13 +60,13 @@ func (w *Watcher) claimEpoch(ctx context.Context) (raw string, found bool, err e
 	if s == nil {
 		return "", false, w.lockLostErr()
 	}
-	c, o := lockHalves(lock.Key(w.cfg.TokenTable, w.cfg.ClientName))
-	row, err := s.query(ctx, w.q.claimEpoch, w.cfg.ClientName, string(itoa(c)), string(itoa(o)))
+	c, o := lock.Halves(lock.Key(w.cfg.TokenTable, w.cfg.ClientName))
+	row, err := s.Query(ctx, w.q.claimEpoch, w.cfg.ClientName, string(itoa(c)), string(itoa(o)))
 	if err != nil {
 		return "", false, fmt.Errorf("claim an owner epoch in token table %s: %w", w.cfg.TokenTable, err)
 	}
 	if len(row) != 3 || row[0].String != "t" {
-		w.loseLock(errNotHeld)
+		w.loseLock(lock.ErrNotHeld)
 		return "", false, w.lockLostErr()
 	}
 	if !row[1].Valid {
@@ -166,8 +166,8 @@ func (w *Watcher) claimNew(ctx context.Context, token string) error {
 	if s == nil {
 		return w.lockLostErr()
 	}
-	c, o := lockHalves(lock.Key(w.cfg.TokenTable, w.cfg.ClientName))
-	row, err := s.query(ctx, w.q.claimNew, w.cfg.ClientName, token, string(itoa(c)), string(itoa(o)))
+	c, o := lock.Halves(lock.Key(w.cfg.TokenTable, w.cfg.ClientName))
+	row, err := s.Query(ctx, w.q.claimNew, w.cfg.ClientName, token, string(itoa(c)), string(itoa(o)))
 	switch {
 	case err != nil:
 		return err

@@ -1,8 +1,3 @@
-// Package lock holds what every holder of a client's advisory lock shares: the lock's key,
-// derived from the token table and client name, and the statements a session held out of the
-// pool takes and releases it with. The watcher's lock sessions and the admin package's calls
-// that refuse while a watcher runs (ErrClientActive) lock through it, so that they exclude
-// each other.
 package lock
 
 import (
