@@ -6,11 +6,11 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -21,24 +21,22 @@ type bundle struct {
 	logs   *bytes.Buffer
 	wakes  int
 	noIDs  bool
-	mu     sync.Mutex
-	failed []error
+	failed chan error // each failed connect, as Failed is told of it
 }
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	pc, err := pgconn.ParseConfig("postgres://u@127.0.0.1:1/db?sslmode=disable")
 	require.NoError(t, err)
-	b := &bundle{hints: &Hints{}, logs: &bytes.Buffer{}}
+	b := &bundle{hints: &Hints{}, logs: &bytes.Buffer{}, failed: make(chan error, 100)}
 	b.l = New(Config{
 		Conn: pc, AppName: "pgchangestream", ConnectTimeout: time.Second, Channel: "datastore_changes",
 		Table: "t", Hints: b.hints, Logger: slog.New(slog.NewTextHandler(b.logs, nil)),
 		NoIDs: func() bool { return b.noIDs },
 		Wake:  func() { b.wakes++ },
 		Failed: func(err error, retryIn time.Duration) {
-			b.mu.Lock()
-			defer b.mu.Unlock()
-			b.failed = append(b.failed, err)
+			assert.Positive(t, retryIn) // on the listener goroutine: no FailNow
+			b.failed <- err
 		},
 		Connected: func() { t.Error("connected to a closed port") },
 		Lost:      func(err error) { t.Error("lost a connection never made") },
@@ -155,15 +153,13 @@ func TestRunRetriesAndIsReadyAfterTheFirstAttempt(t *testing.T) {
 		b.l.Run(ctx)
 	}()
 	<-b.l.Ready()
-	b.mu.Lock()
-	require.Len(t, b.failed, 1, "ready after the first failed attempt")
-	require.ErrorContains(t, b.failed[0], "connect: ")
-	b.mu.Unlock()
-	require.Eventually(t, func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return len(b.failed) >= 2
-	}, 10*time.Second, 10*time.Millisecond, "it retries")
+	select {
+	case err := <-b.failed:
+		require.ErrorContains(t, err, "connect: ", "ready after the first failed attempt")
+	default:
+		t.Fatal("ready before the first attempt was reported")
+	}
+	require.ErrorContains(t, <-b.failed, "connect: ", "it retries")
 	cancel()
 	<-done
 	require.Zero(t, b.wakes, "no catch-up read without a connection")
