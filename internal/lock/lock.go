@@ -26,7 +26,7 @@ func Key(tokenTable, clientName string) int64 {
 }
 
 // SessionResetSQL releases every advisory lock of a pooled lock session and undoes its
-// boundSession settings, before the connection goes back to the pool.
+// keepalive settings (boundSessionSQL), before the connection goes back to the pool.
 const SessionResetSQL = `SELECT pg_advisory_unlock_all(); RESET tcp_keepalives_idle; RESET tcp_keepalives_interval;
 	RESET tcp_keepalives_count; RESET tcp_user_timeout`
 
