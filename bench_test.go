@@ -74,7 +74,7 @@ func BenchmarkDeliveryPath(b *testing.B) {
 func deliverUntracked(w *Watcher, row *changelogRow) {
 	ev, raw, _ := w.event(row)
 	pos := position.Make(row.ChangedAt, row.ID)
-	w.recent.add(row.ID)
+	w.recent.Add(row.ID)
 	token := position.FormatToken(row.ID)
 	w.mu.Lock()
 	w.seq++

@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgchangestream/pgchangestream/internal/listen"
+	"github.com/pgchangestream/pgchangestream/internal/lock"
 	"github.com/pgchangestream/pgchangestream/internal/marker"
 	"github.com/pgchangestream/pgchangestream/internal/pending"
 	"github.com/pgchangestream/pgchangestream/internal/position"
@@ -38,14 +40,14 @@ type Watcher struct {
 	// markers in the token (txack.go).
 	instance string
 	q        queries             // immutable
-	listen   *pgconn.Config      // immutable; nil when not listening
+	listen   *listen.Listener    // immutable; nil when not listening (listen.go)
 	events   chan EventWithToken // sent on and closed by the reader goroutine only (or by Close before Start)
 	wake     chan struct{}       // capacity 1; listener → reader: read now
-	ready    chan struct{}       // closed by the listener after its first connect attempt
 	primed   signal              // fired after the first read, or when stopping before (see Ready)
 	wg       sync.WaitGroup      // reader, listener, saver, prefetch and lock goroutines
 	health   health              // failures and their counters; safe for concurrent use
 	excl     exclusive           // the exclusive lock; see exclusive.go
+	elector  *lock.Elector       // immutable pointer; nil unless Config.Exclusive (exclusive.go)
 	sh       *sharedMember       // immutable pointer; nil unless Config.Shared (shared.go)
 
 	// Lifecycle, guarded by lifeMu.
@@ -105,10 +107,8 @@ type Watcher struct {
 	errMu sync.Mutex
 	bgErr error
 
-	// Hints from NOTIFY payloads, guarded by hintMu (listener appends, reader takes).
-	hintMu    sync.Mutex
-	hints     []int64
-	hintsLost bool
+	// Hints from NOTIFY payloads (listener adds, reader takes); safe for concurrent use.
+	hints listen.Hints
 
 	// Counters, atomic: added by their writers, read by Stats from any goroutine.
 	delivered atomic.Uint64 // added by the reader after each completed send
@@ -119,7 +119,7 @@ type Watcher struct {
 	// rq: the row reads; a Shared member's change with its ranges (set by its hand-overs,
 	// before any prefetch that uses them starts).
 	rq             *readQueries
-	recent         *recentIDs
+	recent         *listen.RecentIDs
 	batch          []changelogRow // the rows being delivered
 	spare          []changelogRow // the other buffer; owned by the prefetch while one runs
 	next           *nextBatch     // the prefetch of the next batch, if one was started
@@ -173,7 +173,7 @@ func New(cfg Config) (*Watcher, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: Config.ConnString: %v", ErrInvalidConfig, err)
 		}
-		w.setListenConfig(pc)
+		w.listen = w.newListener(pc)
 	} else if cfg.Mode == ModeHybrid {
 		w.log.Warn("hybrid mode without Config.ConnString: polling only")
 	}
@@ -220,9 +220,8 @@ func newWatcher(cfg Config) *Watcher {
 		instance: newInstanceID(),
 		events:   make(chan EventWithToken, eventsCapacity(cfg)),
 		wake:     make(chan struct{}, 1),
-		ready:    make(chan struct{}),
 		ring:     pending.New(cfg.MaxPending, Position.Predecessor),
-		recent:   newRecentIDs(recentCapacity),
+		recent:   listen.NewRecentIDs(recentCapacity),
 		batch:    make([]changelogRow, 0, cfg.BatchSize+1), // a delta's first page reads one more
 		spare:    make([]changelogRow, 0, cfg.BatchSize+1),
 		pager:    deltaPager{pageSize: cfg.BatchSize, maxIDs: maxDeltaIDs},
@@ -235,6 +234,9 @@ func newWatcher(cfg Config) *Watcher {
 		w.mark = w.newMarker()
 	}
 	w.excl.gone, w.excl.markGone = context.WithCancel(context.Background())
+	if cfg.Exclusive {
+		w.elector = w.newElector()
+	}
 	if cfg.Shared {
 		w.sh = newSharedMember(cfg)
 	}
@@ -282,8 +284,6 @@ func (w *Watcher) start(ctx context.Context) bool {
 	if w.listen != nil {
 		w.wg.Add(1)
 		go w.listenLoop(ctx)
-	} else {
-		close(w.ready)
 	}
 	return true
 }

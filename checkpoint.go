@@ -277,8 +277,8 @@ func (w *Watcher) claimNew(ctx context.Context, token string) error {
 	if s == nil {
 		return w.lockLostErr()
 	}
-	c, o := lockHalves(lock.Key(w.cfg.TokenTable, w.cfg.ClientName))
-	row, err := s.query(ctx, w.q.claimNew, w.cfg.ClientName, token, string(itoa(c)), string(itoa(o)))
+	c, o := lock.Halves(lock.Key(w.cfg.TokenTable, w.cfg.ClientName))
+	row, err := s.Query(ctx, w.q.claimNew, w.cfg.ClientName, token, string(itoa(c)), string(itoa(o)))
 	switch {
 	case err != nil:
 		return err

@@ -120,7 +120,6 @@ func TestLegacyConstructorDefaults(t *testing.T) {
 
 	w = NewPostgreSQLChangeStreamWatcher(db, "c", "t", "postgres://u@localhost/db", ModeHybrid)
 	require.NotNil(t, w.listen)
-	require.Equal(t, "pgchangestream", w.listen.RuntimeParams["application_name"])
 }
 
 func TestCloseBeforeStart(t *testing.T) {

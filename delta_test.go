@@ -336,7 +336,7 @@ func TestNotifyIDsBeforeLoadAreNotLateRows(t *testing.T) {
 	require.NoError(t, w.load(ctx))
 	w.onNotification(`{"id": 2, "table": "t", "operation": "INSERT"}`)
 	require.NoError(t, w.holdUnhandledLateRows(ctx), "no row is fetched by id")
-	require.Empty(t, w.takeHints())
+	require.Empty(t, w.hints.Take())
 	require.Zero(t, w.Stats().Pending)
 	require.NoError(t, mock.ExpectationsWereMet())
 }

@@ -6,11 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/lock"
 	"github.com/stretchr/testify/require"
 )
 
 // takeoverWait bounds a standby's takeover: a standby poll, the settle time and a read.
-const takeoverWait = standbyPoll*2 + lockSettle + 5*time.Second
+const takeoverWait = lock.StandbyPoll*2 + lock.SettleTime + 5*time.Second
 
 // exclusivePair starts an active exclusive watcher and a standby of client "c" (the active one
 // with Start's context ctx and, when app is set, that application_name on its LISTEN and lock
@@ -32,7 +33,7 @@ func exclusivePair(t *testing.T, e *liveEnv, mode Mode, ctx context.Context, app
 	require.NoError(t, active.MarkProcessed(context.Background(), tok(ids[1])))
 	require.False(t, standby.Stats().Active)
 	require.NoError(t, standby.Health(), "a standby is healthy")
-	requireNothingWithin(t, standby, standbyPoll)
+	requireNothingWithin(t, standby, lock.StandbyPoll)
 	return active, standby, ids[2]
 }
 
@@ -121,6 +122,6 @@ func TestLiveSecondWatcherWithoutExclusiveIsWarnedAbout(t *testing.T) {
 	excl := e.config(ModeHybrid)
 	excl.Exclusive = true
 	w := e.start(excl)
-	requireNothingWithin(t, w, standbyPoll*2)
+	requireNothingWithin(t, w, lock.StandbyPoll*2)
 	require.False(t, w.Stats().Active, "an exclusive watcher waits for the others")
 }

@@ -21,7 +21,7 @@ import (
 // lockHolder returns the backend pid holding client "c"'s lock in exclusive mode, 0 if none.
 func (e *liveEnv) lockHolder() int {
 	e.t.Helper()
-	c, o := lockHalves(lock.Key(DefaultTokenTable, "c"))
+	c, o := lock.Halves(lock.Key(DefaultTokenTable, "c"))
 	var pid int
 	err := e.db.QueryRow(`SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND mode = 'ExclusiveLock'
 		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -144,7 +144,7 @@ func lockLostWhileSettling(t *testing.T) bool {
 		<-b.done
 		return false
 	}
-	time.Sleep(lockSettle) // the first watcher's settle wait has long ended
+	time.Sleep(lock.SettleTime) // the first watcher's settle wait has long ended
 	writers.stop()
 	_ = first.Close(context.Background()) // an error when it lost the lock after activating
 	<-a.done

@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgchangestream/pgchangestream/internal/backoff"
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/listen"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 )
@@ -156,8 +157,8 @@ func runServerFault(t *testing.T, srv *pgtest.Server, mode Mode, fault func(cont
 	require.Len(t, delivered, len(rows), "delivered rows that are not in the changelog")
 	if mode != ModePolling {
 		// Hybrid mode delivers through its fallback polls meanwhile, so the LISTEN reconnect, in
-		// backoff of up to listenRetryMax, can come after the last delivery: wait for it.
-		require.Eventually(t, func() bool { return logs.count(logListening) >= 2 }, 4*listenRetryMax, 10*time.Millisecond,
+		// backoff of up to listen.RetryMax, can come after the last delivery: wait for it.
+		require.Eventually(t, func() bool { return logs.count(logListening) >= 2 }, 4*listen.RetryMax, 10*time.Millisecond,
 			"the LISTEN connection did not come back")
 	}
 	require.NoError(t, w.Close(context.Background()))

@@ -18,7 +18,7 @@ import (
 // table and below the cursor. Otherwise it returns nil (the next read gets a row at or above
 // the cursor).
 func (w *Watcher) lateRow(ctx context.Context, id int64) (*changelogRow, error) {
-	if w.recent.contains(id) {
+	if w.recent.Contains(id) {
 		return nil, nil
 	}
 	var err error
@@ -43,7 +43,7 @@ func (w *Watcher) lateRow(ctx context.Context, id int64) (*changelogRow, error) 
 func (w *Watcher) recoverLateRows(ctx context.Context, ids []int64) error {
 	for i, id := range ids {
 		if err := w.recoverLateRow(ctx, id); err != nil {
-			w.returnHints(ids[i:])
+			w.hints.Return(ids[i:])
 			return err
 		}
 	}
@@ -65,14 +65,14 @@ func (w *Watcher) recoverLateRow(ctx context.Context, id int64) error {
 // handed out, like abandoned sends, so the final save stays behind them and a restart delivers
 // them.
 func (w *Watcher) holdUnhandledLateRows(ctx context.Context) error {
-	hints := w.takeHints()
+	hints := w.hints.Take()
 	if w.skipFree.Load() { // snapshot deltas have no late rows; ids noted before the load mean nothing
 		return nil
 	}
 	for i, id := range hints {
 		row, err := w.lateRow(ctx, id)
 		if err != nil {
-			w.returnHints(hints[i:])
+			w.hints.Return(hints[i:])
 			return err
 		}
 		if row != nil {
@@ -109,7 +109,7 @@ func (w *Watcher) noticeUpgrade(ctx context.Context) error {
 		return nil
 	}
 	w.skipFree.Store(true) // from here on NOTIFY only wakes the reader
-	if err := w.recoverLateRows(ctx, w.takeHints()); err != nil {
+	if err := w.recoverLateRows(ctx, w.hints.Take()); err != nil {
 		w.skipFree.Store(false)
 		return err
 	}

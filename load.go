@@ -277,7 +277,7 @@ func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, e
 	}
 	w.skipFree.Store(skipFree)
 	if skipFree {
-		w.takeHints() // noted before the load: snapshot deltas need no ids
+		w.hints.Take() // noted before the load: snapshot deltas need no ids
 	}
 	return pos, nil
 }
@@ -476,13 +476,13 @@ func (w *Watcher) claimEpoch(ctx context.Context) (raw string, found bool, err e
 	if s == nil {
 		return "", false, w.lockLostErr()
 	}
-	c, o := lockHalves(lock.Key(w.cfg.TokenTable, w.cfg.ClientName))
-	row, err := s.query(ctx, w.q.claimEpoch, w.cfg.ClientName, string(itoa(c)), string(itoa(o)))
+	c, o := lock.Halves(lock.Key(w.cfg.TokenTable, w.cfg.ClientName))
+	row, err := s.Query(ctx, w.q.claimEpoch, w.cfg.ClientName, string(itoa(c)), string(itoa(o)))
 	if err != nil {
 		return "", false, fmt.Errorf("claim an owner epoch in token table %s: %w", w.cfg.TokenTable, err)
 	}
 	if len(row) != 3 || row[0].String != "t" {
-		w.loseLock(errNotHeld)
+		w.loseLock(lock.ErrNotHeld)
 		return "", false, w.lockLostErr()
 	}
 	if !row[1].Valid {

@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/lock"
 )
 
 // txidColumn is the upgraded changelog's column holding the writing transaction's id
@@ -153,13 +154,13 @@ func buildQueries(cfg Config) queries {
 		(SELECT b.txid FROM ` + cl + ` b WHERE b.table_name = $1 AND b.txid IS NOT NULL AND (b.changed_at, b.id) <= ($4, $5)
 			AND pg_visible_in_snapshot(b.txid, $6::pg_snapshot) ORDER BY b.txid DESC LIMIT 1) END, '0'::xid8)
 	AND (c.changed_at, c.id) > ($2, $3) AND pg_visible_in_snapshot(c.txid, $6::pg_snapshot) ORDER BY c.txid LIMIT 1)::text`,
-		claimEpoch: `WITH held AS (SELECT ` + heldBySessionSQL("$2", "$3") + ` AS held),
+		claimEpoch: `WITH held AS (SELECT ` + lock.HeldBySessionSQL("$2", "$3") + ` AS held),
 	claimed AS (UPDATE ` + tok + ` AS tok SET ` + changelog.EpochColumn + ` = COALESCE(tok.` + changelog.EpochColumn + `, 0) + 1 FROM held
 		WHERE held.held AND tok.client_name = $1 AND tok.client_name IN (` + changelog.LockForUpdate(tok, "$1") + `)
 		RETURNING tok.` + changelog.EpochColumn + `, tok.resume_token::text AS token)
 	SELECT held.held, claimed.` + changelog.EpochColumn + `, claimed.token FROM held LEFT JOIN claimed ON true`,
 		claimNew: `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated, ` + changelog.EpochColumn + `)
-	SELECT $1, $2::jsonb, now(), 1 WHERE ` + heldBySessionSQL("$3", "$4") + `
+	SELECT $1, $2::jsonb, now(), 1 WHERE ` + lock.HeldBySessionSQL("$3", "$4") + `
 	ON CONFLICT (client_name) DO NOTHING RETURNING ` + changelog.EpochColumn,
 		claimAck: `INSERT INTO ` + acks + ` (client_name, changelog_id) SELECT $1::varchar, $2::bigint
 	FROM (SELECT set_config('idle_in_transaction_session_timeout', $3, true)) AS idle ON CONFLICT DO NOTHING`,

@@ -212,7 +212,7 @@ func TestFailedReadKeepsHints(t *testing.T) {
 	mock.ExpectQuery(wantRead).WillReturnError(errors.New("connection reset"))
 	_, err := w.readOnce(context.Background())
 	require.ErrorContains(t, err, "connection reset")
-	require.Equal(t, []int64{7}, w.takeHints(), "the hint waits for the next read")
+	require.Equal(t, []int64{7}, w.hints.Take(), "the hint waits for the next read")
 }
 
 // TestProcessedFlagDefaults proves which constructors set the legacy processed flag: New's

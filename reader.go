@@ -38,10 +38,12 @@ func (w *Watcher) run(ctx context.Context) {
 		return
 	}
 	w.checkTableName(ctx)
-	select { // LISTEN before the first read, so nothing committed in between goes unnoticed
-	case <-w.ready:
-	case <-ctx.Done():
-		return
+	if w.listen != nil {
+		select { // LISTEN before the first read, so nothing committed in between goes unnoticed
+		case <-w.listen.Ready():
+		case <-ctx.Done():
+			return
+		}
 	}
 	retry := backoff.Backoff{Min: readRetryMin, Max: readRetryMax}
 	failed := newRepeatLog(w.log, slog.LevelWarn, "changelog read failed; retrying from the same position")
@@ -95,10 +97,10 @@ func (w *Watcher) readOnce(ctx context.Context) (full bool, err error) {
 		}
 		return err == nil && (w.next != nil || again), err
 	}
-	hints := w.takeHints()
+	hints := w.hints.Take()
 	_, err = w.readBatch(ctx)
 	if err != nil || w.next != nil {
-		w.returnHints(hints)
+		w.hints.Return(hints)
 		return err == nil, err
 	}
 	if err := w.recoverLateRows(ctx, hints); err != nil {
@@ -368,7 +370,7 @@ func (w *Watcher) register(row *changelogRow, pos Position, late bool) (ev Event
 		w.log.Error("cannot decode changelog row; delivering it without documents", "id", row.ID, "error", err)
 	}
 	if pos.Span == nil {
-		w.recent.add(row.ID)
+		w.recent.Add(row.ID)
 	}
 	if w.cfg.Filter != nil && !w.cfg.Filter(ev) {
 		w.mu.Lock()

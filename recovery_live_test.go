@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgchangestream/pgchangestream/internal/listen"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 )
 
@@ -117,8 +118,8 @@ func runReuseTrial(t *testing.T, srv *pgtest.Server, mode Mode, variant string) 
 		w = e.start(cfg)
 	}
 	// Notify mode reads again only once its LISTEN connection is back, after a backoff of up to
-	// listenRetryMax: allow for it on a loaded machine.
-	got := receiveUntil(t, w, after, liveWait+2*listenRetryMax)
+	// listen.RetryMax: allow for it on a loaded machine.
+	got := receiveUntil(t, w, after, liveWait+2*listen.RetryMax)
 	t.Logf("counter back at %d after %d; rows %v committed after the crash delivered among %v", xmax, seen, after, got)
 	if variant != "stopped" {
 		require.Positive(t, w.Stats().Rewinds, "the watcher did not go back to its saved token")

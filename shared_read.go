@@ -178,7 +178,7 @@ func (w *Watcher) loadShared(ctx context.Context, rewinding bool, skipFree bool,
 		}
 	}
 	w.skipFree.Store(true)
-	w.takeHints()
+	w.hints.Take()
 	return w.loadOwned(ctx, now, inc)
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgchangestream/pgchangestream/internal/lock"
 	"github.com/pgchangestream/pgchangestream/internal/pgtest"
 )
 
@@ -67,13 +68,13 @@ func TestLiveExclusiveVanishedHostIsReplaced(t *testing.T) {
 	cfg := e.config(ModeHybrid)
 	cfg.Exclusive, cfg.LockSessionTimeout = true, MinLockSessionTimeout
 	standby := e.start(cfg)
-	time.Sleep(2 * standbyPoll)
+	time.Sleep(2 * lock.StandbyPoll)
 	require.False(t, standby.Stats().Active, "the standby waits while the other watcher holds the lock")
 
 	cut := time.Now()
 	out2, err := exec.Command("ip", "netns", "exec", ns, "ip", "link", "set", peerDev, "down").CombinedOutput()
 	require.NoError(t, err, "cut the link: %s", out2)
-	bound := cfg.LockSessionTimeout + 2*standbyPoll + lockSettle + time.Second
+	bound := cfg.LockSessionTimeout + 2*lock.StandbyPoll + lock.SettleTime + time.Second
 	require.Eventually(t, func() bool { return standby.Stats().Active }, bound+10*time.Second, 20*time.Millisecond,
 		"the standby never took over from the vanished watcher")
 	took := time.Since(cut)

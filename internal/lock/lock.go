@@ -1,8 +1,3 @@
-// Package lock holds what every holder of a client's advisory lock shares: the lock's key,
-// derived from the token table and client name, and the statements a session held out of the
-// pool takes and releases it with. The watcher's lock sessions and the admin package's calls
-// that refuse while a watcher runs (ErrClientActive) lock through it, so that they exclude
-// each other.
 package lock
 
 import (
@@ -31,7 +26,7 @@ func Key(tokenTable, clientName string) int64 {
 }
 
 // SessionResetSQL releases every advisory lock of a pooled lock session and undoes its
-// boundSession settings, before the connection goes back to the pool.
+// keepalive settings (boundSessionSQL), before the connection goes back to the pool.
 const SessionResetSQL = `SELECT pg_advisory_unlock_all(); RESET tcp_keepalives_idle; RESET tcp_keepalives_interval;
 	RESET tcp_keepalives_count; RESET tcp_user_timeout`
 

@@ -1,4 +1,4 @@
-package pgchangestream
+package lock
 
 import (
 	"context"
@@ -10,17 +10,20 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/pgchangestream/pgchangestream/internal/lock"
 )
 
-// lockSession is the dedicated session that holds a client's advisory lock.
-type lockSession interface {
-	tryLock(ctx context.Context, key int64) (bool, error)
-	ping(ctx context.Context) error
-	// query runs a statement with text arguments and returns its first row as text (nil
+// Session is the dedicated session that holds a client's advisory lock. Its methods are safe
+// for concurrent use: each serializes the session's use.
+type Session interface {
+	// TryLock takes the advisory lock key, unless another session holds it.
+	TryLock(ctx context.Context, key int64) (bool, error)
+	// Ping checks that the session is alive.
+	Ping(ctx context.Context) error
+	// Query runs a statement with text arguments and returns its first row as text (nil
 	// when it returns none).
-	query(ctx context.Context, stmt string, args ...string) ([]sql.NullString, error)
-	close()
+	Query(ctx context.Context, stmt string, args ...string) ([]sql.NullString, error)
+	// Close ends the session, which releases its locks.
+	Close()
 }
 
 // keepaliveProbes is the number of unanswered TCP keepalive probes that end a lock session.
@@ -28,7 +31,7 @@ const keepaliveProbes = 3
 
 // keepalives returns the TCP keepalive idle time and probe interval, in seconds, after which
 // keepaliveProbes unanswered probes end a session whose peer vanished: at most d in all.
-// d is at least MinLockSessionTimeout.
+// d is at least 4s (the watcher's MinLockSessionTimeout).
 func keepalives(d time.Duration) (idle, interval int) {
 	secs := int(d / time.Second)
 	interval = max(1, secs/(2*keepaliveProbes))
@@ -39,41 +42,41 @@ func keepalives(d time.Duration) (idle, interval int) {
 const boundSessionSQL = `SELECT set_config('tcp_keepalives_idle', $1, false), set_config('tcp_keepalives_interval', $2, false),
 	set_config('tcp_keepalives_count', $3, false), set_config('tcp_user_timeout', $4, false)`
 
-// boundSession makes the server end the lock session within Config.LockSessionTimeout once the
+// bound makes the server end the lock session within the elector's SessionTimeout once the
 // watcher's host stops answering, so that a standby can take the lock. A server that refuses
 // the settings (tcp_user_timeout is PostgreSQL 12 and later) is warned about once.
-func (w *Watcher) boundSession(ctx context.Context, s lockSession) {
-	idle, interval := keepalives(w.cfg.LockSessionTimeout)
-	_, err := s.query(ctx, boundSessionSQL, strconv.Itoa(idle), strconv.Itoa(interval),
-		strconv.Itoa(keepaliveProbes), strconv.FormatInt(w.cfg.LockSessionTimeout.Milliseconds(), 10))
-	if err != nil && !w.excl.boundWarned.Swap(true) {
-		w.log.Warn("cannot bound the exclusive lock session: a host that vanishes keeps the lock until the "+
+func (e *Elector) bound(ctx context.Context, s Session) {
+	idle, interval := keepalives(e.cfg.SessionTimeout)
+	_, err := s.Query(ctx, boundSessionSQL, strconv.Itoa(idle), strconv.Itoa(interval),
+		strconv.Itoa(keepaliveProbes), strconv.FormatInt(e.cfg.SessionTimeout.Milliseconds(), 10))
+	if err != nil && !e.boundWarned.Swap(true) {
+		e.cfg.Logger.Warn("cannot bound the exclusive lock session: a host that vanishes keeps the lock until the "+
 			"server's own TCP timeouts end its session", "error", err)
 	}
 }
 
-// openLockSession connects with Config.ConnString when set, else takes a connection from DB,
+// open connects with the elector's ConnString when set, else takes a connection from its DB,
 // and bounds the session's life after its host vanished.
-func (w *Watcher) openLockSession(ctx context.Context) (lockSession, error) {
-	var s lockSession
-	if w.cfg.ConnString == "" {
-		c, err := w.cfg.DB.Conn(ctx)
+func (e *Elector) open(ctx context.Context) (Session, error) {
+	var s Session
+	if e.cfg.ConnString == "" {
+		c, err := e.cfg.DB.Conn(ctx)
 		if err != nil {
 			return nil, err
 		}
-		s = &sqlLockSession{conn: c}
+		s = &sqlSession{conn: c}
 	} else {
-		pc, err := pgconn.ParseConfig(w.cfg.ConnString)
+		pc, err := pgconn.ParseConfig(e.cfg.ConnString)
 		if err != nil {
 			return nil, err
 		}
 		if _, ok := pc.RuntimeParams["application_name"]; !ok {
-			pc.RuntimeParams["application_name"] = defaultAppName
+			pc.RuntimeParams["application_name"] = e.cfg.AppName
 		}
 		if pc.ConnectTimeout == 0 {
-			pc.ConnectTimeout = listenConnTimeout
+			pc.ConnectTimeout = e.cfg.ConnectTimeout
 		}
-		idle, interval := keepalives(w.cfg.LockSessionTimeout)
+		idle, interval := keepalives(e.cfg.SessionTimeout)
 		pc.DialFunc = (&net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true,
 			Idle: time.Duration(idle) * time.Second, Interval: time.Duration(interval) * time.Second,
 			Count: keepaliveProbes}}).DialContext
@@ -81,30 +84,30 @@ func (w *Watcher) openLockSession(ctx context.Context) (lockSession, error) {
 		if err != nil {
 			return nil, fmt.Errorf("connect: %w", err)
 		}
-		s = &pgLockSession{conn: conn}
+		s = &pgSession{conn: conn}
 	}
-	w.boundSession(ctx, s)
+	e.bound(ctx, s)
 	return s, nil
 }
 
-// pgLockSession is a lock session on a connection of its own.
-type pgLockSession struct {
+// pgSession is a lock session on a connection of its own.
+type pgSession struct {
 	mu   sync.Mutex // serializes the connection's use: the lock check and the owner epoch claim
 	conn *pgconn.PgConn
 }
 
-func (s *pgLockSession) tryLock(ctx context.Context, key int64) (bool, error) {
-	row, err := s.query(ctx, `SELECT pg_try_advisory_lock($1)`, string(itoa(key)))
+func (s *pgSession) TryLock(ctx context.Context, key int64) (bool, error) {
+	row, err := s.Query(ctx, `SELECT pg_try_advisory_lock($1)`, strconv.FormatInt(key, 10))
 	return len(row) == 1 && row[0].String == "t", err
 }
 
-func (s *pgLockSession) ping(ctx context.Context) error {
+func (s *pgSession) Ping(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.conn.Ping(ctx)
 }
 
-func (s *pgLockSession) query(ctx context.Context, stmt string, args ...string) ([]sql.NullString, error) {
+func (s *pgSession) Query(ctx context.Context, stmt string, args ...string) ([]sql.NullString, error) {
 	params := make([][]byte, len(args))
 	for i, a := range args {
 		params[i] = []byte(a)
@@ -122,34 +125,34 @@ func (s *pgLockSession) query(ctx context.Context, stmt string, args ...string) 
 	return row, nil
 }
 
-// close ends the session, which releases its locks.
-func (s *pgLockSession) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), lock.ReleaseWait)
+// Close ends the session, which releases its locks.
+func (s *pgSession) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), ReleaseWait)
 	defer cancel()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_ = s.conn.Close(ctx)
 }
 
-// sqlLockSession is a lock session on a connection held out of the pool.
-type sqlLockSession struct {
+// sqlSession is a lock session on a connection held out of the pool.
+type sqlSession struct {
 	mu   sync.Mutex // serializes the connection's use (a query's rows hold the connection)
 	conn *sql.Conn
 }
 
-func (s *sqlLockSession) tryLock(ctx context.Context, key int64) (bool, error) {
+func (s *sqlSession) TryLock(ctx context.Context, key int64) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return lock.TryLock(ctx, s.conn, key)
+	return TryLock(ctx, s.conn, key)
 }
 
-func (s *sqlLockSession) ping(ctx context.Context) error {
+func (s *sqlSession) Ping(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.conn.PingContext(ctx)
 }
 
-func (s *sqlLockSession) query(ctx context.Context, stmt string, args ...string) ([]sql.NullString, error) {
+func (s *sqlSession) Query(ctx context.Context, stmt string, args ...string) ([]sql.NullString, error) {
 	vals := make([]any, len(args))
 	for i, a := range args {
 		vals[i] = a
@@ -199,10 +202,10 @@ func textValue(v any) sql.NullString {
 	return sql.NullString{String: fmt.Sprint(v), Valid: true}
 }
 
-// close releases every advisory lock of the session and returns the connection to the pool (see
-// lock.Release).
-func (s *sqlLockSession) close() {
+// Close releases every advisory lock of the session and returns the connection to the pool (see
+// Release).
+func (s *sqlSession) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	lock.Release(s.conn)
+	Release(s.conn)
 }
