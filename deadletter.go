@@ -30,6 +30,7 @@ type fencedParks struct {
 	w *Watcher
 }
 
+// Park parks p if the watcher still owns its event, or returns the Fatal error saying why not.
 func (f fencedParks) Park(ctx context.Context, p ParkedEvent) (int64, error) {
 	w := f.w
 	if w.sh != nil {
