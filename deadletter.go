@@ -30,7 +30,7 @@ type fencedParks struct {
 	w *Watcher
 }
 
-// Park parks p if the watcher still owns its event, or returns the Fatal error saying why not.
+// Park parks p unless a later owner fenced the watcher off, which it returns as a Fatal error.
 func (f fencedParks) Park(ctx context.Context, p ParkedEvent) (int64, error) {
 	w := f.w
 	if w.sh != nil {

@@ -12,7 +12,11 @@ import (
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
-// ParkedEvent is one event in the dead-letter table of a client (see admin.ListParked).
+// ParkedEvent is one event in the dead-letter table of a client (see admin.ListParked). Its
+// fields: ID (the parked row's id), Client, Key, Table (ns.coll of the event), ChangelogID (the
+// changelog id, the resume token), Event (the document as delivered), Error (the last handler
+// error), Attempts, Blocking (parked under BlockOnFailure: holds its key), RetryRequested (an
+// operator asked to run it again) and ParkedAt.
 type ParkedEvent = deadletter.Event
 
 // parkedStore is a client's dead-letter table as Process uses it: the watcher's (fencedParks)

@@ -8,7 +8,7 @@ import (
 )
 
 // ParkedEvent is one event in the dead-letter table of a client, the root package's
-// ParkedEvent.
+// ParkedEvent (its comment lists the fields).
 type ParkedEvent = deadletter.Event
 
 // parked validates opts and returns the dead-letter table of client.
