@@ -7,6 +7,7 @@ import (
 
 	"github.com/pgchangestream/pgchangestream/admin"
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/deadletter"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
@@ -21,11 +22,11 @@ func TestLiveParkedStoreKeepsEventsPerClientInOrder(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newLive(t)
-	a := newParkedStore(e.db, DefaultChangelogTable, "a")
-	b := newParkedStore(e.db, DefaultChangelogTable, "b")
-	park := func(s *sqlParkedStore, key string, id int64, blocking bool) int64 {
+	a := deadletter.New(e.db, DefaultChangelogTable, "a")
+	b := deadletter.New(e.db, DefaultChangelogTable, "b")
+	park := func(s *deadletter.Store, key string, id int64, blocking bool) int64 {
 		t.Helper()
-		pid, err := s.park(ctx, ParkedEvent{Key: key, Table: liveTable, ChangelogID: id, Event: parkedDoc(id),
+		pid, err := s.Park(ctx, ParkedEvent{Key: key, Table: liveTable, ChangelogID: id, Event: parkedDoc(id),
 			Error: "boom", Attempts: 5, Blocking: blocking})
 		require.NoError(t, err)
 		return pid
@@ -35,7 +36,7 @@ func TestLiveParkedStoreKeepsEventsPerClientInOrder(t *testing.T) {
 	k1b := park(a, "k1", 13, true)
 	park(b, "k1", 14, false)
 
-	evs, err := a.keyEvents(ctx, "k1")
+	evs, err := a.KeyEvents(ctx, "k1")
 	require.NoError(t, err)
 	require.Len(t, evs, 2)
 	require.Equal(t, []int64{k1, k1b}, []int64{evs[0].ID, evs[1].ID}, "a key's events in the order parked")
@@ -44,39 +45,39 @@ func TestLiveParkedStoreKeepsEventsPerClientInOrder(t *testing.T) {
 		Error: "boom", Attempts: 5, Blocking: true, ParkedAt: got.ParkedAt}, got)
 	require.WithinDuration(t, time.Now(), got.ParkedAt, time.Minute)
 
-	keys, err := a.blockedKeys(ctx)
+	keys, err := a.BlockedKeys(ctx)
 	require.NoError(t, err)
 	require.Equal(t, []string{"k1"}, keys, "only blocking events hold a key")
-	keys, err = b.blockedKeys(ctx)
+	keys, err = b.BlockedKeys(ctx)
 	require.NoError(t, err)
 	require.Empty(t, keys, "another client's blocks are its own")
 
-	rel, err := a.released(ctx, 10)
+	rel, err := a.Released(ctx, 10)
 	require.NoError(t, err)
 	require.Empty(t, rel, "nothing is released before an operator asks")
-	require.NoError(t, RetryParked(ctx, e.db, "a", k1b, admin.Options{}))
-	require.NoError(t, RetryParked(ctx, e.db, "a", k1, admin.Options{}))
-	rel, err = a.released(ctx, 1)
+	require.NoError(t, admin.RetryParked(ctx, e.db, "a", k1b, admin.Options{}))
+	require.NoError(t, admin.RetryParked(ctx, e.db, "a", k1, admin.Options{}))
+	rel, err = a.Released(ctx, 1)
 	require.NoError(t, err)
 	require.Len(t, rel, 1, "at most limit")
 	require.Equal(t, k1, rel[0].ID, "oldest first")
 	require.True(t, rel[0].RetryRequested)
 
-	require.NoError(t, a.repark(ctx, k1, 10, "boom again"))
-	evs, err = a.keyEvents(ctx, "k1")
+	require.NoError(t, a.Repark(ctx, k1, 10, "boom again"))
+	evs, err = a.KeyEvents(ctx, "k1")
 	require.NoError(t, err)
 	require.Equal(t, []any{10, "boom again", false}, []any{evs[0].Attempts, evs[0].Error, evs[0].RetryRequested})
 
-	require.NoError(t, a.finish(ctx, k1))
-	require.NoError(t, DropParked(ctx, e.db, "a", k1b, admin.Options{}))
-	keys, err = a.blockedKeys(ctx)
+	require.NoError(t, a.Finish(ctx, k1))
+	require.NoError(t, admin.DropParked(ctx, e.db, "a", k1b, admin.Options{}))
+	keys, err = a.BlockedKeys(ctx)
 	require.NoError(t, err)
 	require.Empty(t, keys, "a key is free once its blocking events are gone")
 
-	all, err := ListParked(ctx, e.db, "", admin.Options{})
+	all, err := admin.ListParked(ctx, e.db, "", admin.Options{})
 	require.NoError(t, err)
 	require.Equal(t, []string{"a/k2", "b/k1"}, []string{all[0].Client + "/" + all[0].Key, all[1].Client + "/" + all[1].Key})
-	mine, err := ListParked(ctx, e.db, "b", admin.Options{})
+	mine, err := admin.ListParked(ctx, e.db, "b", admin.Options{})
 	require.NoError(t, err)
 	require.Len(t, mine, 1)
 }
@@ -85,18 +86,18 @@ func TestLiveParkedAdminRefusesWhatIsNotParked(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newLive(t)
-	pid, err := newParkedStore(e.db, DefaultChangelogTable, "a").park(ctx,
+	pid, err := deadletter.New(e.db, DefaultChangelogTable, "a").Park(ctx,
 		ParkedEvent{Key: "k", Table: liveTable, ChangelogID: 1, Event: parkedDoc(1), Error: "x", Attempts: 1})
 	require.NoError(t, err)
-	require.ErrorIs(t, RetryParked(ctx, e.db, "b", pid, admin.Options{}), ErrNotParked, "another client's event")
-	require.ErrorIs(t, DropParked(ctx, e.db, "a", pid+1, admin.Options{}), ErrNotParked)
-	require.ErrorIs(t, DropParked(ctx, e.db, "a", pid, admin.Options{ChangelogTable: "bad name"}), ErrInvalidConfig)
-	all, err := ListParked(ctx, e.db, "a", admin.Options{})
+	require.ErrorIs(t, admin.RetryParked(ctx, e.db, "b", pid, admin.Options{}), ErrNotParked, "another client's event")
+	require.ErrorIs(t, admin.DropParked(ctx, e.db, "a", pid+1, admin.Options{}), ErrNotParked)
+	require.ErrorIs(t, admin.DropParked(ctx, e.db, "a", pid, admin.Options{ChangelogTable: "bad name"}), ErrInvalidConfig)
+	all, err := admin.ListParked(ctx, e.db, "a", admin.Options{})
 	require.NoError(t, err)
 	require.Len(t, all, 1, "nothing was dropped by the refused calls")
 
 	_, err = e.db.ExecContext(ctx, `DROP TABLE `+changelog.Quote(changelog.ParkedTable(DefaultChangelogTable)))
 	require.NoError(t, err)
-	_, err = ListParked(ctx, e.db, "a", admin.Options{})
+	_, err = admin.ListParked(ctx, e.db, "a", admin.Options{})
 	require.ErrorContains(t, err, "run schema.Install")
 }

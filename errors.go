@@ -26,8 +26,8 @@ var ErrInvalidSavedToken = changelog.ErrInvalidSavedToken
 // [Config.Exclusive]).
 var ErrClientActive = changelog.ErrClientActive
 
-// ErrNotParked is returned by [RetryParked] and [DropParked] for an id that is not a parked
-// event of the client.
+// ErrNotParked is returned by admin.RetryParked and admin.DropParked for an id that is not a
+// parked event of the client.
 var ErrNotParked = changelog.ErrNotParked
 
 // ErrExclusiveLost is wrapped by [Watcher.Err] (and by saves refused afterwards) when an

@@ -11,7 +11,6 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 
 	"github.com/pgchangestream/pgchangestream"
-	"github.com/pgchangestream/pgchangestream/admin"
 	"github.com/pgchangestream/pgchangestream/schema"
 )
 
@@ -62,8 +61,8 @@ func Example() {
 
 // Process handles health events in parallel: eight at a time, one at a time per node, at most
 // 2,000 taken and unfinished, and an event that still fails after its retries is parked in the
-// dead-letter table (see ListParked and RetryParked) instead of stopping the consumer. It
-// acknowledges by itself.
+// dead-letter table (see admin.ListParked and admin.RetryParked) instead of stopping the
+// consumer. It acknowledges by itself.
 func ExampleWatcher_Process() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -94,26 +93,5 @@ func ExampleWatcher_Process() {
 	})
 	if err != nil { // nil when ctx ended and the final save succeeded
 		log.Fatal(err)
-	}
-}
-
-// An operator retries the events Process parked for a client once the cause is fixed: the
-// client's running Process runs each again at its next look at the dead-letter table.
-func ExampleRetryParked() {
-	ctx := context.Background()
-	db, err := sql.Open("pgx", "postgres://app@localhost:5432/platform")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer db.Close()
-	parked, err := pgchangestream.ListParked(ctx, db, "remediation", admin.Options{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	for _, p := range parked {
-		fmt.Printf("retrying event %d of key %s (%d attempts, last error %q)\n", p.ChangelogID, p.Key, p.Attempts, p.Error)
-		if err := pgchangestream.RetryParked(ctx, db, "remediation", p.ID, admin.Options{}); err != nil {
-			log.Fatal(err)
-		}
 	}
 }

@@ -245,7 +245,7 @@ func TestLiveHeldKeyFollowsItsEvents(t *testing.T) {
 			ps := e.listParked()
 			require.Equal(t, want, parkedIDs(ps))
 			r.cure(false)
-			require.NoError(t, RetryParked(context.Background(), e.db, "c", ps[0].ID, admin.Options{}))
+			require.NoError(t, admin.RetryParked(context.Background(), e.db, "c", ps[0].ID, admin.Options{}))
 			waitFor(t, func() bool { return len(e.listParked()) == 0 }, "the release runs the key's events")
 			require.Equal(t, []rowRun{{"b", want[0]}, {"b", want[1]}, {"b", want[2]}}, r.runs(),
 				"the released key's events run on b, in order")
@@ -273,7 +273,7 @@ func TestLiveExclusiveStandbyRunsNoRerun(t *testing.T) {
 	cancel()
 	require.NoError(t, <-errc)
 	r.cure(false)
-	require.NoError(t, RetryParked(context.Background(), e.db, "c", e.listParked()[0].ID, admin.Options{}))
+	require.NoError(t, admin.RetryParked(context.Background(), e.db, "c", e.listParked()[0].ID, admin.Options{}))
 	time.Sleep(25 * opts.ParkedPollInterval) // polls of the standby after the release
 	require.Empty(t, r.runs(), "the standby ran the released event")
 	require.Len(t, e.listParked(), 1)
@@ -304,7 +304,7 @@ func TestLiveSharedHandOverWaitsForAReleasedEvent(t *testing.T) {
 	first := r.write(0)
 	waitFor(t, func() bool { return len(e.listParked()) == 1 }, "the event is parked")
 	r.cure(true)
-	require.NoError(t, RetryParked(context.Background(), e.db, "c", e.listParked()[0].ID, admin.Options{}))
+	require.NoError(t, admin.RetryParked(context.Background(), e.db, "c", e.listParked()[0].ID, admin.Options{}))
 	require.Equal(t, "a", receiveName(t, r.entered), "the range owner runs the released event")
 	joinThird(t, e)
 	// b's coordinator looks at the split every fifth of the lease and b polls every 20ms: had a
@@ -352,7 +352,7 @@ func TestLiveSharedLeaveEndsARunningRerun(t *testing.T) {
 	first := r.write(0)
 	waitFor(t, func() bool { return len(e.listParked()) == 1 }, "the event is parked")
 	r.cure(true)
-	require.NoError(t, RetryParked(context.Background(), e.db, "c", e.listParked()[0].ID, admin.Options{}))
+	require.NoError(t, admin.RetryParked(context.Background(), e.db, "c", e.listParked()[0].ID, admin.Options{}))
 	require.Equal(t, "a", receiveName(t, r.entered), "the range owner runs the released event")
 	require.NoError(t, a.w.Close(context.Background()))
 	require.Equal(t, "b", receiveName(t, r.entered), "the member taking the range over runs the released event")
@@ -424,7 +424,7 @@ func TestLiveSharedHandOverInTheMiddleOfARelease(t *testing.T) {
 	want := []int64{r.write(0), r.write(1)}
 	waitFor(t, func() bool { return len(e.listParked()) == 2 }, "the key's events are parked")
 	r.cure(true)
-	require.NoError(t, RetryParked(context.Background(), e.db, "c", e.listParked()[0].ID, admin.Options{}))
+	require.NoError(t, admin.RetryParked(context.Background(), e.db, "c", e.listParked()[0].ID, admin.Options{}))
 	require.Equal(t, "a", receiveName(t, r.entered), "the range owner releases the key")
 	joinThird(t, e)
 	waitFor(t, func() bool {

@@ -6,40 +6,34 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/deadletter"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
-// ParkedEvent is one event in the dead-letter table of a client.
-type ParkedEvent struct {
-	ID             int64 // the parked row's id
-	Client         string
-	Key            string
-	Table          string // ns.coll of the event
-	ChangelogID    int64  // the changelog id (the resume token)
-	Event          Event  // the document as delivered
-	Error          string // the last handler error
-	Attempts       int
-	Blocking       bool // parked under BlockOnFailure: holds its key
-	RetryRequested bool // an operator asked to run it again
-	ParkedAt       time.Time
-}
+// ParkedEvent is one event in the dead-letter table of a client (see admin.ListParked). Its
+// fields: ID (the parked row's id), Client, Key, Table (ns.coll of the event), ChangelogID (the
+// changelog id, the resume token), Event (the document as delivered), Error (the last handler
+// error), Attempts, Blocking (parked under BlockOnFailure: holds its key), RetryRequested (an
+// operator asked to run it again) and ParkedAt.
+type ParkedEvent = deadletter.Event
 
+// parkedStore is a client's dead-letter table as Process uses it: the watcher's (fencedParks)
+// or the test kit's in-memory one.
 type parkedStore interface {
-	// park inserts p (ID and ParkedAt are filled by the store) and returns its id.
-	park(ctx context.Context, p ParkedEvent) (int64, error)
-	// blockedKeys returns the keys that have a Blocking parked event.
-	blockedKeys(ctx context.Context) ([]string, error)
-	// released returns the parked events an operator asked to retry, oldest first, at most limit.
-	released(ctx context.Context, limit int) ([]ParkedEvent, error)
-	// keyEvents returns every parked event of key, oldest first.
-	keyEvents(ctx context.Context, key string) ([]ParkedEvent, error)
-	// repark records a failed rerun of a parked event: new error and attempts, RetryRequested cleared.
-	repark(ctx context.Context, id int64, attempts int, errText string) error
-	// finish deletes a parked event that ran successfully.
-	finish(ctx context.Context, id int64) error
+	// Park inserts p (ID and ParkedAt are filled by the store) and returns its id.
+	Park(ctx context.Context, p ParkedEvent) (int64, error)
+	// BlockedKeys returns the keys that have a Blocking parked event.
+	BlockedKeys(ctx context.Context) ([]string, error)
+	// Released returns the parked events an operator asked to retry, oldest first, at most limit.
+	Released(ctx context.Context, limit int) ([]ParkedEvent, error)
+	// KeyEvents returns every parked event of key, oldest first.
+	KeyEvents(ctx context.Context, key string) ([]ParkedEvent, error)
+	// Repark records a failed rerun of a parked event: new error and attempts, RetryRequested cleared.
+	Repark(ctx context.Context, id int64, attempts int, errText string) error
+	// Finish deletes a parked event that ran successfully.
+	Finish(ctx context.Context, id int64) error
 }
 
 // blockedKeyError is the Error of an event parked without running because an earlier parked
@@ -60,28 +54,28 @@ func (d deadLetters) Park(ctx context.Context, j *procrun.Job[EventWithToken], b
 	if j.LastErr != nil {
 		errText = j.LastErr.Error()
 	}
-	_, err := d.s.park(ctx, ParkedEvent{Client: d.client, Key: j.Key, Table: eventTable(j.Ev), ChangelogID: id,
+	_, err := d.s.Park(ctx, ParkedEvent{Client: d.client, Key: j.Key, Table: eventTable(j.Ev), ChangelogID: id,
 		Event: j.Ev.Event, Error: errText, Attempts: j.Attempts, Blocking: blocking})
 	return err
 }
 
-func (d deadLetters) BlockedKeys(ctx context.Context) ([]string, error) { return d.s.blockedKeys(ctx) }
+func (d deadLetters) BlockedKeys(ctx context.Context) ([]string, error) { return d.s.BlockedKeys(ctx) }
 
 func (d deadLetters) Released(ctx context.Context, limit int) ([]procrun.Parked[EventWithToken], error) {
-	ps, err := d.s.released(ctx, limit)
+	ps, err := d.s.Released(ctx, limit)
 	return toParked(ps), err
 }
 
 func (d deadLetters) KeyEvents(ctx context.Context, key string) ([]procrun.Parked[EventWithToken], error) {
-	ps, err := d.s.keyEvents(ctx, key)
+	ps, err := d.s.KeyEvents(ctx, key)
 	return toParked(ps), err
 }
 
 func (d deadLetters) Repark(ctx context.Context, j *procrun.Job[EventWithToken]) error {
-	return d.s.repark(ctx, j.Parked, j.Attempts, j.LastErr.Error())
+	return d.s.Repark(ctx, j.Parked, j.Attempts, j.LastErr.Error())
 }
 
-func (d deadLetters) Finish(ctx context.Context, id int64) error { return d.s.finish(ctx, id) }
+func (d deadLetters) Finish(ctx context.Context, id int64) error { return d.s.Finish(ctx, id) }
 
 // toParked turns parked rows into reruns: the event as delivered, with its token.
 func toParked(ps []ParkedEvent) []procrun.Parked[EventWithToken] {
@@ -122,7 +116,7 @@ func (w *Watcher) gateOwnership(run func(context.Context, *procrun.Job[EventWith
 		if errors.Is(err, procrun.ErrNotOwned) && j.Blocking {
 			// One of a held key's parked events, loaded by its release: the key stays held
 			// until the owner goes on with the release from this event.
-			if err := newParkedStore(w.cfg.DB, w.cfg.ChangelogTable, w.cfg.ClientName).request(ctx, j.Parked); err != nil && !errors.Is(err, ErrNotParked) {
+			if err := w.deadLetterTable().Request(ctx, j.Parked); err != nil && !errors.Is(err, ErrNotParked) {
 				return err
 			}
 		}

@@ -165,7 +165,7 @@ func runSharedPoison(t *testing.T, gone bool) sharedPoison {
 	mu.Lock()
 	cured = true
 	mu.Unlock()
-	require.NoError(t, RetryParked(context.Background(), e.db, "c", parked[0].ID, admin.Options{}))
+	require.NoError(t, admin.RetryParked(context.Background(), e.db, "c", parked[0].ID, admin.Options{}))
 	waitFor(t, func() bool { return len(e.listParked()) == 0 }, "the rerun removes the parked row")
 	time.Sleep(10 * opts.ParkedPollInterval) // polls of both members after it
 	r.ranges = map[string][]int{"a": a.Stats().Shared.Ranges, "b": b.Stats().Shared.Ranges}

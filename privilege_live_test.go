@@ -461,7 +461,7 @@ func TestLiveRestrictedReadsHideParkedEvents(t *testing.T) {
 	}} {
 		restrict()
 		require.Zero(t, pgtest.Scalar[int](t, reader, count), "another table's parked event is hidden")
-		listed, err := ListParked(t.Context(), reader, "c", admin.Options{})
+		listed, err := admin.ListParked(t.Context(), reader, "c", admin.Options{})
 		require.NoError(t, err)
 		require.Len(t, listed, 1+i, "its own table's, one more parked each round")
 		for _, p := range listed {

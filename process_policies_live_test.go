@@ -101,7 +101,7 @@ func (p *poisonRun) poisons() []int64 {
 // listParked returns client "c"'s parked events, oldest first.
 func (e *liveEnv) listParked() []ParkedEvent {
 	e.t.Helper()
-	ps, err := ListParked(context.Background(), e.db, "c", admin.Options{})
+	ps, err := admin.ListParked(context.Background(), e.db, "c", admin.Options{})
 	require.NoError(e.t, err)
 	return ps
 }
@@ -225,11 +225,11 @@ func TestLiveProcessParkOnFailure(t *testing.T) {
 	retried, dropped := parked[0], parked[1]
 	p.cure(retried.ChangelogID)
 	began := time.Now()
-	require.NoError(t, RetryParked(context.Background(), e.db, "c", retried.ID, admin.Options{}))
+	require.NoError(t, admin.RetryParked(context.Background(), e.db, "c", retried.ID, admin.Options{}))
 	waitFor(t, func() bool { return slices.Contains(p.ranEvents(), retried.ChangelogID) }, "the released event reruns")
 	rerunAfter := time.Since(began)
 	waitFor(t, func() bool { return len(e.listParked()) == 1 }, "the rerun event's row is removed")
-	require.NoError(t, DropParked(context.Background(), e.db, "c", dropped.ID, admin.Options{}))
+	require.NoError(t, admin.DropParked(context.Background(), e.db, "c", dropped.ID, admin.Options{}))
 	require.Empty(t, e.listParked())
 	writers.stop()
 	waitFor(t, func() bool { return rec.handledAll(writers.rows) }, "every other committed row is handled")
@@ -304,7 +304,7 @@ func TestLiveProcessBlockOnFailure(t *testing.T) {
 	p.mu.Lock()
 	attempts := p.attempts[head.ChangelogID]
 	p.mu.Unlock()
-	require.NoError(t, RetryParked(context.Background(), e.db, "c", head.ID, admin.Options{}))
+	require.NoError(t, admin.RetryParked(context.Background(), e.db, "c", head.ID, admin.Options{}))
 	waitFor(t, func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -318,7 +318,7 @@ func TestLiveProcessBlockOnFailure(t *testing.T) {
 	require.Equal(t, p.givenOf(key), parkedIDs(ps), "the key's events are parked once each, in delivery order")
 
 	p.cure(head.ChangelogID)
-	require.NoError(t, RetryParked(context.Background(), e.db, "c", head.ID, admin.Options{}))
+	require.NoError(t, admin.RetryParked(context.Background(), e.db, "c", head.ID, admin.Options{}))
 	waitFor(t, func() bool { return len(e.listParked()) == 0 }, "the release runs the key's parked events")
 	require.Equal(t, parkedIDs(ps), p.ranEvents(), "the parked events ran in order")
 	more := e.startWriters(crashWriters, 2*time.Millisecond)

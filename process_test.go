@@ -226,16 +226,16 @@ var errNoDeadLetters = errors.New("dead-letter table not available")
 // noParkedStore is a dead-letter store that fails every call.
 type noParkedStore struct{}
 
-func (noParkedStore) park(context.Context, ParkedEvent) (int64, error) { return 0, errNoDeadLetters }
-func (noParkedStore) blockedKeys(context.Context) ([]string, error)    { return nil, errNoDeadLetters }
-func (noParkedStore) released(context.Context, int) ([]ParkedEvent, error) {
+func (noParkedStore) Park(context.Context, ParkedEvent) (int64, error) { return 0, errNoDeadLetters }
+func (noParkedStore) BlockedKeys(context.Context) ([]string, error)    { return nil, errNoDeadLetters }
+func (noParkedStore) Released(context.Context, int) ([]ParkedEvent, error) {
 	return nil, errNoDeadLetters
 }
-func (noParkedStore) keyEvents(context.Context, string) ([]ParkedEvent, error) {
+func (noParkedStore) KeyEvents(context.Context, string) ([]ParkedEvent, error) {
 	return nil, errNoDeadLetters
 }
-func (noParkedStore) repark(context.Context, int64, int, string) error { return errNoDeadLetters }
-func (noParkedStore) finish(context.Context, int64) error              { return errNoDeadLetters }
+func (noParkedStore) Repark(context.Context, int64, int, string) error { return errNoDeadLetters }
+func (noParkedStore) Finish(context.Context, int64) error              { return errNoDeadLetters }
 
 // fakeParked records what the dead-letter adapter asks of the store.
 type fakeParked struct {
@@ -244,12 +244,12 @@ type fakeParked struct {
 	rows       []ParkedEvent
 }
 
-func (s *fakeParked) park(_ context.Context, p ParkedEvent) (int64, error) {
+func (s *fakeParked) Park(_ context.Context, p ParkedEvent) (int64, error) {
 	s.parkedRows = append(s.parkedRows, p)
 	return int64(len(s.parkedRows)), nil
 }
 
-func (s *fakeParked) released(context.Context, int) ([]ParkedEvent, error) { return s.rows, nil }
+func (s *fakeParked) Released(context.Context, int) ([]ParkedEvent, error) { return s.rows, nil }
 
 func TestDeadLettersAdapter(t *testing.T) {
 	s := &fakeParked{rows: []ParkedEvent{{ID: 9, Key: "k", ChangelogID: 452, Blocking: true, Event: Event{"a": 1}}}}

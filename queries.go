@@ -76,8 +76,8 @@ type queries struct {
 	// the client's parked events (a rerun must find them).
 	// compactFence, followed by the owner epoch's placeholder, fences compactAcks.
 	claimAck, claimAckFenced, epochOf, compactAcks, compactFence string
-	// parkFence fences the insert of client $1's parked event (deadletter.go) to the owner
-	// epoch $9, locking the token row FOR KEY SHARE.
+	// parkFence fences the insert of client $1's parked event (deadletter.Store.Insert) to the
+	// owner epoch $9, locking the token row FOR KEY SHARE.
 	parkFence string
 	// unprocessed: GetUnprocessedEventCount.
 	unprocessed string

@@ -83,8 +83,8 @@ type sharedQueries struct {
 	// ackState: whether its acknowledgement row and its changelog row exist; compactOwned,
 	// followed by the member's placeholder, restricts compactAcks to the member's ranges.
 	claimAck, ackState, compactOwned string
-	// parkFence fences the insert of client $1's parked event $4 (deadletter.go) to member $9
-	// owning its range, locking the range row FOR KEY SHARE.
+	// parkFence fences the insert of client $1's parked event $4 (deadletter.Store.Insert) to
+	// member $9 owning its range, locking the range row FOR KEY SHARE.
 	parkFence string
 	// rerunOwned: the range of changelog row $3 and whether member $2 owns it (no row when the
 	// changelog row is gone).

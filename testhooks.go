@@ -33,7 +33,7 @@ func init() {
 			return kitEngine{w: &Watcher{log: log}}
 		},
 		DeadLetters: func(client string, s testhooks.ParkedStore[ParkedEvent]) procrun.Store[EventWithToken] {
-			return deadLetters{client: client, s: kitParked{s}}
+			return deadLetters{client: client, s: s}
 		},
 	})
 }
@@ -49,24 +49,6 @@ func (e kitEngine) Run(ctx context.Context, src <-chan EventWithToken, o Process
 }
 
 func (e kitEngine) Stats() ProcessStats { return e.w.processStats() }
-
-// kitParked is the kit's in-memory dead-letter table as a parkedStore.
-type kitParked struct {
-	s testhooks.ParkedStore[ParkedEvent]
-}
-
-func (k kitParked) park(ctx context.Context, p ParkedEvent) (int64, error) { return k.s.Park(ctx, p) }
-func (k kitParked) blockedKeys(ctx context.Context) ([]string, error)      { return k.s.BlockedKeys(ctx) }
-func (k kitParked) released(ctx context.Context, limit int) ([]ParkedEvent, error) {
-	return k.s.Released(ctx, limit)
-}
-func (k kitParked) keyEvents(ctx context.Context, key string) ([]ParkedEvent, error) {
-	return k.s.KeyEvents(ctx, key)
-}
-func (k kitParked) repark(ctx context.Context, id int64, attempts int, errText string) error {
-	return k.s.Repark(ctx, id, attempts, errText)
-}
-func (k kitParked) finish(ctx context.Context, id int64) error { return k.s.Finish(ctx, id) }
 
 // testStatements returns the statements of cfg for the test kit.
 func testStatements(cfg Config) testhooks.Statements {

@@ -1,12 +1,11 @@
 // Package admin is what an operator does to the clients of a changelog, beside the watchers:
 // read and move their saved tokens, delete the rows every client has passed, count what a token
-// has not passed, and look at shared clients. The events Process parked are handled by the root
-// package's ListParked, RetryParked and DropParked, which take this package's [Options].
+// has not passed, handle the events Process parked, and look at shared clients.
 //
 // Every call takes the *sql.DB of the changelog's database and [Options] naming its tables; zero
 // values take the watcher's defaults. Errors match the sentinels of the root package with
-// errors.Is: pgchangestream.ErrInvalidConfig for a bad name or target, ErrClientActive and
-// ErrInvalidSavedToken as each call says.
+// errors.Is: pgchangestream.ErrInvalidConfig for a bad name or target, ErrClientActive,
+// ErrInvalidSavedToken and ErrNotParked as each call says.
 //
 // # Tokens
 //
@@ -26,6 +25,13 @@
 // that sees only some tokens (RestrictTokens), and deletes nothing while a token names a row
 // that no longer exists. [Backlog] counts the rows a saved token has not passed, as a watcher
 // restarting from it would deliver them; a token a watcher cannot load is ErrInvalidSavedToken.
+//
+// # Parked events
+//
+// [ListParked] returns the events the watchers' Process parked in the dead-letter table
+// "<changelog>_parked" under ParkOnFailure and BlockOnFailure. [RetryParked] asks the running
+// Process of the client that owns an event to run it again (for an event of a held key: every
+// parked event of the key, in order); [DropParked] deletes one without running it.
 //
 // # Shared clients
 //

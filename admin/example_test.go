@@ -76,3 +76,24 @@ func ExamplePrune() {
 		fmt.Printf("client %s holds %d rows back; its token is %s old\n", h.Client, h.Rows, h.Age)
 	}
 }
+
+// An operator retries the events Process parked for a client once the cause is fixed: the
+// client's running Process runs each again at its next look at the dead-letter table.
+func ExampleRetryParked() {
+	ctx := context.Background()
+	db, err := sql.Open("pgx", "postgres://app@localhost:5432/platform")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	parked, err := admin.ListParked(ctx, db, "remediation", admin.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, p := range parked {
+		fmt.Printf("retrying event %d of key %s (%d attempts, last error %q)\n", p.ChangelogID, p.Key, p.Attempts, p.Error)
+		if err := admin.RetryParked(ctx, db, "remediation", p.ID, admin.Options{}); err != nil {
+			log.Fatal(err)
+		}
+	}
+}

@@ -33,11 +33,11 @@ type resolved struct {
 
 // resolve validates the names and fills the defaults.
 func (o Options) resolve() (resolved, error) {
-	log := cmp.Or(o.ChangelogTable, changelog.DefaultChangelogTable)
-	tok := cmp.Or(o.TokenTable, changelog.DefaultTokenTable)
-	if err := changelog.CheckName(log); err != nil {
-		return resolved{}, fmt.Errorf("%w: admin.Options.ChangelogTable: %v", changelog.ErrInvalidConfig, err)
+	log, err := o.changelogTable()
+	if err != nil {
+		return resolved{}, err
 	}
+	tok := cmp.Or(o.TokenTable, changelog.DefaultTokenTable)
 	if err := changelog.CheckName(tok); err != nil {
 		return resolved{}, fmt.Errorf("%w: admin.Options.TokenTable: %v", changelog.ErrInvalidConfig, err)
 	}
@@ -46,6 +46,15 @@ func (o Options) resolve() (resolved, error) {
 		ranges: changelog.Quote(changelog.RangeTable(log)),
 		newest: changelog.NewestRowSQL(cl), rowTime: changelog.RowTimeSQL(cl), loadToken: changelog.LoadTokenSQL(qtok),
 		saveToken: changelog.SaveTokenSQL(qtok, false, ""), bumpEpoch: changelog.BumpEpochSQL(qtok)}, nil
+}
+
+// changelogTable returns the changelog's name, the default filled, or why it is invalid.
+func (o Options) changelogTable() (string, error) {
+	log := cmp.Or(o.ChangelogTable, changelog.DefaultChangelogTable)
+	if err := changelog.CheckName(log); err != nil {
+		return "", fmt.Errorf("%w: admin.Options.ChangelogTable: %v", changelog.ErrInvalidConfig, err)
+	}
+	return log, nil
 }
 
 // SavedToken is one client's row of the token table.

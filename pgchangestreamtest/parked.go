@@ -92,13 +92,13 @@ func (t *parkedTable) indexLocked(id int64) int {
 }
 
 // Parked returns the events [FakeWatcher.Process] parked and has not removed, oldest first, as
-// [pgchangestream.ListParked] returns the client's rows of the dead-letter table.
+// admin.ListParked returns the client's rows of the dead-letter table.
 func (f *FakeWatcher) Parked() []pgchangestream.ParkedEvent {
 	return f.parked.where(func(pgchangestream.ParkedEvent) bool { return true }, -1)
 }
 
 // RetryParked asks the running Process to run parked event id again at its next look
-// (ParkedPollInterval), as [pgchangestream.RetryParked] does: on success it leaves Parked, on
+// (ParkedPollInterval), as admin.RetryParked does: on success it leaves Parked, on
 // failure it is parked again with its new error; for an event parked under BlockOnFailure it
 // releases the key, whose parked events then run in the order they were parked. It returns an
 // error wrapping [pgchangestream.ErrNotParked] for an id not parked.
@@ -106,7 +106,7 @@ func (f *FakeWatcher) RetryParked(id int64) error {
 	return f.parked.operate(id, func(t *parkedTable, i int) { t.rows[i].RetryRequested = true })
 }
 
-// DropParked deletes parked event id without running it, as [pgchangestream.DropParked] does:
+// DropParked deletes parked event id without running it, as admin.DropParked does:
 // a key held under BlockOnFailure stays held while it has other parked events. It returns an
 // error wrapping [pgchangestream.ErrNotParked] for an id not parked.
 func (f *FakeWatcher) DropParked(id int64) error {

@@ -29,9 +29,9 @@ var errProcessRunning = errors.New("pgchangestreamtest: Process is already runni
 //
 // ParkOnFailure and BlockOnFailure park events in the fake's in-memory dead-letter table:
 // [FakeWatcher.Parked] lists it, [FakeWatcher.RetryParked] and [FakeWatcher.DropParked] act as
-// the operator's [pgchangestream.RetryParked] and [pgchangestream.DropParked], and a running
-// Process looks at it every ParkedPollInterval. Parked events keep their documents as
-// delivered (the watcher's table stores them as JSON).
+// the operator's admin.RetryParked and admin.DropParked, and a running Process looks at it
+// every ParkedPollInterval. Parked events keep their documents as delivered (the watcher's
+// table stores them as JSON).
 //
 // Process needs a started fake and must be the only reader of Events. It returns when ctx ends
 // (nil, or the final save's error), when Events closes (Close, CloseWhenDelivered: nil) or when

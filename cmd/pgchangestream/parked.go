@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream"
+	"github.com/pgchangestream/pgchangestream/admin"
 )
 
 // parkedUsage is the usage text of "parked" without a subcommand.
@@ -69,7 +70,7 @@ includes each event's document.`, stdout, stderr)
 			return err
 		}
 		defer db.Close()
-		parked, err := pgchangestream.ListParked(ctx, db, *client, f.opts)
+		parked, err := admin.ListParked(ctx, db, *client, f.opts)
 		if err != nil {
 			return err
 		}
@@ -133,7 +134,7 @@ releases its key: every parked event of the key runs again in order, then the ke
 			return err
 		}
 		defer db.Close()
-		if err := pgchangestream.RetryParked(ctx, db, client, id, f.opts); err != nil {
+		if err := admin.RetryParked(ctx, db, client, id, f.opts); err != nil {
 			return err
 		}
 		_, err = fmt.Fprintf(stdout, "parked event %d of client %s will run again\n", id, client)
@@ -163,7 +164,7 @@ new events run. It needs --yes, or --dry-run to print the event only.`, stdout, 
 		}
 		defer db.Close()
 		if *dryRun {
-			parked, err := pgchangestream.ListParked(ctx, db, client, f.opts)
+			parked, err := admin.ListParked(ctx, db, client, f.opts)
 			if err != nil {
 				return err
 			}
@@ -176,7 +177,7 @@ new events run. It needs --yes, or --dry-run to print the event only.`, stdout, 
 			}
 			return fmt.Errorf("%w: client %q has no parked event %d", pgchangestream.ErrNotParked, client, id)
 		}
-		if err := pgchangestream.DropParked(ctx, db, client, id, f.opts); err != nil {
+		if err := admin.DropParked(ctx, db, client, id, f.opts); err != nil {
 			return err
 		}
 		_, err = fmt.Fprintf(stdout, "dropped parked event %d of client %s\n", id, client)
