@@ -31,8 +31,8 @@ const (
 //	 "updateDescription": {"updatedFields": {"a.b": v}}, "documentKey": {"_id": "<record id>"},
 //	 "ns": {"coll": "<table>"}}
 //
-// Event is a map[string]any, and nested documents are plain map[string]any values.
-type Event = document.Event
+// Nested documents are plain map[string]any values.
+type Event map[string]any
 
 // EventWithToken is one delivery on [ChangeStreamWatcher.Events].
 type EventWithToken struct {

@@ -22,7 +22,7 @@ type Event struct {
 	Key            string
 	Table          string         // ns.coll of the event
 	ChangelogID    int64          // the changelog id (the resume token)
-	Event          document.Event // the document as delivered
+	Event          map[string]any // the document as delivered
 	Error          string         // the last handler error
 	Attempts       int
 	Blocking       bool // parked under BlockOnFailure: holds its key

@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
-	"github.com/pgchangestream/pgchangestream/internal/document"
 )
 
 // newMock returns the store of client "c" beside datastore_changelog on a sqlmock database
@@ -55,7 +54,7 @@ func TestParkStoresTheEventAndAStorableError(t *testing.T) {
 		WithArgs("c", "k", "items", int64(452), `{"a":1}`, `bad\x00`+"\ufffd", 3, true).
 		WillReturnRows(sqlmock.NewRows([]string{"id"}).AddRow(int64(9)))
 	id, err := s.Park(t.Context(), Event{Client: "ignored", Key: "k", Table: "items", ChangelogID: 452,
-		Event: document.Event{"a": 1}, Error: "bad\x00\xff", Attempts: 3, Blocking: true})
+		Event: map[string]any{"a": 1}, Error: "bad\x00\xff", Attempts: 3, Blocking: true})
 	require.NoError(t, err)
 	require.Equal(t, int64(9), id)
 }
@@ -103,7 +102,7 @@ func TestReadsDecodeTheDocuments(t *testing.T) {
 	evs, err := s.KeyEvents(t.Context(), "k")
 	require.NoError(t, err)
 	require.Equal(t, []Event{{ID: 9, Client: "c", Key: "k", Table: "items", ChangelogID: 452,
-		Event: document.Event{"a": map[string]any{"b": float64(1)}}, Error: "boom", Attempts: 2, Blocking: true, ParkedAt: at}}, evs)
+		Event: map[string]any{"a": map[string]any{"b": float64(1)}}, Error: "boom", Attempts: 2, Blocking: true, ParkedAt: at}}, evs)
 
 	mock.ExpectQuery(`SELECT `+parkedColumns+` FROM "datastore_changelog_parked" WHERE client_name = $1 AND retry_requested ORDER BY id LIMIT $2`).
 		WithArgs("c", 10).WillReturnRows(sqlmock.NewRows(cols).AddRow(row(9, `[1]`)...))

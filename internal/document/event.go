@@ -10,10 +10,6 @@ import (
 	"time"
 )
 
-// Event is one change event document, the root package's Event: what [Decode] and [Build]
-// make, and what the dead-letter table keeps of a parked event.
-type Event map[string]any
-
 // Row is one row of the changelog as read by the watcher.
 type Row struct {
 	ID       int64
