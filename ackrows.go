@@ -86,7 +86,7 @@ func (w *Watcher) insertClaim(ctx context.Context, tx *sql.Tx, id int64, q strin
 // An exclusive watcher's compaction is fenced as its claims are: it deletes only while the
 // token row holds its owner epoch, so a former owner that wakes up after a successor claimed
 // the client (or after a token reset) deletes nothing by its own, older view. A Shared
-// member's is fenced by range (shared_tx.go).
+// member's is fenced by range (shared_read.go).
 func (w *Watcher) compactAcks(ctx context.Context) (int64, error) {
 	args := changelog.Params{w.cfg.ClientName}
 	w.ckMu.Lock()

@@ -40,7 +40,7 @@ type Watcher struct {
 	// markers in the token (txack.go).
 	instance string
 	q        queries             // immutable
-	listen   *listen.Listener    // immutable; nil when not listening (listen.go)
+	listen   *listen.Listener    // immutable; nil when not listening (internal/listen)
 	events   chan EventWithToken // sent on and closed by the reader goroutine only (or by Close before Start)
 	wake     chan struct{}       // capacity 1; listener → reader: read now
 	primed   signal              // fired after the first read, or when stopping before (see Ready)
@@ -80,7 +80,7 @@ type Watcher struct {
 	// row lock, say).
 	switched *position.Span
 
-	// The processed-flag marker (marker.go, internal/marker): its own lock, and its goroutine.
+	// The processed-flag marker (internal/marker; glue in checkpoint.go): its own lock, and its goroutine.
 	// Immutable pointer; nil unless the watcher sets the processed flag.
 	mark *marker.Marker
 
@@ -130,7 +130,7 @@ type Watcher struct {
 	hasInc         bool      // the changelog has an incarnation table (set by the load; see load.go)
 	readNow        bool      // readBatch ended a span at a snapshot it did not take: read on at once
 	incNoted       bool      // its absence was reported
-	statsChecked   time.Time // when the changelog's statistics were last looked for (plans.go)
+	statsChecked   time.Time // when the changelog's statistics were last looked for (delta.go)
 
 	// rewindAsked is set by a save (under ckMu) that found the server recovered since its
 	// position was read, and cleared by the reader's rewind (under ckMu).
@@ -146,7 +146,7 @@ type Watcher struct {
 	// member's ranges loaded), before it delivers any of them: Process loads its held keys again
 	// (see ownership). Added to by the reader goroutine; read by Process's dispatcher.
 	ownGen atomic.Uint64
-	// noStats: the changelog had no statistics when last looked for (plans.go). Set by the
+	// noStats: the changelog had no statistics when last looked for (delta.go). Set by the
 	// reader; read by its reads and prefetches.
 	noStats atomic.Bool
 
@@ -413,5 +413,54 @@ func (w *Watcher) stopWith(err error) {
 	w.lifeMu.Unlock()
 	if cancel != nil { // nil before Start
 		cancel()
+	}
+}
+
+// The connection defaults of the watcher's own sessions (LISTEN and the exclusive lock).
+const (
+	listenConnTimeout = 10 * time.Second
+	defaultAppName    = "pgchangestream"
+)
+
+// newListener returns the LISTEN service (internal/listen) on pc: its notifications wake the
+// reader and note id hints; its failures go to Health.
+func (w *Watcher) newListener(pc *pgconn.Config) *listen.Listener {
+	failed := newRepeatLog(w.log, slog.LevelWarn, "LISTEN connection failed; retrying")
+	return listen.New(listen.Config{
+		Conn:           pc,
+		AppName:        defaultAppName,
+		ConnectTimeout: listenConnTimeout,
+		Channel:        w.cfg.NotifyChannel,
+		Table:          w.cfg.TableName,
+		Hints:          &w.hints,
+		Logger:         w.log,
+		NoIDs:          w.skipFree.Load,
+		Wake:           w.wakeReader,
+		OnConnect:      w.warnOtherWatchers,
+		Failed: func(err error, retryIn time.Duration) {
+			w.health.fail(opListen, fmt.Errorf("%s: %w", opListen, err))
+			failed.fail("error", err, "retry_in", retryIn)
+		},
+		Connected: func() {
+			failed.ok()
+			w.health.ok(opListen)
+		},
+		Lost: func(err error) { w.health.fail(opListen, fmt.Errorf("%s lost: %w", opListen, err)) },
+	})
+}
+
+// listenLoop is the listener goroutine: it runs the LISTEN service until ctx ends. A panic in
+// it stops the watcher.
+func (w *Watcher) listenLoop(ctx context.Context) {
+	defer w.wg.Done()
+	defer w.recoverPanic(opPanic, "LISTEN connection", w.stopWith)
+	w.listen.Run(ctx)
+}
+
+// wakeReader asks the reader for a read, coalescing with a wake-up already waiting.
+func (w *Watcher) wakeReader() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
 	}
 }

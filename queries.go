@@ -20,7 +20,7 @@ type queries struct {
 	snapshot, snapshotInc string
 	// detect: whether the changelog ($1, quoted) has the txid column with its default, on
 	// PostgreSQL 13 or later, whether the incarnation table ($2, quoted) exists, and whether the
-	// changelog has statistics (plans.go). statsExist: the last alone.
+	// changelog has statistics (delta.go). statsExist: the last alone.
 	detect, statsExist string
 	// deltaStart: the current snapshot and the highest txid stored for the table, checked at
 	// Start against each other and against the saved token. deltaStartInc adds the

@@ -282,7 +282,7 @@ func (w *Watcher) queryByKey(ctx context.Context, q string, buf []changelogRow, 
 	return scanRows(rows, buf, cols)
 }
 
-// query runs a changelog read of index ranges (plans.go) and reads its rows, with the columns
+// query runs a changelog read of index ranges (read, delta.go) and reads its rows, with the columns
 // cols, into buf.
 func (w *Watcher) query(ctx context.Context, q string, buf []changelogRow, cols rowColumns, args ...any) ([]changelogRow, error) {
 	err := w.read(ctx, q, func(rows *sql.Rows) (err error) {

@@ -72,13 +72,13 @@ type sharedQueries struct {
 	expire     string // $3 the lease in ms: deletes the members whose lease ran out, while $2 is settled
 	state      string // $3 the lease in ms: the live members, the owner (0: none) of each range, whether $2 is settled
 	initRanges string // $2 the start token: one row per range, unless they exist
-	claim      string // $3 ranges, $4 the lease in ms: those free, or, while $2 is settled, of members whose lease ran out (shared_tx.go)
+	claim      string // $3 ranges, $4 the lease in ms: those free, or, while $2 is settled, of members whose lease ran out (shared_read.go)
 	release    string // $3 ranges owned by $2: free them
 	leave      string // frees every range of $2 and deletes its row
 	load       string // the ranges $2 owns and their tokens
 	save       string // $3 the token, $4 ranges: only those $2 still owns
 	saveInc    string // save, while the incarnation is still $5
-	// claimAck, ackState and compactOwned are ProcessTx's (shared_tx.go), with $2 the changelog
+	// claimAck, ackState and compactOwned are ProcessTx's (shared_read.go), with $2 the changelog
 	// id: claimAck claims it while member $3 owns its range ($4 the idle timeout in ms);
 	// ackState: whether its acknowledgement row and its changelog row exist; compactOwned,
 	// followed by the member's placeholder, restricts compactAcks to the member's ranges.
@@ -487,3 +487,56 @@ func (w *Watcher) leave(ctx context.Context) error {
 	w.log.Info("left the shared members", "member", id)
 	return nil
 }
+
+// leaseContext is the context of a Shared member's handler: it is done when its parent is, when
+// the member stops owning its ranges, and as soon as it is asked (Done, Err) after the member's
+// lease may have run out. The last is checked on the monotonic clock at each call, so a member
+// frozen mid-handler (a pause, a stopped process) past its lease finds the context done at the
+// handler's next database call when it wakes, before any goroutine could cancel it: the call
+// fails instead of writing after another member took over the range.
+type leaseContext struct {
+	context.Context // the parent
+	sh              *sharedMember
+	once            sync.Once
+	done            chan struct{}
+	stop            [2]func() bool // the AfterFuncs on the parent and on the member's loss
+}
+
+// handlerContext returns the context for a handler run under parent, and its release.
+func (s *sharedMember) handlerContext(parent context.Context) (*leaseContext, func()) {
+	c := &leaseContext{Context: parent, sh: s, done: make(chan struct{})}
+	c.stop[0] = context.AfterFunc(parent, c.close)
+	c.stop[1] = context.AfterFunc(s.lost, c.close)
+	return c, func() {
+		c.stop[0]()
+		c.stop[1]()
+	}
+}
+
+func (c *leaseContext) close() { c.once.Do(func() { close(c.done) }) }
+
+// Done returns the channel closed when the handler must stop; it closes it first if the lease
+// may have run out.
+func (c *leaseContext) Done() <-chan struct{} {
+	if !c.sh.leaseValid() {
+		c.close()
+	}
+	return c.done
+}
+
+// Err returns the parent's error, or DeadlineExceeded once the lease may have run out or the
+// member stopped owning its ranges; nil while the handler may go on.
+func (c *leaseContext) Err() error {
+	select {
+	case <-c.Done():
+		if err := c.Context.Err(); err != nil {
+			return err
+		}
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
+// Deadline is the parent's: the lease's end moves with each renewal.
+func (c *leaseContext) Deadline() (time.Time, bool) { return c.Context.Deadline() }
