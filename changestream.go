@@ -16,7 +16,6 @@ import (
 	"github.com/pgchangestream/pgchangestream/internal/lock"
 	"github.com/pgchangestream/pgchangestream/internal/marker"
 	"github.com/pgchangestream/pgchangestream/internal/pending"
-	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
@@ -62,23 +61,8 @@ type Watcher struct {
 	// first read, read by the listener.
 	skipFree atomic.Bool
 
-	// Delivery state, guarded by mu. Nothing slow happens while mu is held.
-	mu             sync.Mutex
-	loaded         bool // cursor holds the loaded position; checkpoints may be computed
-	cursor         Position
-	seq            uint64
-	ring           *pending.Ring[Position]
-	filtered       uint64
-	acked          uint64
-	evicted        uint64
-	savedMirror    Position // copy of saved for Stats
-	lastEmptyBatch time.Time
-	lastEventRead  time.Time
-	// switched is the span of an in-place switch-over (seq 0, its snapshot as base), set by the
-	// reader when it switches, for the marker's passes (markTarget); guarded by mu, not by the
-	// marker's lock, so that the reader never waits for a marking statement (one held up by a
-	// row lock, say).
-	switched *position.Span
+	// The delivery state under mu (pending.go).
+	reader
 
 	// The processed-flag marker (internal/marker; glue in checkpoint.go): its own lock, and its goroutine.
 	// Immutable pointer; nil unless the watcher sets the processed flag.
@@ -220,7 +204,7 @@ func newWatcher(cfg Config) *Watcher {
 		instance: newInstanceID(),
 		events:   make(chan EventWithToken, eventsCapacity(cfg)),
 		wake:     make(chan struct{}, 1),
-		ring:     pending.New(cfg.MaxPending, Position.Predecessor),
+		reader:   reader{ring: pending.New(cfg.MaxPending, Position.Predecessor)},
 		recent:   listen.NewRecentIDs(recentCapacity),
 		batch:    make([]changelogRow, 0, cfg.BatchSize+1), // a delta's first page reads one more
 		spare:    make([]changelogRow, 0, cfg.BatchSize+1),

@@ -446,14 +446,6 @@ func (w *Watcher) newMarker() *marker.Marker {
 	})
 }
 
-// markTarget is what the marker marks up to: the saved position, with the in-place
-// switch-over's span, read under mu.
-func (w *Watcher) markTarget() marker.Saved {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return marker.Saved{Position: w.savedMirror, Loaded: w.loaded, Switched: w.switched}
-}
-
 // afterSave has the rows certified by a save marked (see marker.Marker.AfterSave).
 func (w *Watcher) afterSave(ctx context.Context) {
 	if w.mark != nil {

@@ -228,13 +228,6 @@ func (w *Watcher) readBatch(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-// noteEmptyRead records that a read found nothing new.
-func (w *Watcher) noteEmptyRead() {
-	w.mu.Lock()
-	w.lastEmptyBatch = time.Now()
-	w.mu.Unlock()
-}
-
 // nextBatch is a read of the next batch running while the current one is delivered.
 type nextBatch struct {
 	from Position

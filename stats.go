@@ -399,23 +399,6 @@ func (w *Watcher) Health() error {
 	return w.health.err(time.Now())
 }
 
-// lagLocked is the lag at now: the age of the oldest row not yet acknowledged or not yet read,
-// measured from its changed_at, 0 when nothing is pending and the last read found no more rows.
-// Rows not yet read are newer than the cursor, so while the reader is behind, the cursor's
-// changed_at bounds their age from above. mu must be held.
-func (w *Watcher) lagLocked(now time.Time, caughtUp bool) time.Duration {
-	var oldest time.Time
-	if p, ok := w.ring.MinPredecessor(); ok {
-		oldest = p.ChangedAt
-	} else if !caughtUp && w.loaded {
-		oldest = w.cursor.ChangedAt
-	}
-	if oldest.IsZero() || !oldest.Before(now) {
-		return 0
-	}
-	return now.Sub(oldest)
-}
-
 // repeatLogInterval is the most often a repeatLog writes a line about the same failure.
 const repeatLogInterval = 30 * time.Second
 

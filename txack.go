@@ -123,30 +123,6 @@ func (w *Watcher) txFenceLocked() (fenced bool, epoch int64, _ error) {
 	return w.fenced, w.epoch, nil
 }
 
-// peekCheckpoint returns the checkpoint that acknowledging id (when ok) would give, and the
-// seq of the last delivery it acknowledges, changing nothing.
-func (w *Watcher) peekCheckpoint(id int64, ok bool) (Position, uint64, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock() // the ring's code runs under mu: a panic in it must not leave mu held
-	p, loaded := w.checkpointLocked()
-	if !loaded {
-		return Position{}, 0, errors.New("the saved token is not loaded yet")
-	}
-	seq := w.ring.AckedSeq()
-	if !ok {
-		return p, seq, nil
-	}
-	s, m, hasMin, found := w.ring.PeekAck(id)
-	if !found {
-		return p, seq, nil
-	}
-	p = w.cursor
-	if hasMin {
-		p = position.Min(p, m)
-	}
-	return p, max(seq, s), nil
-}
-
 // noteTxAck records that a transaction may acknowledge up to seq, so that saves look for its
 // marker. It acknowledges nothing.
 func (w *Watcher) noteTxAck(seq uint64) {
@@ -173,22 +149,6 @@ func (w *Watcher) catchUpTxAcks(ctx context.Context) error {
 		w.applyTxAck(seq)
 	}
 	return nil
-}
-
-// applyTxAck acknowledges in memory every delivery up to seq, named by a committed marker.
-func (w *Watcher) applyTxAck(seq uint64) {
-	w.mu.Lock()
-	defer w.mu.Unlock() // the ring's code runs under mu: a panic in it must not leave mu held
-	if seq > w.ring.AckedSeq() {
-		w.acked += uint64(w.ring.AckSeq(seq))
-	}
-}
-
-// ackedSeq returns the seq of the last delivery acknowledged in memory.
-func (w *Watcher) ackedSeq() uint64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.ring.AckedSeq()
 }
 
 // queryer is what reading the token row needs: a *sql.DB, or a caller's *sql.Tx.
