@@ -32,22 +32,19 @@ const (
 // [Watcher.Start]; read [Watcher.Events]; acknowledge with [Watcher.MarkProcessed]; stop with
 // [Watcher.Close].
 type Watcher struct {
-	cfg    Config       // immutable after New
-	cfgErr error        // immutable; set only by NewPostgreSQLChangeStreamWatcher
-	log    *slog.Logger // immutable
-	// instance is random per watcher and immutable: it names this watcher's acknowledgement
-	// markers in the token (txack.go).
-	instance string
-	q        queries             // immutable
-	listen   *listen.Listener    // immutable; nil when not listening (internal/listen)
-	events   chan EventWithToken // sent on and closed by the reader goroutine only (or by Close before Start)
-	wake     chan struct{}       // capacity 1; listener → reader: read now
-	primed   signal              // fired after the first read, or when stopping before (see Ready)
-	wg       sync.WaitGroup      // reader, listener, saver, prefetch and lock goroutines
-	health   health              // failures and their counters; safe for concurrent use
-	excl     exclusive           // the exclusive lock; see exclusive.go
-	elector  *lock.Elector       // immutable pointer; nil unless Config.Exclusive (exclusive.go)
-	sh       *sharedMember       // immutable pointer; nil unless Config.Shared (shared.go)
+	cfg     Config              // immutable after New
+	cfgErr  error               // immutable; set only by NewPostgreSQLChangeStreamWatcher
+	log     *slog.Logger        // immutable
+	q       queries             // immutable
+	listen  *listen.Listener    // immutable; nil when not listening (internal/listen)
+	events  chan EventWithToken // sent on and closed by the reader goroutine only (or by Close before Start)
+	wake    chan struct{}       // capacity 1; listener → reader: read now
+	primed  signal              // fired after the first read, or when stopping before (see Ready)
+	wg      sync.WaitGroup      // reader, listener, saver, prefetch and lock goroutines
+	health  health              // failures and their counters; safe for concurrent use
+	excl    exclusive           // the exclusive lock; see exclusive.go
+	elector *lock.Elector       // immutable pointer; nil unless Config.Exclusive (exclusive.go)
+	sh      *sharedMember       // immutable pointer; nil unless Config.Shared (shared.go)
 
 	// Lifecycle, guarded by lifeMu.
 	lifeMu  sync.Mutex
@@ -68,36 +65,14 @@ type Watcher struct {
 	// Immutable pointer; nil unless the watcher sets the processed flag.
 	mark *marker.Marker
 
-	// Checkpoint state, guarded by ckMu, which serializes compute-and-save.
-	ckMu     sync.Mutex
-	saved    Position
-	hasSaved bool
-	savedAt  time.Time // when saved was loaded or last written
-	// fenced: saves match the owner epoch (Config.Exclusive on a token table with the
-	// owner_epoch column); epoch: the epoch claimed by the load, 0 until the token row of a new
-	// client is created (load.go). Set by each load.
-	fenced        bool
-	epoch         int64
-	unfencedNoted bool // the unfenced token table was reported
-	// txAcked: MarkProcessedTx was called, so saves carry the acknowledgement marker and
-	// never write over a later one (txack.go). Set once, under ckMu.
-	txAcked bool
-	// txSeq: the highest delivery seq a MarkProcessedTx wrote, committed or not (atomic; read
-	// by saves, which look for its marker while it is above the seq acknowledged in memory).
-	txSeq atomic.Uint64
-
-	// The last background save failure, returned once, guarded by errMu: not ckMu, so that an
-	// acknowledgement in batched mode never waits for a save it did not ask for.
-	errMu sync.Mutex
-	bgErr error
+	// The save state under ckMu (checkpoint.go).
+	saver
 
 	// Hints from NOTIFY payloads (listener adds, reader takes); safe for concurrent use.
 	hints listen.Hints
 
 	// Counters, atomic: added by their writers, read by Stats from any goroutine.
 	delivered atomic.Uint64 // added by the reader after each completed send
-	ckWrites  atomic.Uint64 // added under ckMu (and by load) after each successful save
-	ckErrors  atomic.Uint64 // added under ckMu after each failed save
 
 	// Reader goroutine only.
 	// rq: the row reads; a Shared member's change with its ranges (set by its hand-overs,
@@ -198,18 +173,17 @@ func eventsCapacity(cfg Config) int {
 
 func newWatcher(cfg Config) *Watcher {
 	w := &Watcher{
-		cfg:      cfg,
-		log:      cfg.Logger.With("client", cfg.ClientName, "table", cfg.TableName),
-		q:        buildQueries(cfg),
-		instance: newInstanceID(),
-		events:   make(chan EventWithToken, eventsCapacity(cfg)),
-		wake:     make(chan struct{}, 1),
-		reader:   reader{ring: pending.New(cfg.MaxPending, Position.Predecessor)},
-		recent:   listen.NewRecentIDs(recentCapacity),
-		batch:    make([]changelogRow, 0, cfg.BatchSize+1), // a delta's first page reads one more
-		spare:    make([]changelogRow, 0, cfg.BatchSize+1),
-		pager:    deltaPager{pageSize: cfg.BatchSize, maxIDs: maxDeltaIDs},
-		health:   health{listenCritical: cfg.Mode == ModeNotify},
+		cfg:    cfg,
+		log:    cfg.Logger.With("client", cfg.ClientName, "table", cfg.TableName),
+		q:      buildQueries(cfg),
+		events: make(chan EventWithToken, eventsCapacity(cfg)),
+		wake:   make(chan struct{}, 1),
+		reader: reader{ring: pending.New(cfg.MaxPending, Position.Predecessor)},
+		recent: listen.NewRecentIDs(recentCapacity),
+		batch:  make([]changelogRow, 0, cfg.BatchSize+1), // a delta's first page reads one more
+		spare:  make([]changelogRow, 0, cfg.BatchSize+1),
+		pager:  deltaPager{pageSize: cfg.BatchSize, maxIDs: maxDeltaIDs},
+		health: health{listenCritical: cfg.Mode == ModeNotify},
 
 		schemaEvery: schemaCheckInterval,
 	}
@@ -224,6 +198,8 @@ func newWatcher(cfg Config) *Watcher {
 	if cfg.Shared {
 		w.sh = newSharedMember(cfg)
 	}
+	w.saver = saver{rd: &w.reader, cfg: &w.cfg, q: &w.q, log: w.log, health: &w.health, excl: &w.excl, sh: w.sh,
+		mark: w.mark, instance: newInstanceID(), fence: w.stopOwning, recovered: w.askRewind, leaveIfDrained: w.leaveIfDrained}
 	return w
 }
 

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
@@ -19,6 +21,54 @@ import (
 // member's ranges, the first row of a fenced new client) and MarkProcessedTx's write in the
 // caller's transaction (writeInTx). Loading the token and claiming an owner epoch are in
 // load.go.
+
+// saver computes and writes the checkpoint: it owns the save state, guarded by ckMu, and
+// reads the delivery state through the reader's methods. The Watcher embeds it; its
+// dependencies are set by newWatcher and immutable after.
+type saver struct {
+	rd       *reader        // the delivery state the checkpoint is computed from
+	cfg      *Config        // the watcher's configuration
+	q        *queries       // the watcher's statements
+	log      *slog.Logger   // the watcher's logger
+	health   *health        // the watcher's health record
+	excl     *exclusive     // the exclusive lock's state
+	sh       *sharedMember  // nil unless Config.Shared
+	mark     *marker.Marker // nil unless the watcher sets the processed flag
+	instance string         // names this watcher's acknowledgement markers (txack.go)
+	// fence stops the watcher after a save found a later owner (stopOwning); recovered asks the
+	// reader to rewind after a save found the server recovered (askRewind); leaveIfDrained is a
+	// Shared member's leave once drained.
+	fence          func(err error, msg string)
+	recovered      func()
+	leaveIfDrained func(ctx context.Context) error
+
+	// Save state, guarded by ckMu, which serializes compute-and-save.
+	ckMu     sync.Mutex
+	saved    Position
+	hasSaved bool
+	savedAt  time.Time // when saved was loaded or last written
+	// fenced: saves match the owner epoch (Config.Exclusive on a token table with the
+	// owner_epoch column); epoch: the epoch claimed by the load, 0 until the token row of a new
+	// client is created (load.go). Set by each load.
+	fenced        bool
+	epoch         int64
+	unfencedNoted bool // the unfenced token table was reported
+	// txAcked: MarkProcessedTx was called, so saves carry the acknowledgement marker and
+	// never write over a later one (txack.go). Set once, under ckMu.
+	txAcked bool
+	// txSeq: the highest delivery seq a MarkProcessedTx wrote, committed or not (atomic; read
+	// by saves, which look for its marker while it is above the seq acknowledged in memory).
+	txSeq atomic.Uint64
+
+	// The last background save failure, returned once, guarded by errMu: not ckMu, so that an
+	// acknowledgement in batched mode never waits for a save it did not ask for.
+	errMu sync.Mutex
+	bgErr error
+
+	// Counters, atomic: added by the saves, read by Stats from any goroutine.
+	ckWrites atomic.Uint64 // added under ckMu (and by load) after each successful save
+	ckErrors atomic.Uint64 // added under ckMu after each failed save
+}
 
 // saveRule says when a save writes.
 type saveRule uint8
@@ -37,28 +87,28 @@ const (
 // saveCheckpoint computes the checkpoint and persists it if rule says so. Compute and write
 // happen under ckMu, so saves are ordered; mu is held only to compute. A write is told to
 // Config.Observer after ckMu is released.
-func (w *Watcher) saveCheckpoint(ctx context.Context, rule saveRule) error {
+func (s *saver) saveCheckpoint(ctx context.Context, rule saveRule) error {
 	var write SaveObservation
-	saved, err := w.writeCheckpoint(ctx, rule, &write)
-	if o := w.cfg.Observer; o != nil && !write.Start.IsZero() {
+	saved, err := s.writeCheckpoint(ctx, rule, &write)
+	if o := s.cfg.Observer; o != nil && !write.Start.IsZero() {
 		o.ObserveSave(ctx, write)
 	}
 	if saved {
-		w.afterSave(ctx) // outside ckMu: marking must not hold up the next save
+		s.afterSave(ctx) // outside ckMu: marking must not hold up the next save
 	}
-	if err == nil && w.sh != nil && w.sh.leaveWhenDrained.Load() {
-		return w.leaveIfDrained(ctx)
+	if err == nil && s.sh != nil && s.sh.leaveWhenDrained.Load() {
+		return s.leaveIfDrained(ctx)
 	}
 	return err
 }
 
 // writeCheckpoint is saveCheckpoint's compute-and-save under ckMu. saved reports a successful
 // write; write is set when a write was tried.
-func (w *Watcher) writeCheckpoint(ctx context.Context, rule saveRule, write *SaveObservation) (saved bool, _ error) {
-	w.ckMu.Lock()
-	defer w.ckMu.Unlock()
+func (s *saver) writeCheckpoint(ctx context.Context, rule saveRule, write *SaveObservation) (saved bool, _ error) {
+	s.ckMu.Lock()
+	defer s.ckMu.Unlock()
 	for try := 1; ; try++ {
-		saved, err := w.writeCheckpointOnce(ctx, rule, write)
+		saved, err := s.writeCheckpointOnce(ctx, rule, write)
 		if !errors.Is(err, errAckAhead) || try == ackAheadTries {
 			return saved, err
 		}
@@ -67,48 +117,48 @@ func (w *Watcher) writeCheckpoint(ctx context.Context, rule saveRule, write *Sav
 
 // writeCheckpointOnce is one compute-and-save of writeCheckpoint, after applying an
 // acknowledgement committed in a transaction. ckMu must be held.
-func (w *Watcher) writeCheckpointOnce(ctx context.Context, rule saveRule, write *SaveObservation) (saved bool, _ error) {
-	if err := w.catchUpTxAcks(ctx); err != nil {
+func (s *saver) writeCheckpointOnce(ctx context.Context, rule saveRule, write *SaveObservation) (saved bool, _ error) {
+	if err := s.catchUpTxAcks(ctx); err != nil {
 		return false, fmt.Errorf("pgchangestream: %s: %w", opSave, err)
 	}
-	p, seq, ok, busy := w.checkpoint()
+	p, seq, ok, busy := s.rd.checkpoint()
 	// With nothing pending the checkpoint is the cursor: a refresh saves the newest snapshot
 	// read (or the same position again), and passes no delivery.
-	refresh := rule != saveChanged && !busy && time.Since(w.savedAt) >= w.cfg.CheckpointRefreshInterval
-	if !ok || (rule == saveIdle && busy) || w.cfg.Ephemeral {
+	refresh := rule != saveChanged && !busy && time.Since(s.savedAt) >= s.cfg.CheckpointRefreshInterval
+	if !ok || (rule == saveIdle && busy) || s.cfg.Ephemeral {
 		return false, nil
 	}
-	if err := w.excl.lostErr(); err != nil { // a standby may hold the lock now
+	if err := s.excl.lostErr(); err != nil { // a standby may hold the lock now
 		return false, fmt.Errorf("pgchangestream: save checkpoint %s: %w", p, err)
 	}
-	if w.hasSaved && unchanged(p, w.saved) && !refresh {
+	if s.hasSaved && unchanged(p, s.saved) && !refresh {
 		return false, nil
 	}
 	start := time.Now()
-	err := w.writeToken(ctx, p, seq)
+	err := s.writeToken(ctx, p, seq)
 	*write = SaveObservation{Start: start, Duration: time.Since(start), Checkpoint: p}
 	if errors.Is(err, errAckAhead) { // computed again at once
 		return false, err
 	}
 	if err != nil {
-		w.ckErrors.Add(1)
+		s.ckErrors.Add(1)
 		if errors.Is(err, ErrServerRecovered) {
-			w.askRewind()
+			s.recovered()
 		}
-		err = fmt.Errorf("pgchangestream: %s %s to token table %s: %w", opSave, p, w.cfg.TokenTable, err)
+		err = fmt.Errorf("pgchangestream: %s %s to token table %s: %w", opSave, p, s.cfg.TokenTable, err)
 		// The caller gave up, or a caller's transaction holds the row: no fault of the database's.
 		if !errors.Is(ctx.Err(), context.Canceled) && !errors.Is(err, errTokenLocked) {
-			w.health.fail(opSave, err)
+			s.health.fail(opSave, err)
 		}
 		write.Err = err
 		return false, err
 	}
-	w.ckWrites.Add(1)
-	w.health.ok(opSave)
-	w.saved, w.hasSaved, w.savedAt = p, true, time.Now()
-	w.mu.Lock()
-	w.savedMirror = p
-	w.mu.Unlock()
+	s.ckWrites.Add(1)
+	s.health.ok(opSave)
+	s.saved, s.hasSaved, s.savedAt = p, true, time.Now()
+	s.rd.mu.Lock()
+	s.rd.savedMirror = p
+	s.rd.mu.Unlock()
 	return true, nil
 }
 
@@ -136,11 +186,11 @@ func (w *Watcher) Flush(ctx context.Context) error {
 }
 
 // takeBackgroundError returns and clears the last background save failure.
-func (w *Watcher) takeBackgroundError() error {
-	w.errMu.Lock()
-	defer w.errMu.Unlock()
-	err := w.bgErr
-	w.bgErr = nil
+func (s *saver) takeBackgroundError() error {
+	s.errMu.Lock()
+	defer s.errMu.Unlock()
+	err := s.bgErr
+	s.bgErr = nil
 	return err
 }
 
@@ -193,10 +243,10 @@ const backgroundSaveTimeout = 30 * time.Second
 // saveInBackground is a save the watcher starts by itself (idle, batched, or behind a late
 // row). Stopping the watcher does not cancel it mid-statement, so its outcome is known: either
 // it committed and is recorded, or it failed. Only the timeout bounds it.
-func (w *Watcher) saveInBackground(ctx context.Context, rule saveRule) error {
+func (s *saver) saveInBackground(ctx context.Context, rule saveRule) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backgroundSaveTimeout)
 	defer cancel()
-	return w.saveCheckpoint(ctx, rule)
+	return s.saveCheckpoint(ctx, rule)
 }
 
 // writeToken saves p as the client's token; seq is the last delivery acknowledged in memory
@@ -206,39 +256,39 @@ func (w *Watcher) saveInBackground(ctx context.Context, rule saveRule) error {
 // server incarnation is written only while the server is still in it (see load.go). A fenced
 // save that matches no row stops the watcher and returns an error wrapping ErrFenced; a save
 // whose incarnation ended writes nothing and returns ErrServerRecovered. ckMu must be held.
-func (w *Watcher) writeToken(ctx context.Context, p Position, seq uint64) error {
-	tok := position.EncodeToken(p, w.cfg.TableName)
+func (s *saver) writeToken(ctx context.Context, p Position, seq uint64) error {
+	tok := position.EncodeToken(p, s.cfg.TableName)
 	var inc string
 	if p.Span != nil {
 		inc = p.Span.Inc
 	}
 	switch {
-	case w.sh != nil:
-		return w.writeShared(ctx, p, string(tok), inc)
-	case w.fenced && w.epoch == 0: // the lock session ends with a crash: it cannot outlive the incarnation
-		return w.claimNew(ctx, string(tok))
-	case w.txAcked:
-		return w.writeMarked(ctx, tok, seq, inc)
+	case s.sh != nil:
+		return s.writeShared(ctx, p, string(tok), inc)
+	case s.fenced && s.epoch == 0: // the lock session ends with a crash: it cannot outlive the incarnation
+		return s.claimNew(ctx, string(tok))
+	case s.txAcked:
+		return s.writeMarked(ctx, tok, seq, inc)
 	}
-	return w.writePlain(ctx, string(tok), inc)
+	return s.writePlain(ctx, string(tok), inc)
 }
 
 // writePlain is writeToken's statement without a marker. ckMu must be held.
-func (w *Watcher) writePlain(ctx context.Context, tok, inc string) error {
+func (s *saver) writePlain(ctx context.Context, tok, inc string) error {
 	var (
 		res sql.Result
 		err error
 	)
 	switch {
-	case !w.fenced && inc == "":
-		_, err = w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, tok)
+	case !s.fenced && inc == "":
+		_, err = s.cfg.DB.ExecContext(ctx, s.q.saveToken, s.cfg.ClientName, tok)
 		return err
-	case !w.fenced:
-		res, err = w.cfg.DB.ExecContext(ctx, w.q.saveTokenInc, w.cfg.ClientName, tok, inc)
+	case !s.fenced:
+		res, err = s.cfg.DB.ExecContext(ctx, s.q.saveTokenInc, s.cfg.ClientName, tok, inc)
 	case inc == "":
-		res, err = w.cfg.DB.ExecContext(ctx, w.q.saveFenced, w.cfg.ClientName, tok, w.epoch)
+		res, err = s.cfg.DB.ExecContext(ctx, s.q.saveFenced, s.cfg.ClientName, tok, s.epoch)
 	default:
-		res, err = w.cfg.DB.ExecContext(ctx, w.q.saveFencedInc, w.cfg.ClientName, tok, w.epoch, inc)
+		res, err = s.cfg.DB.ExecContext(ctx, s.q.saveFencedInc, s.cfg.ClientName, tok, s.epoch, inc)
 	}
 	if err != nil {
 		return err
@@ -246,19 +296,19 @@ func (w *Watcher) writePlain(ctx context.Context, tok, inc string) error {
 	if n, err := res.RowsAffected(); err != nil || n == 1 {
 		return err
 	}
-	return w.noWriteErr(ctx, w.cfg.DB, w.fenced, w.epoch, inc)
+	return s.noWriteErr(ctx, s.cfg.DB, s.fenced, s.epoch, inc)
 }
 
 // noWriteErr explains a save that matched no row: the incarnation ended (ErrServerRecovered),
 // or, fenced to epoch, a later owner claimed the client (ErrFenced: the watcher stops). q is
 // where the save ran.
-func (w *Watcher) noWriteErr(ctx context.Context, q queryer, fenced bool, epoch int64, inc string) error {
+func (s *saver) noWriteErr(ctx context.Context, q queryer, fenced bool, epoch int64, inc string) error {
 	if !fenced { // only the incarnation can have stopped an upsert
 		return ErrServerRecovered
 	}
 	if inc != "" {
 		var same bool
-		if err := q.QueryRowContext(ctx, w.q.incarnationIs, inc).Scan(&same); err != nil {
+		if err := q.QueryRowContext(ctx, s.q.incarnationIs, inc).Scan(&same); err != nil {
 			return fmt.Errorf("the save wrote nothing; checking why: %w", err)
 		}
 		if !same {
@@ -266,37 +316,37 @@ func (w *Watcher) noWriteErr(ctx context.Context, q queryer, fenced bool, epoch 
 		}
 	}
 	err := fmt.Errorf("%w: the token row no longer holds owner epoch %d", ErrFenced, epoch)
-	w.stopOwning(err, "fenced off: a later watcher owns this client; stopping")
+	s.fence(err, "fenced off: a later watcher owns this client; stopping")
 	return err
 }
 
 // claimNew creates the token row of a new client with epoch 1, on the lock session while it
 // holds the lock. It fails when a row appeared meanwhile (a watcher without Config.Exclusive
 // saved one): the load is retried, and claims that row.
-func (w *Watcher) claimNew(ctx context.Context, token string) error {
-	s := w.excl.current()
-	if s == nil {
-		return w.lockLostErr()
+func (s *saver) claimNew(ctx context.Context, token string) error {
+	sess := s.excl.current()
+	if sess == nil {
+		return s.excl.lockLostErr()
 	}
-	c, o := lock.Halves(lock.Key(w.cfg.TokenTable, w.cfg.ClientName))
-	row, err := s.Query(ctx, w.q.claimNew, w.cfg.ClientName, token, string(itoa(c)), string(itoa(o)))
+	c, o := lock.Halves(lock.Key(s.cfg.TokenTable, s.cfg.ClientName))
+	row, err := sess.Query(ctx, s.q.claimNew, s.cfg.ClientName, token, string(itoa(c)), string(itoa(o)))
 	switch {
 	case err != nil:
 		return err
 	case len(row) == 0:
 		return errors.New("the token row was created meanwhile, or the lock was lost: claiming again")
 	}
-	w.epoch = 1
-	w.log.Info("claimed the client", "owner_epoch", w.epoch)
+	s.epoch = 1
+	s.log.Info("claimed the client", "owner_epoch", s.epoch)
 	return nil
 }
 
 // writeMarked is writeToken once the watcher acknowledged in a transaction: the token carries
 // the marker of seq, and the save neither waits for the row lock nor writes over a later
 // marker of this watcher (errAckAhead, after applying it). ckMu must be held.
-func (w *Watcher) writeMarked(ctx context.Context, tok []byte, seq uint64, inc string) error {
-	t := string(appendAck(tok, w.instance, seq))
-	res, err := w.cfg.DB.ExecContext(ctx, w.q.ackSave[ackIndex(w.fenced, inc)], saveArgs(w.cfg.ClientName, t, w.fenced, w.epoch, inc)...)
+func (s *saver) writeMarked(ctx context.Context, tok []byte, seq uint64, inc string) error {
+	t := string(appendAck(tok, s.instance, seq))
+	res, err := s.cfg.DB.ExecContext(ctx, s.q.ackSave[ackIndex(s.fenced, inc)], saveArgs(s.cfg.ClientName, t, s.fenced, s.epoch, inc)...)
 	if err != nil {
 		if changelog.HasCode(err, changelog.LockNotAvailable) {
 			return fmt.Errorf("%w: %w", errTokenLocked, err)
@@ -306,17 +356,17 @@ func (w *Watcher) writeMarked(ctx context.Context, tok []byte, seq uint64, inc s
 	if n, err := res.RowsAffected(); err != nil || n == 1 {
 		return err
 	}
-	stored, mine, found, err := w.readAck(ctx, w.cfg.DB)
+	stored, mine, found, err := s.readAck(ctx, s.cfg.DB)
 	switch {
 	case err != nil:
 		return fmt.Errorf("the save wrote nothing; checking why: %w", err)
 	case mine && stored > seq:
-		w.applyTxAck(stored)
+		s.rd.applyTxAck(stored)
 		return errAckAhead
-	case !found && !w.fenced: // the row was deleted: create it again, as an unmarked save does
-		return w.writePlain(ctx, t, inc)
+	case !found && !s.fenced: // the row was deleted: create it again, as an unmarked save does
+		return s.writePlain(ctx, t, inc)
 	}
-	return w.noWriteErr(ctx, w.cfg.DB, w.fenced, w.epoch, inc)
+	return s.noWriteErr(ctx, s.cfg.DB, s.fenced, s.epoch, inc)
 }
 
 // writeShared saves p (as tok, read in incarnation inc) to the ranges the member owns, except
@@ -324,8 +374,8 @@ func (w *Watcher) writeMarked(ctx context.Context, tok []byte, seq uint64, inc s
 // then those ranges still hold their own positions, which reads and compaction respect). A range the member no
 // longer owns (another member claimed it after this one's lease ran out) fences the save off:
 // the watcher stops. ckMu must be held.
-func (w *Watcher) writeShared(ctx context.Context, p Position, tok, inc string) error {
-	v := w.sh.view.Load()
+func (s *saver) writeShared(ctx context.Context, p Position, tok, inc string) error {
+	v := s.sh.view.Load()
 	ranges := v.owned
 	var next *sharedView // the view without the floors p covers, once p is saved
 	if len(v.floors) > 0 {
@@ -348,15 +398,15 @@ func (w *Watcher) writeShared(ctx context.Context, p Position, tok, inc string) 
 	if len(ranges) == 0 {
 		return nil
 	}
-	id := w.sh.id.Load()
+	id := s.sh.id.Load()
 	var (
 		res sql.Result
 		err error
 	)
 	if inc == "" {
-		res, err = w.cfg.DB.ExecContext(ctx, w.sh.q.save, w.cfg.ClientName, id, tok, changelog.Array(int64s(ranges)))
+		res, err = s.cfg.DB.ExecContext(ctx, s.sh.q.save, s.cfg.ClientName, id, tok, changelog.Array(int64s(ranges)))
 	} else {
-		res, err = w.cfg.DB.ExecContext(ctx, w.sh.q.saveInc, w.cfg.ClientName, id, tok, changelog.Array(int64s(ranges)), inc)
+		res, err = s.cfg.DB.ExecContext(ctx, s.sh.q.saveInc, s.cfg.ClientName, id, tok, changelog.Array(int64s(ranges)), inc)
 	}
 	if err != nil {
 		return err
@@ -367,13 +417,13 @@ func (w *Watcher) writeShared(ctx context.Context, p Position, tok, inc string) 
 		return err
 	case n == int64(len(ranges)):
 		if next != nil {
-			w.sh.view.Store(next)
+			s.sh.view.Store(next)
 		}
 		return nil
 	}
 	if inc != "" {
 		var same bool
-		if err := w.cfg.DB.QueryRowContext(ctx, w.q.incarnationIs, inc).Scan(&same); err != nil {
+		if err := s.cfg.DB.QueryRowContext(ctx, s.q.incarnationIs, inc).Scan(&same); err != nil {
 			return fmt.Errorf("the save wrote nothing; checking why: %w", err)
 		}
 		if !same {
@@ -381,27 +431,27 @@ func (w *Watcher) writeShared(ctx context.Context, p Position, tok, inc string) 
 		}
 	}
 	err = fmt.Errorf("%w: member %d no longer owns %d of its %d ranges", ErrFenced, id, len(ranges)-int(n), len(ranges))
-	w.stopOwning(err, "fenced off: another member took over ranges of this one; stopping")
+	s.fence(err, "fenced off: another member took over ranges of this one; stopping")
 	return err
 }
 
 // writeInTx is MarkProcessedTx's write of the marked token tok (seq, fencing and incarnation as
 // writeToken's) in the caller's transaction tx.
-func (w *Watcher) writeInTx(ctx context.Context, tx *sql.Tx, tok string, seq uint64, fenced bool, epoch int64, inc string) error {
-	res, err := tx.ExecContext(ctx, w.q.ackTx[ackIndex(fenced, inc)], saveArgs(w.cfg.ClientName, tok, fenced, epoch, inc)...)
+func (s *saver) writeInTx(ctx context.Context, tx *sql.Tx, tok string, seq uint64, fenced bool, epoch int64, inc string) error {
+	res, err := tx.ExecContext(ctx, s.q.ackTx[ackIndex(fenced, inc)], saveArgs(s.cfg.ClientName, tok, fenced, epoch, inc)...)
 	if err != nil {
 		return err
 	}
 	if n, err := res.RowsAffected(); err != nil || n == 1 {
 		return err
 	}
-	return w.whyNoTxWrite(ctx, tx, seq, fenced, epoch, inc)
+	return s.whyNoTxWrite(ctx, tx, seq, fenced, epoch, inc)
 }
 
 // whyNoTxWrite explains a MarkProcessedTx write that affected no row: nil when a later
 // acknowledgement of this watcher was committed first (it certifies this one too).
-func (w *Watcher) whyNoTxWrite(ctx context.Context, tx *sql.Tx, seq uint64, fenced bool, epoch int64, inc string) error {
-	stored, mine, found, err := w.readAck(ctx, tx)
+func (s *saver) whyNoTxWrite(ctx context.Context, tx *sql.Tx, seq uint64, fenced bool, epoch int64, inc string) error {
+	stored, mine, found, err := s.readAck(ctx, tx)
 	switch {
 	case err != nil:
 		return fmt.Errorf("the save wrote nothing; checking why: %w", err)
@@ -410,9 +460,9 @@ func (w *Watcher) whyNoTxWrite(ctx context.Context, tx *sql.Tx, seq uint64, fenc
 	case !found && !fenced:
 		return errors.New("the client has no token row (it was deleted): the watcher's next save creates it again")
 	}
-	err = w.noWriteErr(ctx, tx, fenced, epoch, inc)
+	err = s.noWriteErr(ctx, tx, fenced, epoch, inc)
 	if errors.Is(err, ErrServerRecovered) {
-		w.askRewind()
+		s.recovered()
 	}
 	return err
 }
@@ -447,9 +497,9 @@ func (w *Watcher) newMarker() *marker.Marker {
 }
 
 // afterSave has the rows certified by a save marked (see marker.Marker.AfterSave).
-func (w *Watcher) afterSave(ctx context.Context) {
-	if w.mark != nil {
-		w.mark.AfterSave(ctx)
+func (s *saver) afterSave(ctx context.Context) {
+	if s.mark != nil {
+		s.mark.AfterSave(ctx)
 	}
 }
 

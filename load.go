@@ -474,7 +474,7 @@ func (w *Watcher) claimToken(ctx context.Context, claim bool) (raw string, found
 func (w *Watcher) claimEpoch(ctx context.Context) (raw string, found bool, err error) {
 	s := w.excl.current()
 	if s == nil {
-		return "", false, w.lockLostErr()
+		return "", false, w.excl.lockLostErr()
 	}
 	c, o := lock.Halves(lock.Key(w.cfg.TokenTable, w.cfg.ClientName))
 	row, err := s.Query(ctx, w.q.claimEpoch, w.cfg.ClientName, string(itoa(c)), string(itoa(o)))
@@ -483,7 +483,7 @@ func (w *Watcher) claimEpoch(ctx context.Context) (raw string, found bool, err e
 	}
 	if len(row) != 3 || row[0].String != "t" {
 		w.loseLock(lock.ErrNotHeld)
-		return "", false, w.lockLostErr()
+		return "", false, w.excl.lockLostErr()
 	}
 	if !row[1].Valid {
 		return "", false, nil
@@ -496,8 +496,8 @@ func (w *Watcher) claimEpoch(ctx context.Context) (raw string, found bool, err e
 }
 
 // lockLostErr is why an exclusive watcher cannot claim or save: the error that stopped it.
-func (w *Watcher) lockLostErr() error {
-	if err := w.excl.lostErr(); err != nil {
+func (x *exclusive) lockLostErr() error {
+	if err := x.lostErr(); err != nil {
 		return err
 	}
 	return fmt.Errorf("%w: the lock session was released", ErrExclusiveLost)

@@ -101,34 +101,34 @@ func (w *Watcher) MarkProcessedTx(ctx context.Context, tx *sql.Tx, token []byte)
 
 // beginTxAck switches the watcher's saves to marked ones (under ckMu, so no unmarked save is
 // under way) and returns the fencing of the transactional write.
-func (w *Watcher) beginTxAck() (fenced bool, epoch int64, _ error) {
-	w.ckMu.Lock()
-	defer w.ckMu.Unlock()
-	fenced, epoch, err := w.txFenceLocked()
+func (s *saver) beginTxAck() (fenced bool, epoch int64, _ error) {
+	s.ckMu.Lock()
+	defer s.ckMu.Unlock()
+	fenced, epoch, err := s.txFenceLocked()
 	if err == nil {
-		w.txAcked = true
+		s.txAcked = true
 	}
 	return fenced, epoch, err
 }
 
 // txFenceLocked returns the fencing of a write in a transaction: whether it is fenced, and by
 // which owner epoch. ckMu must be held.
-func (w *Watcher) txFenceLocked() (fenced bool, epoch int64, _ error) {
-	if err := w.excl.lostErr(); err != nil {
+func (s *saver) txFenceLocked() (fenced bool, epoch int64, _ error) {
+	if err := s.excl.lostErr(); err != nil {
 		return false, 0, err
 	}
-	if w.fenced && w.epoch == 0 {
+	if s.fenced && s.epoch == 0 {
 		return false, 0, errors.New("the client is not claimed yet: wait for the first event")
 	}
-	return w.fenced, w.epoch, nil
+	return s.fenced, s.epoch, nil
 }
 
 // noteTxAck records that a transaction may acknowledge up to seq, so that saves look for its
 // marker. It acknowledges nothing.
-func (w *Watcher) noteTxAck(seq uint64) {
+func (s *saver) noteTxAck(seq uint64) {
 	for {
-		old := w.txSeq.Load()
-		if seq <= old || w.txSeq.CompareAndSwap(old, seq) {
+		old := s.txSeq.Load()
+		if seq <= old || s.txSeq.CompareAndSwap(old, seq) {
 			return
 		}
 	}
@@ -137,16 +137,16 @@ func (w *Watcher) noteTxAck(seq uint64) {
 // catchUpTxAcks acknowledges in memory what a committed MarkProcessedTx of this watcher
 // acknowledged, while one may be outstanding. It reads the committed row, so it never waits for
 // an open transaction. ckMu must be held.
-func (w *Watcher) catchUpTxAcks(ctx context.Context) error {
-	if !w.txAcked || w.txSeq.Load() <= w.ackedSeq() {
+func (s *saver) catchUpTxAcks(ctx context.Context) error {
+	if !s.txAcked || s.txSeq.Load() <= s.rd.ackedSeq() {
 		return nil
 	}
-	seq, mine, _, err := w.readAck(ctx, w.cfg.DB)
+	seq, mine, _, err := s.readAck(ctx, s.cfg.DB)
 	if err != nil {
-		return fmt.Errorf("read the acknowledgement in token table %s: %w", w.cfg.TokenTable, err)
+		return fmt.Errorf("read the acknowledgement in token table %s: %w", s.cfg.TokenTable, err)
 	}
 	if mine {
-		w.applyTxAck(seq)
+		s.rd.applyTxAck(seq)
 	}
 	return nil
 }
@@ -158,20 +158,20 @@ type queryer interface {
 
 // readAck reads the stored token's marker: mine when this watcher wrote it, with its seq;
 // found is false when the client has no token row.
-func (w *Watcher) readAck(ctx context.Context, q queryer) (seq uint64, mine, found bool, err error) {
-	var instance, s sql.NullString
-	err = q.QueryRowContext(ctx, w.q.readAck, w.cfg.ClientName).Scan(&instance, &s)
+func (s *saver) readAck(ctx context.Context, q queryer) (seq uint64, mine, found bool, err error) {
+	var instance, seqText sql.NullString
+	err = q.QueryRowContext(ctx, s.q.readAck, s.cfg.ClientName).Scan(&instance, &seqText)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return 0, false, false, nil
 	case err != nil:
 		return 0, false, false, err
-	case instance.String != w.instance || !s.Valid:
+	case instance.String != s.instance || !seqText.Valid:
 		return 0, false, true, nil
 	}
-	seq, err = strconv.ParseUint(s.String, 10, 64)
+	seq, err = strconv.ParseUint(seqText.String, 10, 64)
 	if err != nil {
-		return 0, false, true, fmt.Errorf("acknowledgement seq %q: %w", s.String, err)
+		return 0, false, true, fmt.Errorf("acknowledgement seq %q: %w", seqText.String, err)
 	}
 	return seq, true, true, nil
 }
