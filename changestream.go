@@ -72,24 +72,6 @@ type Watcher struct {
 	hints listen.Hints
 
 	// Counters, atomic: added by their writers, read by Stats from any goroutine.
-	delivered atomic.Uint64 // added by the reader after each completed send
-
-	// Reader goroutine only.
-	// rq: the row reads; a Shared member's change with its ranges (set by its hand-overs,
-	// before any prefetch that uses them starts).
-	rq             *readQueries
-	recent         *listen.RecentIDs
-	batch          []changelogRow // the rows being delivered
-	spare          []changelogRow // the other buffer; owned by the prefetch while one runs
-	next           *nextBatch     // the prefetch of the next batch, if one was started
-	pager          deltaPager     // the delta being read; owned by the prefetch while one runs
-	floorNoted     bool
-	legacyNoted    bool      // the legacy changelog was reported (by the load, which the reader runs)
-	upgradeChecked time.Time // when a legacy watcher last looked for the txid column
-	hasInc         bool      // the changelog has an incarnation table (set by the load; see load.go)
-	readNow        bool      // readBatch ended a span at a snapshot it did not take: read on at once
-	incNoted       bool      // its absence was reported
-	statsChecked   time.Time // when the changelog's statistics were last looked for (delta.go)
 
 	// rewindAsked is set by a save (under ckMu) that found the server recovered since its
 	// position was read, and cleared by the reader's rewind (under ckMu).
@@ -105,9 +87,6 @@ type Watcher struct {
 	// member's ranges loaded), before it delivers any of them: Process loads its held keys again
 	// (see ownership). Added to by the reader goroutine; read by Process's dispatcher.
 	ownGen atomic.Uint64
-	// noStats: the changelog had no statistics when last looked for (delta.go). Set by the
-	// reader; read by its reads and prefetches.
-	noStats atomic.Bool
 
 	// schemaEvery is the interval of the schema checks (schema_check.go), and schemaChecked,
 	// if set, is called after each. Both are set before Start (tests shorten and observe them)
@@ -178,16 +157,18 @@ func newWatcher(cfg Config) *Watcher {
 		q:      buildQueries(cfg),
 		events: make(chan EventWithToken, eventsCapacity(cfg)),
 		wake:   make(chan struct{}, 1),
-		reader: reader{ring: pending.New(cfg.MaxPending, Position.Predecessor)},
-		recent: listen.NewRecentIDs(recentCapacity),
-		batch:  make([]changelogRow, 0, cfg.BatchSize+1), // a delta's first page reads one more
-		spare:  make([]changelogRow, 0, cfg.BatchSize+1),
-		pager:  deltaPager{pageSize: cfg.BatchSize, maxIDs: maxDeltaIDs},
+		reader: reader{
+			ring:   pending.New(cfg.MaxPending, Position.Predecessor),
+			recent: listen.NewRecentIDs(recentCapacity),
+			batch:  make([]changelogRow, 0, cfg.BatchSize+1), // a delta's first page reads one more
+			spare:  make([]changelogRow, 0, cfg.BatchSize+1),
+			pager:  deltaPager{pageSize: cfg.BatchSize, maxIDs: maxDeltaIDs},
+		},
 		health: health{listenCritical: cfg.Mode == ModeNotify},
 
 		schemaEvery: schemaCheckInterval,
 	}
-	w.rq = &w.q.readQueries
+	w.reader.cfg, w.reader.q, w.reader.log, w.rq = &w.cfg, &w.q, w.log, &w.q.readQueries
 	if cfg.marksProcessed() {
 		w.mark = w.newMarker()
 	}

@@ -17,8 +17,8 @@ import (
 // switch-over, or a read of from's delta, whose end snapshot is taken. more reports that rows
 // may follow in the same span (a full batch, in legacy order); when it is false after a delta
 // read, the delta is done. The read is told to Config.Observer.
-func (w *Watcher) readPage(ctx context.Context, from Position, buf []changelogRow) (rows []changelogRow, more bool, err error) {
-	if o := w.cfg.Observer; o != nil {
+func (r *reader) readPage(ctx context.Context, from Position, buf []changelogRow) (rows []changelogRow, more bool, err error) {
+	if o := r.cfg.Observer; o != nil {
 		start := time.Now()
 		defer func() {
 			o.ObserveRead(ctx, ReadObservation{Start: start, Duration: time.Since(start), From: from, Rows: len(rows), Err: err})
@@ -26,13 +26,13 @@ func (w *Watcher) readPage(ctx context.Context, from Position, buf []changelogRo
 	}
 	switch {
 	case from.Span == nil:
-		rows, err = w.query(ctx, w.rq.read, buf, rowColumns{}, w.cfg.TableName, from.ChangedAt, from.ID)
+		rows, err = r.query(ctx, r.rq.read, buf, rowColumns{}, r.cfg.TableName, from.ChangedAt, from.ID)
 	case from.Span.Seq == 0:
-		rows, err = w.query(ctx, w.rq.switchRead, buf, w.rq.columnsOf(false), w.cfg.TableName, from.ChangedAt, from.ID, from.Span.Base.String())
+		rows, err = r.query(ctx, r.rq.switchRead, buf, r.rq.columnsOf(false), r.cfg.TableName, from.ChangedAt, from.ID, from.Span.Base.String())
 	default:
-		return w.pager.read(ctx, w, from, buf)
+		return r.pager.read(ctx, r, from, buf)
 	}
-	return rows, len(rows) == w.cfg.BatchSize, err
+	return rows, len(rows) == r.cfg.BatchSize, err
 }
 
 // maxDeltaIDs bounds the ids of a large delta kept in memory (8 bytes each): a larger delta is
@@ -107,22 +107,22 @@ func (d *deltaPager) read(ctx context.Context, src deltaReads, from Position, bu
 func (d *deltaPager) drop() { *d = deltaPager{pageSize: d.pageSize, maxIDs: d.maxIDs} }
 
 // deltaPage reads the first page of from's delta after from (deltaReads).
-func (w *Watcher) deltaPage(ctx context.Context, from Position, buf []changelogRow) ([]changelogRow, error) {
+func (r *reader) deltaPage(ctx context.Context, from Position, buf []changelogRow) ([]changelogRow, error) {
 	ranges := position.DeltaRanges(from.Span.Base, from.Span.End)
 	if len(ranges) == 1 {
-		r := ranges[0]
-		return w.query(ctx, w.rq.deltaRange, buf, w.rq.columnsOf(true), w.cfg.TableName, strconv.FormatUint(r.Lo, 10), r.LoID,
-			strconv.FormatUint(r.Hi, 10), r.HiID, from.Span.End.String(), from.AfterID())
+		kr := ranges[0]
+		return r.query(ctx, r.rq.deltaRange, buf, r.rq.columnsOf(true), r.cfg.TableName, strconv.FormatUint(kr.Lo, 10), kr.LoID,
+			strconv.FormatUint(kr.Hi, 10), kr.HiID, from.Span.End.String(), from.AfterID())
 	}
 	lo, loID, hi, hiID := changelog.RangeArrays(ranges)
-	return w.query(ctx, w.rq.deltaRead, buf, w.rq.columnsOf(true), w.cfg.TableName, lo, loID, hi, hiID, from.Span.End.String(), from.AfterID())
+	return r.query(ctx, r.rq.deltaRead, buf, r.rq.columnsOf(true), r.cfg.TableName, lo, loID, hi, hiID, from.Span.End.String(), from.AfterID())
 }
 
 // deltaIDs lists the ids of from's delta after after (deltaReads).
-func (w *Watcher) deltaIDs(ctx context.Context, from Position, after int64) ([]int64, error) {
+func (r *reader) deltaIDs(ctx context.Context, from Position, after int64) ([]int64, error) {
 	lo, loID, hi, hiID := changelog.RangeArrays(position.DeltaRanges(from.Span.Base, from.Span.End))
 	var ids []int64
-	err := w.read(ctx, w.rq.deltaIDs, func(rows *sql.Rows) error {
+	err := r.read(ctx, r.rq.deltaIDs, func(rows *sql.Rows) error {
 		defer rows.Close()
 		for rows.Next() {
 			var id int64
@@ -132,15 +132,15 @@ func (w *Watcher) deltaIDs(ctx context.Context, from Position, after int64) ([]i
 			ids = append(ids, id)
 		}
 		return rows.Err()
-	}, w.cfg.TableName, lo, loID, hi, hiID, from.Span.End.String(), after)
+	}, r.cfg.TableName, lo, loID, hi, hiID, from.Span.End.String(), after)
 	return ids, err
 }
 
 // rowsByID reads rows of a listed delta by primary key (deltaReads).
-func (w *Watcher) rowsByID(ctx context.Context, ids []int64, buf []changelogRow) ([]changelogRow, error) {
-	q, args := w.rowsByIDQuery(ids)
-	rows, err := w.queryByKey(ctx, q, buf, w.rq.columnsOf(true), args...)
-	if err != nil || q != w.rq.deltaSpan {
+func (r *reader) rowsByID(ctx context.Context, ids []int64, buf []changelogRow) ([]changelogRow, error) {
+	q, args := r.rowsByIDQuery(ids)
+	rows, err := r.queryByKey(ctx, q, buf, r.rq.columnsOf(true), args...)
+	if err != nil || q != r.rq.deltaSpan {
 		return rows, err
 	}
 	return keepIDs(rows, ids), nil
@@ -158,15 +158,15 @@ const sharedSpanFactor = 32
 // one primary-key range, which visits the index and heap pages once, as a legacy page does; so
 // are the ids of a Shared member's page that are dense enough (deltaSpan, which asks for the
 // member's units only); others by one index descent per id.
-func (w *Watcher) rowsByIDQuery(ids []int64) (string, []any) {
+func (r *reader) rowsByIDQuery(ids []int64) (string, []any) {
 	n := len(ids)
 	switch {
 	case n > 0 && ids[n-1]-ids[0] == int64(n-1):
-		return w.rq.deltaKeyRange, []any{ids[0], ids[n-1]}
-	case n > 0 && w.rq.deltaSpan != "" && ids[n-1]-ids[0] < int64(n)*sharedSpanFactor:
-		return w.rq.deltaSpan, []any{ids[0], ids[n-1]}
+		return r.rq.deltaKeyRange, []any{ids[0], ids[n-1]}
+	case n > 0 && r.rq.deltaSpan != "" && ids[n-1]-ids[0] < int64(n)*sharedSpanFactor:
+		return r.rq.deltaSpan, []any{ids[0], ids[n-1]}
 	}
-	return w.rq.deltaRows, []any{changelog.Array(ids)}
+	return r.rq.deltaRows, []any{changelog.Array(ids)}
 }
 
 // keepIDs keeps the rows (ascending by id) whose id is in ids (ascending), in place.
@@ -193,14 +193,14 @@ func rowPosition(from Position, row *changelogRow) Position {
 // endSpan moves the cursor to the start of the delta after from's span, whose rows have all
 // been read: the delta that starts at from's end snapshot, or, after the legacy part of a
 // switch-over, at its snapshot.
-func (w *Watcher) endSpan(from Position) {
+func (r *reader) endSpan(from Position) {
 	next := from.Span.Base
 	if from.Span.Seq > 0 {
 		next = from.Span.End
 	}
-	w.mu.Lock()
-	w.advanceLocked(w.cursor.NextDelta(next))
-	w.mu.Unlock()
+	r.mu.Lock()
+	r.advanceLocked(r.cursor.NextDelta(next))
+	r.mu.Unlock()
 }
 
 // switchSnapshot returns the snapshot of a switch-over from the legacy positions lo to hi (one
@@ -214,9 +214,9 @@ func (w *Watcher) endSpan(from Position) {
 // before hi: the rows with a txid at or above the cut go to the deltas, and every row at or
 // before hi that now sees stays seen (nothing the position passed is read again, nothing after
 // it is skipped). From the beginning, every row with a txid is read in the deltas.
-func (w *Watcher) switchSnapshot(ctx context.Context, lo, hi Position, now position.Snapshot) (position.Snapshot, error) {
+func (r *reader) switchSnapshot(ctx context.Context, lo, hi Position, now position.Snapshot) (position.Snapshot, error) {
 	var cut sql.NullString
-	err := w.cfg.DB.QueryRowContext(ctx, w.q.switchCut, w.cfg.TableName, lo.ChangedAt, lo.ID, hi.ChangedAt, hi.ID,
+	err := r.cfg.DB.QueryRowContext(ctx, r.q.switchCut, r.cfg.TableName, lo.ChangedAt, lo.ID, hi.ChangedAt, hi.ID,
 		now.String(), !hi.ChangedAt.IsZero()).Scan(&cut)
 	if err != nil {
 		return position.Snapshot{}, changelogReadError{fmt.Errorf("read changelog: find the switch-over's snapshot: %w", err)}
@@ -271,15 +271,15 @@ func statsExistSQL(p string) string {
 // read runs the changelog read q of index ranges and hands its rows to scan, which closes them:
 // as it is, or, while the changelog has no statistics, with index plans only. Reads by primary
 // key (queryByKey) need no statistics and run as they are.
-func (w *Watcher) read(ctx context.Context, q string, scan func(*sql.Rows) error, args ...any) error {
-	if !w.noStats.Load() {
-		rows, err := w.cfg.DB.QueryContext(ctx, q, args...)
+func (r *reader) read(ctx context.Context, q string, scan func(*sql.Rows) error, args ...any) error {
+	if !r.noStats.Load() {
+		rows, err := r.cfg.DB.QueryContext(ctx, q, args...)
 		if err != nil {
 			return err
 		}
 		return scan(rows)
 	}
-	tx, err := w.cfg.DB.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	tx, err := r.cfg.DB.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return err
 	}
@@ -296,29 +296,29 @@ func (w *Watcher) read(ctx context.Context, q string, scan func(*sql.Rows) error
 
 // noteStats records whether the changelog has statistics. Reader goroutine only (the load runs
 // there).
-func (w *Watcher) noteStats(has bool) {
-	w.statsChecked = time.Now()
-	if w.noStats.Swap(!has) == !has {
+func (r *reader) noteStats(has bool) {
+	r.statsChecked = time.Now()
+	if r.noStats.Swap(!has) == !has {
 		return
 	}
 	if has {
-		w.log.Info("the changelog has statistics now: reads are planned from them", "changelog", w.cfg.ChangelogTable)
+		r.log.Info("the changelog has statistics now: reads are planned from them", "changelog", r.cfg.ChangelogTable)
 	} else {
-		w.log.Info("the changelog has no statistics (never analyzed): reads run with index plans only until it is",
-			"changelog", w.cfg.ChangelogTable)
+		r.log.Info("the changelog has no statistics (never analyzed): reads run with index plans only until it is",
+			"changelog", r.cfg.ChangelogTable)
 	}
 }
 
 // checkStats looks again for the changelog's statistics if it had none when last looked for,
 // at most once per statsCheckInterval. Reader goroutine only.
-func (w *Watcher) checkStats(ctx context.Context) error {
-	if !w.noStats.Load() || time.Since(w.statsChecked) < statsCheckInterval {
+func (r *reader) checkStats(ctx context.Context) error {
+	if !r.noStats.Load() || time.Since(r.statsChecked) < statsCheckInterval {
 		return nil
 	}
 	var has bool
-	if err := w.cfg.DB.QueryRowContext(ctx, w.q.statsExist, changelog.Quote(w.cfg.ChangelogTable)).Scan(&has); err != nil {
-		return fmt.Errorf("look for the statistics of changelog %s: %w", w.cfg.ChangelogTable, err)
+	if err := r.cfg.DB.QueryRowContext(ctx, r.q.statsExist, changelog.Quote(r.cfg.ChangelogTable)).Scan(&has); err != nil {
+		return fmt.Errorf("look for the statistics of changelog %s: %w", r.cfg.ChangelogTable, err)
 	}
-	w.noteStats(has)
+	r.noteStats(has)
 	return nil
 }

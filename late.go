@@ -17,21 +17,21 @@ import (
 // lateRow returns the row with this id if it is a late row: not read recently, visible, of this
 // table and below the cursor. Otherwise it returns nil (the next read gets a row at or above
 // the cursor).
-func (w *Watcher) lateRow(ctx context.Context, id int64) (*changelogRow, error) {
-	if w.recent.Contains(id) {
+func (r *reader) lateRow(ctx context.Context, id int64) (*changelogRow, error) {
+	if r.recent.Contains(id) {
 		return nil, nil
 	}
 	var err error
-	if w.batch, err = w.queryByKey(ctx, w.q.byID, w.batch[:0], rowColumns{}, w.cfg.TableName, id); err != nil {
+	if r.batch, err = r.queryByKey(ctx, r.q.byID, r.batch[:0], rowColumns{}, r.cfg.TableName, id); err != nil {
 		return nil, fmt.Errorf("fetch changelog row %d: %w", id, err)
 	}
-	if len(w.batch) == 0 {
+	if len(r.batch) == 0 {
 		return nil, nil // another table's row, or gone
 	}
-	row := &w.batch[0]
-	w.mu.Lock()
-	below := position.Make(row.ChangedAt, row.ID).Before(w.cursor)
-	w.mu.Unlock()
+	row := &r.batch[0]
+	r.mu.Lock()
+	below := position.Make(row.ChangedAt, row.ID).Before(r.cursor)
+	r.mu.Unlock()
 	if !below {
 		return nil, nil
 	}

@@ -38,13 +38,13 @@ import (
 
 // currentSnapshot returns the database's current snapshot and, where the changelog has an
 // incarnation table, the server's incarnation, inserting its row after a crash emptied it.
-func (w *Watcher) currentSnapshot(ctx context.Context) (position.Snapshot, string, error) {
+func (r *reader) currentSnapshot(ctx context.Context) (position.Snapshot, string, error) {
 	var text, inc string
-	if !w.hasInc {
-		if err := w.cfg.DB.QueryRowContext(ctx, w.q.snapshot).Scan(&text); err != nil {
+	if !r.hasInc {
+		if err := r.cfg.DB.QueryRowContext(ctx, r.q.snapshot).Scan(&text); err != nil {
 			return position.Snapshot{}, "", err
 		}
-	} else if err := w.queryIncarnation(ctx, w.q.snapshotInc, nil, &text, &inc); err != nil {
+	} else if err := r.queryIncarnation(ctx, r.q.snapshotInc, nil, &text, &inc); err != nil {
 		return position.Snapshot{}, "", err
 	}
 	snap, err := position.ParseSnapshot(text)
@@ -53,12 +53,12 @@ func (w *Watcher) currentSnapshot(ctx context.Context) (position.Snapshot, strin
 
 // queryIncarnation runs q, whose last column is the incarnation, into dest (the incarnation
 // last, into *inc). If the incarnation row is missing it inserts it and runs q again.
-func (w *Watcher) queryIncarnation(ctx context.Context, q string, args []any, dest ...any) error {
+func (r *reader) queryIncarnation(ctx context.Context, q string, args []any, dest ...any) error {
 	inc := dest[len(dest)-1].(*string)
 	var v sql.NullString
 	dest[len(dest)-1] = &v
 	for try := 0; ; try++ {
-		if err := w.cfg.DB.QueryRowContext(ctx, q, args...).Scan(dest...); err != nil {
+		if err := r.cfg.DB.QueryRowContext(ctx, q, args...).Scan(dest...); err != nil {
 			return err
 		}
 		if v.Valid {
@@ -67,11 +67,11 @@ func (w *Watcher) queryIncarnation(ctx context.Context, q string, args []any, de
 		}
 		if try > 0 {
 			return fmt.Errorf("the incarnation row of %s is missing right after it was inserted",
-				changelog.IncarnationTable(w.cfg.ChangelogTable))
+				changelog.IncarnationTable(r.cfg.ChangelogTable))
 		}
-		if _, err := w.cfg.DB.ExecContext(ctx, w.q.claimIncarnation); err != nil {
+		if _, err := r.cfg.DB.ExecContext(ctx, r.q.claimIncarnation); err != nil {
 			return fmt.Errorf("insert the incarnation row of %s (the watcher's role needs INSERT on it): %w",
-				changelog.IncarnationTable(w.cfg.ChangelogTable), err)
+				changelog.IncarnationTable(r.cfg.ChangelogTable), err)
 		}
 	}
 }
@@ -291,16 +291,16 @@ func (e changelogReadError) Unwrap() error { return e.error }
 // transactionCounter returns the current snapshot of an upgraded changelog and the server's
 // incarnation ("" without an incarnation table), after checking that no transaction id stored
 // for the table is at or beyond it (a restored database).
-func (w *Watcher) transactionCounter(ctx context.Context) (position.Snapshot, string, error) {
+func (r *reader) transactionCounter(ctx context.Context) (position.Snapshot, string, error) {
 	var (
 		text, inc string
 		newest    sql.NullString
 		err       error
 	)
-	if w.hasInc {
-		err = w.queryIncarnation(ctx, w.q.deltaStartInc, []any{w.cfg.TableName}, &text, &newest, &inc)
+	if r.hasInc {
+		err = r.queryIncarnation(ctx, r.q.deltaStartInc, []any{r.cfg.TableName}, &text, &newest, &inc)
 	} else {
-		err = w.cfg.DB.QueryRowContext(ctx, w.q.deltaStart, w.cfg.TableName).Scan(&text, &newest)
+		err = r.cfg.DB.QueryRowContext(ctx, r.q.deltaStart, r.cfg.TableName).Scan(&text, &newest)
 	}
 	if err != nil {
 		return position.Snapshot{}, "", changelogReadError{fmt.Errorf("read changelog: take snapshot: %w", err)}

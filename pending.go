@@ -2,9 +2,12 @@ package pgchangestream
 
 import (
 	"errors"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/listen"
 	"github.com/pgchangestream/pgchangestream/internal/marker"
 	"github.com/pgchangestream/pgchangestream/internal/pending"
 	"github.com/pgchangestream/pgchangestream/internal/position"
@@ -23,6 +26,11 @@ import (
 // methods, each one short locked step: nothing slow happens while mu is held. The Watcher
 // embeds it.
 type reader struct {
+	cfg *Config      // the watcher's configuration; set by newWatcher, immutable after
+	q   *queries     // the watcher's statements; set by newWatcher, immutable after
+	log *slog.Logger // the watcher's logger; set by newWatcher, immutable after
+
+	// Delivery state, guarded by mu.
 	mu             sync.Mutex
 	loaded         bool // cursor holds the loaded position; checkpoints may be computed
 	cursor         Position
@@ -39,6 +47,29 @@ type reader struct {
 	// marker's lock, so that the reader never waits for a marking statement (one held up by a
 	// row lock, say).
 	switched *position.Span
+
+	delivered atomic.Uint64 // added by the reader after each completed send
+
+	// noStats: the changelog had no statistics when last looked for (delta.go). Set by the
+	// reader; read by its reads and prefetches.
+	noStats atomic.Bool
+
+	// Reader goroutine only.
+	// rq: the row reads; a Shared member's change with its ranges (set by its hand-overs,
+	// before any prefetch that uses them starts).
+	rq             *readQueries
+	recent         *listen.RecentIDs
+	batch          []changelogRow // the rows being delivered
+	spare          []changelogRow // the other buffer; owned by the prefetch while one runs
+	next           *nextBatch     // the prefetch of the next batch, if one was started
+	pager          deltaPager     // the delta being read; owned by the prefetch while one runs
+	floorNoted     bool
+	legacyNoted    bool      // the legacy changelog was reported (by the load, which the reader runs)
+	upgradeChecked time.Time // when a legacy watcher last looked for the txid column
+	hasInc         bool      // the changelog has an incarnation table (set by the load; see load.go)
+	readNow        bool      // readBatch ended a span at a snapshot it did not take: read on at once
+	incNoted       bool      // its absence was reported
+	statsChecked   time.Time // when the changelog's statistics were last looked for (delta.go)
 }
 
 // track records the delivery of row at pos as pending and advances the cursor, in one locked
@@ -67,13 +98,13 @@ func (r *reader) advanceLocked(pos Position) {
 
 // noteFloor warns, once per watcher, that deliveries were evicted into the floor. It logs, so
 // it runs outside mu. Reader goroutine only.
-func (w *Watcher) noteFloor() {
-	if w.floorNoted {
+func (r *reader) noteFloor() {
+	if r.floorNoted {
 		return
 	}
-	w.floorNoted = true
-	w.log.Warn("more unacknowledged deliveries than Config.MaxPending; the oldest now hold the checkpoint through a floor",
-		"max_pending", w.cfg.MaxPending)
+	r.floorNoted = true
+	r.log.Warn("more unacknowledged deliveries than Config.MaxPending; the oldest now hold the checkpoint through a floor",
+		"max_pending", r.cfg.MaxPending)
 }
 
 // ack acknowledges the earliest pending delivery of id and every one before it.

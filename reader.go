@@ -238,10 +238,10 @@ type nextBatch struct {
 }
 
 // takePrefetch waits for the prefetch of the next batch, if one was started, and returns it.
-func (w *Watcher) takePrefetch() *nextBatch {
-	p := w.next
+func (r *reader) takePrefetch() *nextBatch {
+	p := r.next
 	if p != nil {
-		w.next = nil
+		r.next = nil
 		<-p.done
 	}
 	return p
@@ -267,8 +267,8 @@ func (w *Watcher) prefetch(ctx context.Context, from Position) *nextBatch {
 
 // queryByKey runs a changelog query by primary key, whose plan needs no statistics, and reads
 // its rows, with the columns cols, into buf.
-func (w *Watcher) queryByKey(ctx context.Context, q string, buf []changelogRow, cols rowColumns, args ...any) ([]changelogRow, error) {
-	rows, err := w.cfg.DB.QueryContext(ctx, q, args...)
+func (r *reader) queryByKey(ctx context.Context, q string, buf []changelogRow, cols rowColumns, args ...any) ([]changelogRow, error) {
+	rows, err := r.cfg.DB.QueryContext(ctx, q, args...)
 	if err != nil {
 		return buf, err
 	}
@@ -277,8 +277,8 @@ func (w *Watcher) queryByKey(ctx context.Context, q string, buf []changelogRow, 
 
 // query runs a changelog read of index ranges (read, delta.go) and reads its rows, with the columns
 // cols, into buf.
-func (w *Watcher) query(ctx context.Context, q string, buf []changelogRow, cols rowColumns, args ...any) ([]changelogRow, error) {
-	err := w.read(ctx, q, func(rows *sql.Rows) (err error) {
+func (r *reader) query(ctx context.Context, q string, buf []changelogRow, cols rowColumns, args ...any) ([]changelogRow, error) {
+	err := r.read(ctx, q, func(rows *sql.Rows) (err error) {
 		buf, err = scanRows(rows, buf, cols)
 		return err
 	}, args...)
@@ -386,11 +386,11 @@ type changelogRow = document.Row
 // fullDocument from the JSON text (see [document.Decode]), and warns about a row whose value has
 // no object under [Config.DocumentField]. With [Config.RawDocuments] the documents are not
 // decoded when the row's text can be vouched for.
-func (w *Watcher) event(row *changelogRow) (Event, *document.Raw, error) {
-	ev, raw, unwrapMissed, err := document.Decode(row, w.cfg.TableName, w.cfg.documents())
+func (r *reader) event(row *changelogRow) (Event, *document.Raw, error) {
+	ev, raw, unwrapMissed, err := document.Decode(row, r.cfg.TableName, r.cfg.documents())
 	if unwrapMissed {
-		w.log.Warn("changelog row has no object under Config.DocumentField; its whole value is the document",
-			"id", row.ID, "document_field", w.cfg.DocumentField)
+		r.log.Warn("changelog row has no object under Config.DocumentField; its whole value is the document",
+			"id", row.ID, "document_field", r.cfg.DocumentField)
 	}
 	return ev, raw, err
 }
