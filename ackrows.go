@@ -98,7 +98,7 @@ func (w *Watcher) compactAcks(ctx context.Context) (int64, error) {
 	if loaded {
 		certified = changelog.CertifiedBy(saved, args.Add)
 		if w.sh != nil {
-			certified = "(" + certified + w.sharedCompaction(args.Add) + ")"
+			certified = "(" + certified + w.sh.sharedCompaction(args.Add) + ")"
 		}
 	}
 	w.ckMu.Unlock()

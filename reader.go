@@ -352,7 +352,7 @@ func (w *Watcher) send(ctx context.Context, ev EventWithToken) error {
 // pending is false for a filtered row; behindSaved reports a late row that sits behind the
 // token already saved. raw is what the delivery keeps of the row (see [Watcher.event]).
 func (w *Watcher) register(row *changelogRow, pos Position, late bool) (ev Event, raw *document.Raw, pending, behindSaved bool) {
-	if w.sh != nil && w.skipShared(row, pos) { // another member's row, or one its range's floor passed: not decoded
+	if w.sh != nil && w.sh.skipShared(row, pos) { // another member's row, or one its range's floor passed: not decoded
 		w.mu.Lock()
 		w.advanceLocked(pos)
 		w.mu.Unlock()

@@ -64,8 +64,8 @@ func sharedReadQueries(cfg Config, ranges []int) *readQueries {
 
 // skipShared reports whether a member skips the row read at pos: its range is not the
 // member's, or the range's floor certifies it. Reader goroutine only.
-func (w *Watcher) skipShared(row *changelogRow, pos Position) bool {
-	v := w.sh.view.Load()
+func (s *sharedMember) skipShared(row *changelogRow, pos Position) bool {
+	v := s.view.Load()
 	r := int(row.Unit) / unitsPerRange
 	if r < 0 || r >= SharedRanges || !v.mine[r] {
 		return true
@@ -464,13 +464,13 @@ func (w *Watcher) rangeFenced(member, id int64, what string) error {
 // sharedCompaction returns the condition, after compactAcks' certification predicate, that
 // restricts it to the ranges the member owns without a floor, and adds its parameters. ckMu
 // must be held, so that the view and saved (the checkpoint the caller read) go together.
-func (w *Watcher) sharedCompaction(arg func(any) string) string {
-	v := w.sh.view.Load()
+func (s *sharedMember) sharedCompaction(arg func(any) string) string {
+	v := s.view.Load()
 	ranges := make([]int64, 0, len(v.owned))
 	for _, r := range v.owned {
 		if _, ok := v.floors[r]; !ok {
 			ranges = append(ranges, int64(r))
 		}
 	}
-	return w.sh.q.compactOwned + arg(w.sh.id.Load()) + ` AND r.range_no = ANY(` + arg(changelog.Array(ranges)) + `::int2[]) FOR KEY SHARE)`
+	return s.q.compactOwned + arg(s.id.Load()) + ` AND r.range_no = ANY(` + arg(changelog.Array(ranges)) + `::int2[]) FOR KEY SHARE)`
 }
