@@ -230,14 +230,14 @@ func (w *Watcher) writePlain(ctx context.Context, tok, inc string) error {
 	)
 	switch {
 	case !w.fenced && inc == "":
-		_, err = w.cfg.DB.ExecContext(ctx, w.q.saveToken, w.cfg.ClientName, tok)
+		_, err = w.cfg.DB.ExecContext(ctx, w.q.SaveToken, w.cfg.ClientName, tok)
 		return err
 	case !w.fenced:
-		res, err = w.cfg.DB.ExecContext(ctx, w.q.saveTokenInc, w.cfg.ClientName, tok, inc)
+		res, err = w.cfg.DB.ExecContext(ctx, w.q.SaveTokenInc, w.cfg.ClientName, tok, inc)
 	case inc == "":
-		res, err = w.cfg.DB.ExecContext(ctx, w.q.saveFenced, w.cfg.ClientName, tok, w.epoch)
+		res, err = w.cfg.DB.ExecContext(ctx, w.q.SaveFenced, w.cfg.ClientName, tok, w.epoch)
 	default:
-		res, err = w.cfg.DB.ExecContext(ctx, w.q.saveFencedInc, w.cfg.ClientName, tok, w.epoch, inc)
+		res, err = w.cfg.DB.ExecContext(ctx, w.q.SaveFencedInc, w.cfg.ClientName, tok, w.epoch, inc)
 	}
 	if err != nil {
 		return err
@@ -257,7 +257,7 @@ func (w *Watcher) noWriteErr(ctx context.Context, q queryer, fenced bool, epoch 
 	}
 	if inc != "" {
 		var same bool
-		if err := q.QueryRowContext(ctx, w.q.incarnationIs, inc).Scan(&same); err != nil {
+		if err := q.QueryRowContext(ctx, w.q.IncarnationIs, inc).Scan(&same); err != nil {
 			return fmt.Errorf("the save wrote nothing; checking why: %w", err)
 		}
 		if !same {
@@ -278,7 +278,7 @@ func (w *Watcher) claimNew(ctx context.Context, token string) error {
 		return w.lockLostErr()
 	}
 	c, o := lock.Halves(lock.Key(w.cfg.TokenTable, w.cfg.ClientName))
-	row, err := s.Query(ctx, w.q.claimNew, w.cfg.ClientName, token, string(itoa(c)), string(itoa(o)))
+	row, err := s.Query(ctx, w.q.ClaimNew, w.cfg.ClientName, token, string(itoa(c)), string(itoa(o)))
 	switch {
 	case err != nil:
 		return err
@@ -295,7 +295,7 @@ func (w *Watcher) claimNew(ctx context.Context, token string) error {
 // marker of this watcher (errAckAhead, after applying it). ckMu must be held.
 func (w *Watcher) writeMarked(ctx context.Context, tok []byte, seq uint64, inc string) error {
 	t := string(appendAck(tok, w.instance, seq))
-	res, err := w.cfg.DB.ExecContext(ctx, w.q.ackSave[ackIndex(w.fenced, inc)], saveArgs(w.cfg.ClientName, t, w.fenced, w.epoch, inc)...)
+	res, err := w.cfg.DB.ExecContext(ctx, w.q.AckSave[ackIndex(w.fenced, inc)], saveArgs(w.cfg.ClientName, t, w.fenced, w.epoch, inc)...)
 	if err != nil {
 		if changelog.HasCode(err, changelog.LockNotAvailable) {
 			return fmt.Errorf("%w: %w", errTokenLocked, err)
@@ -372,7 +372,7 @@ func (w *Watcher) writeShared(ctx context.Context, p Position, tok, inc string) 
 	}
 	if inc != "" {
 		var same bool
-		if err := w.cfg.DB.QueryRowContext(ctx, w.q.incarnationIs, inc).Scan(&same); err != nil {
+		if err := w.cfg.DB.QueryRowContext(ctx, w.q.IncarnationIs, inc).Scan(&same); err != nil {
 			return fmt.Errorf("the save wrote nothing; checking why: %w", err)
 		}
 		if !same {
@@ -387,7 +387,7 @@ func (w *Watcher) writeShared(ctx context.Context, p Position, tok, inc string) 
 // writeInTx is MarkProcessedTx's write of the marked token tok (seq, fencing and incarnation as
 // writeToken's) in the caller's transaction tx.
 func (w *Watcher) writeInTx(ctx context.Context, tx *sql.Tx, tok string, seq uint64, fenced bool, epoch int64, inc string) error {
-	res, err := tx.ExecContext(ctx, w.q.ackTx[ackIndex(fenced, inc)], saveArgs(w.cfg.ClientName, tok, fenced, epoch, inc)...)
+	res, err := tx.ExecContext(ctx, w.q.AckTx[ackIndex(fenced, inc)], saveArgs(w.cfg.ClientName, tok, fenced, epoch, inc)...)
 	if err != nil {
 		return err
 	}

@@ -57,7 +57,7 @@ func (f fencedParks) Park(ctx context.Context, p ParkedEvent) (int64, error) {
 	case !fenced:
 		return f.Store.Park(ctx, p)
 	}
-	id, inserted, err := f.Insert(ctx, p, w.q.parkFence, epoch)
+	id, inserted, err := f.Insert(ctx, p, w.q.ParkFence, epoch)
 	if err != nil || inserted {
 		return id, err
 	}

@@ -26,9 +26,9 @@ func (w *Watcher) readPage(ctx context.Context, from Position, buf []changelogRo
 	}
 	switch {
 	case from.Span == nil:
-		rows, err = w.query(ctx, w.rq.read, buf, rowColumns{}, w.cfg.TableName, from.ChangedAt, from.ID)
+		rows, err = w.query(ctx, w.rq.Read, buf, rowColumns{}, w.cfg.TableName, from.ChangedAt, from.ID)
 	case from.Span.Seq == 0:
-		rows, err = w.query(ctx, w.rq.switchRead, buf, w.rq.columnsOf(false), w.cfg.TableName, from.ChangedAt, from.ID, from.Span.Base.String())
+		rows, err = w.query(ctx, w.rq.SwitchRead, buf, w.rq.columnsOf(false), w.cfg.TableName, from.ChangedAt, from.ID, from.Span.Base.String())
 	default:
 		return w.pager.read(ctx, w, from, buf)
 	}
@@ -111,18 +111,18 @@ func (w *Watcher) deltaPage(ctx context.Context, from Position, buf []changelogR
 	ranges := position.DeltaRanges(from.Span.Base, from.Span.End)
 	if len(ranges) == 1 {
 		r := ranges[0]
-		return w.query(ctx, w.rq.deltaRange, buf, w.rq.columnsOf(true), w.cfg.TableName, strconv.FormatUint(r.Lo, 10), r.LoID,
+		return w.query(ctx, w.rq.DeltaRange, buf, w.rq.columnsOf(true), w.cfg.TableName, strconv.FormatUint(r.Lo, 10), r.LoID,
 			strconv.FormatUint(r.Hi, 10), r.HiID, from.Span.End.String(), from.AfterID())
 	}
 	lo, loID, hi, hiID := changelog.RangeArrays(ranges)
-	return w.query(ctx, w.rq.deltaRead, buf, w.rq.columnsOf(true), w.cfg.TableName, lo, loID, hi, hiID, from.Span.End.String(), from.AfterID())
+	return w.query(ctx, w.rq.DeltaRead, buf, w.rq.columnsOf(true), w.cfg.TableName, lo, loID, hi, hiID, from.Span.End.String(), from.AfterID())
 }
 
 // deltaIDs lists the ids of from's delta after after (deltaReads).
 func (w *Watcher) deltaIDs(ctx context.Context, from Position, after int64) ([]int64, error) {
 	lo, loID, hi, hiID := changelog.RangeArrays(position.DeltaRanges(from.Span.Base, from.Span.End))
 	var ids []int64
-	err := w.read(ctx, w.rq.deltaIDs, func(rows *sql.Rows) error {
+	err := w.read(ctx, w.rq.DeltaIDs, func(rows *sql.Rows) error {
 		defer rows.Close()
 		for rows.Next() {
 			var id int64
@@ -140,7 +140,7 @@ func (w *Watcher) deltaIDs(ctx context.Context, from Position, after int64) ([]i
 func (w *Watcher) rowsByID(ctx context.Context, ids []int64, buf []changelogRow) ([]changelogRow, error) {
 	q, args := w.rowsByIDQuery(ids)
 	rows, err := w.queryByKey(ctx, q, buf, w.rq.columnsOf(true), args...)
-	if err != nil || q != w.rq.deltaSpan {
+	if err != nil || q != w.rq.DeltaSpan {
 		return rows, err
 	}
 	return keepIDs(rows, ids), nil
@@ -162,11 +162,11 @@ func (w *Watcher) rowsByIDQuery(ids []int64) (string, []any) {
 	n := len(ids)
 	switch {
 	case n > 0 && ids[n-1]-ids[0] == int64(n-1):
-		return w.rq.deltaKeyRange, []any{ids[0], ids[n-1]}
-	case n > 0 && w.rq.deltaSpan != "" && ids[n-1]-ids[0] < int64(n)*sharedSpanFactor:
-		return w.rq.deltaSpan, []any{ids[0], ids[n-1]}
+		return w.rq.DeltaKeyRange, []any{ids[0], ids[n-1]}
+	case n > 0 && w.rq.DeltaSpan != "" && ids[n-1]-ids[0] < int64(n)*sharedSpanFactor:
+		return w.rq.DeltaSpan, []any{ids[0], ids[n-1]}
 	}
-	return w.rq.deltaRows, []any{changelog.Array(ids)}
+	return w.rq.DeltaRows, []any{changelog.Array(ids)}
 }
 
 // keepIDs keeps the rows (ascending by id) whose id is in ids (ascending), in place.
@@ -216,7 +216,7 @@ func (w *Watcher) endSpan(from Position) {
 // it is skipped). From the beginning, every row with a txid is read in the deltas.
 func (w *Watcher) switchSnapshot(ctx context.Context, lo, hi Position, now position.Snapshot) (position.Snapshot, error) {
 	var cut sql.NullString
-	err := w.cfg.DB.QueryRowContext(ctx, w.q.switchCut, w.cfg.TableName, lo.ChangedAt, lo.ID, hi.ChangedAt, hi.ID,
+	err := w.cfg.DB.QueryRowContext(ctx, w.q.SwitchCut, w.cfg.TableName, lo.ChangedAt, lo.ID, hi.ChangedAt, hi.ID,
 		now.String(), !hi.ChangedAt.IsZero()).Scan(&cut)
 	if err != nil {
 		return position.Snapshot{}, changelogReadError{fmt.Errorf("read changelog: find the switch-over's snapshot: %w", err)}

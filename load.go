@@ -41,10 +41,10 @@ import (
 func (w *Watcher) currentSnapshot(ctx context.Context) (position.Snapshot, string, error) {
 	var text, inc string
 	if !w.hasInc {
-		if err := w.cfg.DB.QueryRowContext(ctx, w.q.snapshot).Scan(&text); err != nil {
+		if err := w.cfg.DB.QueryRowContext(ctx, w.q.Snapshot).Scan(&text); err != nil {
 			return position.Snapshot{}, "", err
 		}
-	} else if err := w.queryIncarnation(ctx, w.q.snapshotInc, nil, &text, &inc); err != nil {
+	} else if err := w.queryIncarnation(ctx, w.q.SnapshotInc, nil, &text, &inc); err != nil {
 		return position.Snapshot{}, "", err
 	}
 	snap, err := position.ParseSnapshot(text)
@@ -69,7 +69,7 @@ func (w *Watcher) queryIncarnation(ctx context.Context, q string, args []any, de
 			return fmt.Errorf("the incarnation row of %s is missing right after it was inserted",
 				changelog.IncarnationTable(w.cfg.ChangelogTable))
 		}
-		if _, err := w.cfg.DB.ExecContext(ctx, w.q.claimIncarnation); err != nil {
+		if _, err := w.cfg.DB.ExecContext(ctx, w.q.ClaimIncarnation); err != nil {
 			return fmt.Errorf("insert the incarnation row of %s (the watcher's role needs INSERT on it): %w",
 				changelog.IncarnationTable(w.cfg.ChangelogTable), err)
 		}
@@ -192,7 +192,7 @@ func (w *Watcher) load(ctx context.Context) error {
 // ckMu must be held; reader goroutine only.
 func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, error) {
 	var skipFree, stats bool
-	if err := w.cfg.DB.QueryRowContext(ctx, w.q.detect, changelog.Quote(w.cfg.ChangelogTable),
+	if err := w.cfg.DB.QueryRowContext(ctx, w.q.Detect, changelog.Quote(w.cfg.ChangelogTable),
 		changelog.Quote(changelog.IncarnationTable(w.cfg.ChangelogTable))).Scan(&skipFree, &w.hasInc, &stats); err != nil {
 		return Position{}, fmt.Errorf("inspect changelog %s: %w", w.cfg.ChangelogTable, err)
 	}
@@ -298,9 +298,9 @@ func (w *Watcher) transactionCounter(ctx context.Context) (position.Snapshot, st
 		err       error
 	)
 	if w.hasInc {
-		err = w.queryIncarnation(ctx, w.q.deltaStartInc, []any{w.cfg.TableName}, &text, &newest, &inc)
+		err = w.queryIncarnation(ctx, w.q.DeltaStartInc, []any{w.cfg.TableName}, &text, &newest, &inc)
 	} else {
-		err = w.cfg.DB.QueryRowContext(ctx, w.q.deltaStart, w.cfg.TableName).Scan(&text, &newest)
+		err = w.cfg.DB.QueryRowContext(ctx, w.q.DeltaStart, w.cfg.TableName).Scan(&text, &newest)
 	}
 	if err != nil {
 		return position.Snapshot{}, "", changelogReadError{fmt.Errorf("read changelog: take snapshot: %w", err)}
@@ -385,7 +385,7 @@ func (w *Watcher) startPosition(ctx context.Context, skipFree bool, now position
 		id  int64
 		pos Position
 	)
-	err := w.cfg.DB.QueryRowContext(ctx, w.q.newest, w.cfg.TableName).Scan(&ts, &id)
+	err := w.cfg.DB.QueryRowContext(ctx, w.q.Newest, w.cfg.TableName).Scan(&ts, &id)
 	switch {
 	case errors.Is(err, sql.ErrNoRows): // nothing to skip
 	case err != nil:
@@ -417,7 +417,7 @@ func (w *Watcher) beginning(ctx context.Context, skipFree bool, now position.Sna
 // row is gone, the position is placed before every row (replaying rather than skipping).
 func (w *Watcher) tokenRowPosition(ctx context.Context, id int64) (Position, error) {
 	var ts time.Time
-	err := w.cfg.DB.QueryRowContext(ctx, w.q.rowTime, id).Scan(&ts)
+	err := w.cfg.DB.QueryRowContext(ctx, w.q.RowTime, id).Scan(&ts)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		w.log.Warn("the saved token's changelog row no longer exists; replaying the table from the beginning", "id", id)
@@ -446,7 +446,7 @@ func (w *Watcher) claimToken(ctx context.Context, claim bool) (raw string, found
 		w.fenced, w.epoch = false, 0
 	}
 	if claim && w.cfg.Exclusive && !w.cfg.Ephemeral {
-		if err := w.cfg.DB.QueryRowContext(ctx, w.q.epochColumn, changelog.Quote(w.cfg.TokenTable)).Scan(&w.fenced); err != nil {
+		if err := w.cfg.DB.QueryRowContext(ctx, w.q.EpochColumn, changelog.Quote(w.cfg.TokenTable)).Scan(&w.fenced); err != nil {
 			return "", false, fmt.Errorf("inspect token table %s: %w", w.cfg.TokenTable, err)
 		}
 		if w.fenced {
@@ -459,7 +459,7 @@ func (w *Watcher) claimToken(ctx context.Context, claim bool) (raw string, found
 				"schema.Install, or the statements it lists with DryRun", "token_table", w.cfg.TokenTable)
 		}
 	}
-	err = w.cfg.DB.QueryRowContext(ctx, w.q.loadToken, w.cfg.ClientName).Scan(&raw)
+	err = w.cfg.DB.QueryRowContext(ctx, w.q.LoadToken, w.cfg.ClientName).Scan(&raw)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return "", false, nil
@@ -477,7 +477,7 @@ func (w *Watcher) claimEpoch(ctx context.Context) (raw string, found bool, err e
 		return "", false, w.lockLostErr()
 	}
 	c, o := lock.Halves(lock.Key(w.cfg.TokenTable, w.cfg.ClientName))
-	row, err := s.Query(ctx, w.q.claimEpoch, w.cfg.ClientName, string(itoa(c)), string(itoa(o)))
+	row, err := s.Query(ctx, w.q.ClaimEpoch, w.cfg.ClientName, string(itoa(c)), string(itoa(o)))
 	if err != nil {
 		return "", false, fmt.Errorf("claim an owner epoch in token table %s: %w", w.cfg.TokenTable, err)
 	}

@@ -236,9 +236,9 @@ func (c markConn) QueryContext(_ context.Context, query string, args []driver.Na
 		return mw.catchUpRows(values(args)), nil
 	}
 	switch query {
-	case mw.q.detect:
+	case mw.q.Detect:
 		return &valueRows{cols: []string{"skip_free", "incarnation", "stats"}, vals: [][]driver.Value{{mw.upgraded, false, true}}}, nil
-	case mw.q.loadToken:
+	case mw.q.LoadToken:
 		return &valueRows{cols: []string{"resume_token"}, vals: [][]driver.Value{{mw.token}}}, nil
 	case mw.mq.Legacy, mw.mq.Phase, mw.mq.Delta, mw.mq.Switch, mw.mq.InDelta:
 		rows := &valueRows{cols: []string{"id"}}
@@ -246,9 +246,9 @@ func (c markConn) QueryContext(_ context.Context, query string, args []driver.Na
 			rows.vals = append(rows.vals, []driver.Value{r.id})
 		}
 		return rows, nil
-	case mw.q.switchCut:
+	case mw.q.SwitchCut:
 		return mw.switchCutRows(values(args)), nil
-	case mw.q.deltaStart:
+	case mw.q.DeltaStart:
 		var newest driver.Value
 		for _, r := range mw.m.rows {
 			if r.xid != 0 && mw.committed(r) {
@@ -320,7 +320,7 @@ func parseXid(v driver.Value) uint64 {
 
 func (c markConn) ExecContext(_ context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	mw := c.mw
-	if query == mw.q.saveToken {
+	if query == mw.q.SaveToken {
 		mw.token = args[1].Value.(string)
 		return driver.RowsAffected(1), nil
 	}

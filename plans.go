@@ -94,7 +94,7 @@ func (w *Watcher) checkStats(ctx context.Context) error {
 		return nil
 	}
 	var has bool
-	if err := w.cfg.DB.QueryRowContext(ctx, w.q.statsExist, changelog.Quote(w.cfg.ChangelogTable)).Scan(&has); err != nil {
+	if err := w.cfg.DB.QueryRowContext(ctx, w.q.StatsExist, changelog.Quote(w.cfg.ChangelogTable)).Scan(&has); err != nil {
 		return fmt.Errorf("look for the statistics of changelog %s: %w", w.cfg.ChangelogTable, err)
 	}
 	w.noteStats(has)

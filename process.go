@@ -314,7 +314,7 @@ func (w *Watcher) restoreEvent(ctx context.Context, c EventWithToken) (EventWith
 	if err != nil {
 		return c, err
 	}
-	rows, err := w.query(ctx, w.q.byID, nil, rowColumns{}, w.cfg.TableName, id)
+	rows, err := w.query(ctx, w.q.ByID, nil, rowColumns{}, w.cfg.TableName, id)
 	if err != nil {
 		return c, fmt.Errorf("read changelog row %d again: %w", id, err)
 	}

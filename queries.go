@@ -17,55 +17,55 @@ type queries struct {
 	readQueries
 	// snapshot: the current snapshot, the end of the next delta. snapshotInc adds the
 	// server's incarnation (NULL while its row is missing).
-	snapshot, snapshotInc string
+	Snapshot, SnapshotInc string
 	// detect: whether the changelog ($1, quoted) has the txid column with its default, on
 	// PostgreSQL 13 or later, whether the incarnation table ($2, quoted) exists, and whether the
 	// changelog has statistics (plans.go). statsExist: the last alone.
-	detect, statsExist string
+	Detect, StatsExist string
 	// deltaStart: the current snapshot and the highest txid stored for the table, checked at
 	// Start against each other and against the saved token. deltaStartInc adds the
 	// incarnation.
-	deltaStart, deltaStartInc string
+	DeltaStart, DeltaStartInc string
 	// claimIncarnation inserts the incarnation row if it is missing (after a crash).
-	claimIncarnation string
+	ClaimIncarnation string
 	// saveTokenInc and saveFencedInc are saveToken and saveFenced for a position read in the
 	// server incarnation given as their last parameter: they write nothing (no row affected)
 	// if the incarnation changed since, so that a position read before a crash is never saved
 	// after it. incarnationIs tells whether the incarnation is still $1, for a fenced save that
 	// wrote nothing.
-	saveTokenInc, saveFencedInc, incarnationIs string
+	SaveTokenInc, SaveFencedInc, IncarnationIs string
 	// byID: one row, for late rows named by NOTIFY (legacy changelogs). The id is looked up in
 	// a subquery the table_name condition cannot enter (OFFSET 0), so that only the primary key
 	// serves it: with table_name in the same scan, statistics that have not seen the table yet
 	// (a burst of its first rows) make an index on (table_name, ...) look cheaper, and that
 	// scan reads every entry of the table.
-	byID string
+	ByID string
 	// newest: the start position of a client without a saved token.
-	newest string
+	Newest string
 	// switchCut: the txid a switch-over's snapshot $6 is cut below (NULL: none), so that the
 	// rows with a txid after the legacy position ($2, $3) are read in deltas: the lowest txid
 	// of them that $6 sees above every txid $6 sees of a row at or before the legacy position
 	// ($4, $5), looked for only when $7 (a position with rows before it). Both scans follow
 	// the (table_name, txid, id) index (see switchSnapshot).
-	switchCut string
+	SwitchCut string
 	// rowTime: the changed_at of an id-only saved token's row.
-	rowTime string
+	RowTime string
 	// loadToken, saveToken: the saved token. saveFenced: saveToken of an exclusive watcher,
 	// only while the row's owner_epoch is still its own ($3): see load.go.
-	loadToken, saveToken, saveFenced string
+	LoadToken, SaveToken, SaveFenced string
 	// ackSave and ackTx save a token that carries the acknowledgement marker (txack.go): the
 	// watcher's own saves once it acknowledged in a caller's transaction, and MarkProcessedTx's
 	// write in that transaction. Indexed by ackIndex; the parameters are those of saveToken,
 	// saveTokenInc, saveFenced and saveFencedInc. ackSave does not wait for a row lock. readAck:
 	// the stored token's marker.
-	ackSave, ackTx [4]string
-	readAck        string
+	AckSave, AckTx [4]string
+	ReadAck        string
 	// epochColumn: whether the token table ($1, quoted) has the owner_epoch column.
 	// claimEpoch: on the lock session, when it holds the lock (classid $2, objid $3), the
 	// client's next owner epoch and its saved token; claimNew: the same for a client without a
 	// token row, inserting its start token ($2) with epoch 1 (lock: $3, $4). bumpEpoch: what
 	// token reset runs, fencing off every earlier owner.
-	epochColumn, claimEpoch, claimNew, bumpEpoch string
+	EpochColumn, ClaimEpoch, ClaimNew, BumpEpoch string
 	// claimAck and claimAckFenced insert, in a transactional handler's transaction, the
 	// acknowledgement row of client $1's event $2, unless one exists; the fenced form only while
 	// the token row holds owner epoch $3, which it locks FOR KEY SHARE (see ackrows.go). Both
@@ -75,12 +75,12 @@ type queries struct {
 	// whose changelog row is gone or certified by the condition that follows it, except those of
 	// the client's parked events (a rerun must find them).
 	// compactFence, followed by the owner epoch's placeholder, fences compactAcks.
-	claimAck, claimAckFenced, epochOf, compactAcks, compactFence string
+	ClaimAck, ClaimAckFenced, EpochOf, CompactAcks, CompactFence string
 	// parkFence fences the insert of client $1's parked event (deadletter.Store.Insert) to the
 	// owner epoch $9, locking the token row FOR KEY SHARE.
-	parkFence string
+	ParkFence string
 	// unprocessed: GetUnprocessedEventCount.
-	unprocessed string
+	Unprocessed string
 }
 
 // readQueries are the reads of changelog rows. A Shared member's read only the units of its
@@ -89,30 +89,30 @@ type readQueries struct {
 	// read: the next batch after a legacy position. The row comparison lets PostgreSQL seek
 	// the (table_name, changed_at, id) index to the position instead of filtering earlier
 	// entries.
-	read string
+	Read string
 	// switchRead: read in the legacy part of a switch-over: the same, limited to the rows the
 	// switch-over's snapshot ($4) sees or that were written before the upgrade.
-	switchRead string
+	SwitchRead string
 	// deltaRead: the first page of a snapshot delta: the rows its end snapshot ($6) sees in the
 	// (txid, id) index ranges given as arrays (lower keys $2, $3; upper keys $4, $5) with an id
 	// above $7, in (txid, id) order, at most one more than a batch (the reader sorts them by
 	// id; one more says the delta does not fit a batch). Each range is its own index range scan
 	// (an "= ANY" list is not), which stops at the limit.
-	deltaRead string
+	DeltaRead string
 	// deltaRange: deltaRead for a delta read as one range (the common case: no transaction of
 	// the base snapshot ended), with its keys as scalars: one index range scan, whose order
 	// is the result's, with no sort.
-	deltaRange string
+	DeltaRange string
 	// deltaIDs: the ids of a delta larger than a batch, after $7, in id order, at most
 	// maxDeltaIDs: the rows of deltaRead's ranges, each read whole in its index order (so that
 	// only its index range can serve it), then sorted by id.
-	deltaIDs string
+	DeltaIDs string
 	// deltaRows: the rows of a listed delta with the ids $1, by primary key, in id order.
 	// deltaKeyRange: the same for a page of consecutive ids, every id from $1 to $2.
 	// deltaSpan (Shared members only): the rows of the member's units with ids from $1 to $2.
-	deltaRows, deltaKeyRange, deltaSpan string
+	DeltaRows, DeltaKeyRange, DeltaSpan string
 	// unit: the rows end with their unit.
-	unit bool
+	Unit bool
 }
 
 const changelogColumns = `id, record_id::text, operation, old_values::text, new_values::text, changed_at`
@@ -129,65 +129,65 @@ func buildQueries(cfg Config) queries {
 		WHERE c.table_name = $1 AND c.txid IS NOT NULL ORDER BY c.txid DESC LIMIT 1)`
 	q := queries{
 		readQueries: buildReadQueries(cl, limit, pageLimit, nil),
-		snapshot:    `SELECT pg_current_snapshot()::text`,
-		snapshotInc: `SELECT pg_current_snapshot()::text, ` + incarnation,
-		detect: `SELECT current_setting('server_version_num')::int >= 130000 AND EXISTS (
+		Snapshot:    `SELECT pg_current_snapshot()::text`,
+		SnapshotInc: `SELECT pg_current_snapshot()::text, ` + incarnation,
+		Detect: `SELECT current_setting('server_version_num')::int >= 130000 AND EXISTS (
 		SELECT FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 		WHERE a.attrelid = to_regclass($1) AND a.attname = '` + txidColumn + `' AND NOT a.attisdropped
 			AND format_type(a.atttypid, NULL) = 'xid8' AND pg_get_expr(d.adbin, d.adrelid) = 'pg_current_xact_id()'),
 		to_regclass($2) IS NOT NULL, ` + statsExistSQL("$1"),
-		statsExist:       `SELECT ` + statsExistSQL("$1"),
-		deltaStart:       `SELECT pg_current_snapshot()::text, ` + newestTxid,
-		deltaStartInc:    `SELECT pg_current_snapshot()::text, ` + newestTxid + `, ` + incarnation,
-		claimIncarnation: `INSERT INTO ` + inc + ` DEFAULT VALUES ON CONFLICT DO NOTHING`,
-		saveTokenInc:     changelog.SaveTokenSQL(tok, false, incarnation),
-		saveFencedInc:    changelog.SaveTokenSQL(tok, true, incarnation),
-		incarnationIs:    `SELECT COALESCE(` + incarnation + ` = $1, false)`,
-		byID:             `SELECT ` + changelogColumns + ` FROM (SELECT * FROM ` + cl + ` WHERE id = $2 OFFSET 0) c WHERE table_name = $1`,
-		newest:           changelog.NewestRowSQL(cl),
-		rowTime:          changelog.RowTimeSQL(cl),
-		loadToken:        changelog.LoadTokenSQL(tok),
-		saveToken:        changelog.SaveTokenSQL(tok, false, ""),
-		saveFenced:       changelog.SaveTokenSQL(tok, true, ""),
-		epochColumn:      changelog.EpochColumnSQL,
-		switchCut: `SELECT (SELECT c.txid FROM ` + cl + ` c WHERE c.table_name = $1 AND c.txid > COALESCE(CASE WHEN $7 THEN
+		StatsExist:       `SELECT ` + statsExistSQL("$1"),
+		DeltaStart:       `SELECT pg_current_snapshot()::text, ` + newestTxid,
+		DeltaStartInc:    `SELECT pg_current_snapshot()::text, ` + newestTxid + `, ` + incarnation,
+		ClaimIncarnation: `INSERT INTO ` + inc + ` DEFAULT VALUES ON CONFLICT DO NOTHING`,
+		SaveTokenInc:     changelog.SaveTokenSQL(tok, false, incarnation),
+		SaveFencedInc:    changelog.SaveTokenSQL(tok, true, incarnation),
+		IncarnationIs:    `SELECT COALESCE(` + incarnation + ` = $1, false)`,
+		ByID:             `SELECT ` + changelogColumns + ` FROM (SELECT * FROM ` + cl + ` WHERE id = $2 OFFSET 0) c WHERE table_name = $1`,
+		Newest:           changelog.NewestRowSQL(cl),
+		RowTime:          changelog.RowTimeSQL(cl),
+		LoadToken:        changelog.LoadTokenSQL(tok),
+		SaveToken:        changelog.SaveTokenSQL(tok, false, ""),
+		SaveFenced:       changelog.SaveTokenSQL(tok, true, ""),
+		EpochColumn:      changelog.EpochColumnSQL,
+		SwitchCut: `SELECT (SELECT c.txid FROM ` + cl + ` c WHERE c.table_name = $1 AND c.txid > COALESCE(CASE WHEN $7 THEN
 		(SELECT b.txid FROM ` + cl + ` b WHERE b.table_name = $1 AND b.txid IS NOT NULL AND (b.changed_at, b.id) <= ($4, $5)
 			AND pg_visible_in_snapshot(b.txid, $6::pg_snapshot) ORDER BY b.txid DESC LIMIT 1) END, '0'::xid8)
 	AND (c.changed_at, c.id) > ($2, $3) AND pg_visible_in_snapshot(c.txid, $6::pg_snapshot) ORDER BY c.txid LIMIT 1)::text`,
-		claimEpoch: `WITH held AS (SELECT ` + lock.HeldBySessionSQL("$2", "$3") + ` AS held),
+		ClaimEpoch: `WITH held AS (SELECT ` + lock.HeldBySessionSQL("$2", "$3") + ` AS held),
 	claimed AS (UPDATE ` + tok + ` AS tok SET ` + changelog.EpochColumn + ` = COALESCE(tok.` + changelog.EpochColumn + `, 0) + 1 FROM held
 		WHERE held.held AND tok.client_name = $1 AND tok.client_name IN (` + changelog.LockForUpdate(tok, "$1") + `)
 		RETURNING tok.` + changelog.EpochColumn + `, tok.resume_token::text AS token)
 	SELECT held.held, claimed.` + changelog.EpochColumn + `, claimed.token FROM held LEFT JOIN claimed ON true`,
-		claimNew: `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated, ` + changelog.EpochColumn + `)
+		ClaimNew: `INSERT INTO ` + tok + ` (client_name, resume_token, last_updated, ` + changelog.EpochColumn + `)
 	SELECT $1, $2::jsonb, now(), 1 WHERE ` + lock.HeldBySessionSQL("$3", "$4") + `
 	ON CONFLICT (client_name) DO NOTHING RETURNING ` + changelog.EpochColumn,
-		claimAck: `INSERT INTO ` + acks + ` (client_name, changelog_id) SELECT $1::varchar, $2::bigint
+		ClaimAck: `INSERT INTO ` + acks + ` (client_name, changelog_id) SELECT $1::varchar, $2::bigint
 	FROM (SELECT set_config('idle_in_transaction_session_timeout', $3, true)) AS idle ON CONFLICT DO NOTHING`,
-		claimAckFenced: `INSERT INTO ` + acks + ` (client_name, changelog_id) SELECT tok.client_name, $2 FROM ` + tok + ` AS tok,
+		ClaimAckFenced: `INSERT INTO ` + acks + ` (client_name, changelog_id) SELECT tok.client_name, $2 FROM ` + tok + ` AS tok,
 	(SELECT set_config('idle_in_transaction_session_timeout', $4, true)) AS idle
 	WHERE tok.client_name = $1 AND ` + changelog.FenceCondition + ` FOR KEY SHARE OF tok ON CONFLICT DO NOTHING`,
-		epochOf:   `SELECT ` + changelog.EpochColumn + ` FROM ` + tok + ` WHERE client_name = $1`,
-		parkFence: ` FROM ` + tok + ` AS tok WHERE tok.client_name = $1 AND tok.` + changelog.EpochColumn + ` = $9 FOR KEY SHARE OF tok`,
-		compactAcks: `DELETE FROM ` + acks + ` AS a WHERE a.client_name = $1 AND NOT EXISTS (
+		EpochOf:   `SELECT ` + changelog.EpochColumn + ` FROM ` + tok + ` WHERE client_name = $1`,
+		ParkFence: ` FROM ` + tok + ` AS tok WHERE tok.client_name = $1 AND tok.` + changelog.EpochColumn + ` = $9 FOR KEY SHARE OF tok`,
+		CompactAcks: `DELETE FROM ` + acks + ` AS a WHERE a.client_name = $1 AND NOT EXISTS (
 	SELECT FROM ` + changelog.Quote(changelog.ParkedTable(cfg.ChangelogTable)) + ` p WHERE p.client_name = a.client_name AND p.changelog_id = a.changelog_id)
 	AND NOT EXISTS (SELECT FROM ` + cl + ` c WHERE c.id = a.changelog_id AND NOT `,
-		compactFence: ` AND EXISTS (SELECT FROM ` + tok + ` AS tok WHERE tok.client_name = $1 AND tok.` + changelog.EpochColumn + ` = `,
-		bumpEpoch:    changelog.BumpEpochSQL(tok),
-		unprocessed:  `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2 AND processed = FALSE`,
-		readAck:      `SELECT resume_token->'ack'->>'w', resume_token->'ack'->>'seq' FROM ` + tok + ` WHERE client_name = $1`,
+		CompactFence: ` AND EXISTS (SELECT FROM ` + tok + ` AS tok WHERE tok.client_name = $1 AND tok.` + changelog.EpochColumn + ` = `,
+		BumpEpoch:    changelog.BumpEpochSQL(tok),
+		Unprocessed:  `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2 AND processed = FALSE`,
+		ReadAck:      `SELECT resume_token->'ack'->>'w', resume_token->'ack'->>'seq' FROM ` + tok + ` WHERE client_name = $1`,
 	}
-	for i := range q.ackSave {
+	for i := range q.AckSave {
 		fenced, withInc := ackIndexParts(i)
 		var incQ string
 		if withInc {
 			incQ = incarnation
 		}
-		q.ackSave[i] = ackSaveSQL(tok, fenced, incQ, true)
-		q.ackTx[i] = ackSaveSQL(tok, fenced, incQ, false)
+		q.AckSave[i] = ackSaveSQL(tok, fenced, incQ, true)
+		q.AckTx[i] = ackSaveSQL(tok, fenced, incQ, false)
 	}
 	if !cfg.marksProcessed() {
-		q.unprocessed = `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2`
+		q.Unprocessed = `SELECT count(*) FROM ` + cl + ` WHERE table_name = $1 AND id > $2`
 	}
 	return q
 }
@@ -197,7 +197,7 @@ func buildQueries(cfg Config) queries {
 type rowColumns struct{ xid, unit bool }
 
 // columnsOf returns the columns of the reads of rq: with the txid column or not.
-func (rq *readQueries) columnsOf(xid bool) rowColumns { return rowColumns{xid: xid, unit: rq.unit} }
+func (rq *readQueries) columnsOf(xid bool) rowColumns { return rowColumns{xid: xid, unit: rq.Unit} }
 
 // scanRows reads changelog rows, with the columns cols, into buf and closes rows.
 func scanRows(rows *sql.Rows, buf []changelogRow, cols rowColumns) ([]changelogRow, error) {
@@ -252,32 +252,32 @@ func buildReadQueries(cl, limit, pageLimit string, u *unitSQL) readQueries {
 		cond = u.cond
 	}
 	q := readQueries{
-		read: `SELECT ` + changelogColumns + ` FROM ` + cl + `
+		Read: `SELECT ` + changelogColumns + ` FROM ` + cl + `
 	WHERE table_name = $1 AND (changed_at, id) > ($2, $3)
 	ORDER BY changed_at, id LIMIT ` + limit,
-		switchRead: `SELECT ` + sel + ` FROM ` + cl + `
+		SwitchRead: `SELECT ` + sel + ` FROM ` + cl + `
 	WHERE table_name = $1` + cond + ` AND (changed_at, id) > ($2, $3) AND (txid IS NULL OR pg_visible_in_snapshot(txid, $4::pg_snapshot))
 	ORDER BY changed_at, id LIMIT ` + limit,
-		deltaRead: `SELECT ` + delta + `
+		DeltaRead: `SELECT ` + delta + `
 	FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
 	CROSS JOIN LATERAL (SELECT * FROM ` + cl + ` WHERE table_name = $1
 		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id)` + cond + ` AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
 		ORDER BY txid, id LIMIT ` + pageLimit + `) c
 	ORDER BY c.txid, c.id LIMIT ` + pageLimit,
-		deltaRange: `SELECT ` + withXid + ` FROM ` + cl + `
+		DeltaRange: `SELECT ` + withXid + ` FROM ` + cl + `
 	WHERE table_name = $1 AND (txid, id) > ($2::xid8, $3) AND (txid, id) <= ($4::xid8, $5)` + cond + ` AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
 	ORDER BY txid, id LIMIT ` + pageLimit,
-		deltaRows:     `SELECT ` + withXid + ` FROM ` + cl + ` WHERE id = ANY($1::int8[]) ORDER BY id`,
-		deltaKeyRange: `SELECT ` + withXid + ` FROM ` + cl + ` WHERE id BETWEEN $1 AND $2 ORDER BY id`,
-		deltaIDs: `SELECT c.id FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
+		DeltaRows:     `SELECT ` + withXid + ` FROM ` + cl + ` WHERE id = ANY($1::int8[]) ORDER BY id`,
+		DeltaKeyRange: `SELECT ` + withXid + ` FROM ` + cl + ` WHERE id BETWEEN $1 AND $2 ORDER BY id`,
+		DeltaIDs: `SELECT c.id FROM unnest($2::xid8[], $3::int8[], $4::xid8[], $5::int8[]) AS r(lo, lo_id, hi, hi_id)
 	CROSS JOIN LATERAL (SELECT id FROM ` + cl + ` WHERE table_name = $1
 		AND (txid, id) > (r.lo, r.lo_id) AND (txid, id) <= (r.hi, r.hi_id)` + cond + ` AND pg_visible_in_snapshot(txid, $6::pg_snapshot) AND id > $7
 		ORDER BY txid, id) c
 	ORDER BY c.id LIMIT ` + strconv.Itoa(maxDeltaIDs),
-		unit: u != nil,
+		Unit: u != nil,
 	}
 	if u != nil {
-		q.deltaSpan = `SELECT ` + withXid + ` FROM ` + cl + ` WHERE id BETWEEN $1 AND $2` + u.cond + ` ORDER BY id`
+		q.DeltaSpan = `SELECT ` + withXid + ` FROM ` + cl + ` WHERE id BETWEEN $1 AND $2` + u.cond + ` ORDER BY id`
 	}
 	return q
 }

@@ -152,7 +152,7 @@ func (w *Watcher) GetUnprocessedEventCount(ctx context.Context, lastProcessedID 
 		after = id
 	}
 	var n int64
-	if err := w.cfg.DB.QueryRowContext(ctx, w.q.unprocessed, w.cfg.TableName, after).Scan(&n); err != nil {
+	if err := w.cfg.DB.QueryRowContext(ctx, w.q.Unprocessed, w.cfg.TableName, after).Scan(&n); err != nil {
 		return 0, fmt.Errorf("pgchangestream: count unprocessed events: %w", err)
 	}
 	return n, nil

@@ -55,10 +55,10 @@ func testStatements(cfg Config) testhooks.Statements {
 	cfg = cfg.withDefaults()
 	q := buildQueries(cfg)
 	return testhooks.Statements{
-		Detect: q.detect, DetectArg: changelog.Quote(cfg.ChangelogTable),
-		DetectIncArg: changelog.Quote(changelog.IncarnationTable(cfg.ChangelogTable)), DeltaStart: q.deltaStart,
-		LoadToken: q.loadToken, SaveToken: q.saveToken, AckTx: q.ackTx[ackIndex(false, "")], Newest: q.newest,
-		TableCheck: tableCheckQuery(cfg.ChangelogTable), Read: q.read, Snapshot: q.snapshot,
-		DeltaRange: q.deltaRange, Unprocessed: q.unprocessed,
+		Detect: q.Detect, DetectArg: changelog.Quote(cfg.ChangelogTable),
+		DetectIncArg: changelog.Quote(changelog.IncarnationTable(cfg.ChangelogTable)), DeltaStart: q.DeltaStart,
+		LoadToken: q.LoadToken, SaveToken: q.SaveToken, AckTx: q.AckTx[ackIndex(false, "")], Newest: q.Newest,
+		TableCheck: tableCheckQuery(cfg.ChangelogTable), Read: q.Read, Snapshot: q.Snapshot,
+		DeltaRange: q.DeltaRange, Unprocessed: q.Unprocessed,
 	}
 }

@@ -200,7 +200,7 @@ type queryer interface {
 // found is false when the client has no token row.
 func (w *Watcher) readAck(ctx context.Context, q queryer) (seq uint64, mine, found bool, err error) {
 	var instance, s sql.NullString
-	err = q.QueryRowContext(ctx, w.q.readAck, w.cfg.ClientName).Scan(&instance, &s)
+	err = q.QueryRowContext(ctx, w.q.ReadAck, w.cfg.ClientName).Scan(&instance, &s)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return 0, false, false, nil
