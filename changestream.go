@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/listen"
 	"github.com/pgchangestream/pgchangestream/internal/lock"
 	"github.com/pgchangestream/pgchangestream/internal/marker"
@@ -39,16 +40,16 @@ type Watcher struct {
 	// instance is random per watcher and immutable: it names this watcher's acknowledgement
 	// markers in the token (txack.go).
 	instance string
-	q        queries             // immutable
-	listen   *listen.Listener    // immutable; nil when not listening (listen.go)
-	events   chan EventWithToken // sent on and closed by the reader goroutine only (or by Close before Start)
-	wake     chan struct{}       // capacity 1; listener → reader: read now
-	primed   signal              // fired after the first read, or when stopping before (see Ready)
-	wg       sync.WaitGroup      // reader, listener, saver, prefetch and lock goroutines
-	health   health              // failures and their counters; safe for concurrent use
-	excl     exclusive           // the exclusive lock; see exclusive.go
-	elector  *lock.Elector       // immutable pointer; nil unless Config.Exclusive (exclusive.go)
-	sh       *sharedMember       // immutable pointer; nil unless Config.Shared (shared.go)
+	q        changelog.Statements // immutable
+	listen   *listen.Listener     // immutable; nil when not listening (listen.go)
+	events   chan EventWithToken  // sent on and closed by the reader goroutine only (or by Close before Start)
+	wake     chan struct{}        // capacity 1; listener → reader: read now
+	primed   signal               // fired after the first read, or when stopping before (see Ready)
+	wg       sync.WaitGroup       // reader, listener, saver, prefetch and lock goroutines
+	health   health               // failures and their counters; safe for concurrent use
+	excl     exclusive            // the exclusive lock; see exclusive.go
+	elector  *lock.Elector        // immutable pointer; nil unless Config.Exclusive (exclusive.go)
+	sh       *sharedMember        // immutable pointer; nil unless Config.Shared (shared.go)
 
 	// Lifecycle, guarded by lifeMu.
 	lifeMu  sync.Mutex
@@ -118,7 +119,7 @@ type Watcher struct {
 	// Reader goroutine only.
 	// rq: the row reads; a Shared member's change with its ranges (set by its hand-overs,
 	// before any prefetch that uses them starts).
-	rq             *readQueries
+	rq             *changelog.Reads
 	recent         *listen.RecentIDs
 	batch          []changelogRow // the rows being delivered
 	spare          []changelogRow // the other buffer; owned by the prefetch while one runs
@@ -216,7 +217,7 @@ func newWatcher(cfg Config) *Watcher {
 	w := &Watcher{
 		cfg:      cfg,
 		log:      cfg.Logger.With("client", cfg.ClientName, "table", cfg.TableName),
-		q:        buildQueries(cfg),
+		q:        statements(cfg),
 		instance: newInstanceID(),
 		events:   make(chan EventWithToken, eventsCapacity(cfg)),
 		wake:     make(chan struct{}, 1),
@@ -224,12 +225,12 @@ func newWatcher(cfg Config) *Watcher {
 		recent:   listen.NewRecentIDs(recentCapacity),
 		batch:    make([]changelogRow, 0, cfg.BatchSize+1), // a delta's first page reads one more
 		spare:    make([]changelogRow, 0, cfg.BatchSize+1),
-		pager:    deltaPager{pageSize: cfg.BatchSize, maxIDs: maxDeltaIDs},
+		pager:    deltaPager{pageSize: cfg.BatchSize, maxIDs: changelog.MaxDeltaIDs},
 		health:   health{listenCritical: cfg.Mode == ModeNotify},
 
 		schemaEvery: schemaCheckInterval,
 	}
-	w.rq = &w.q.readQueries
+	w.rq = &w.q.Reads
 	if cfg.marksProcessed() {
 		w.mark = w.newMarker()
 	}

@@ -295,7 +295,7 @@ func (w *Watcher) claimNew(ctx context.Context, token string) error {
 // marker of this watcher (errAckAhead, after applying it). ckMu must be held.
 func (w *Watcher) writeMarked(ctx context.Context, tok []byte, seq uint64, inc string) error {
 	t := string(appendAck(tok, w.instance, seq))
-	res, err := w.cfg.DB.ExecContext(ctx, w.q.AckSave[ackIndex(w.fenced, inc)], saveArgs(w.cfg.ClientName, t, w.fenced, w.epoch, inc)...)
+	res, err := w.cfg.DB.ExecContext(ctx, w.q.AckSave[changelog.AckIndex(w.fenced, inc)], saveArgs(w.cfg.ClientName, t, w.fenced, w.epoch, inc)...)
 	if err != nil {
 		if changelog.HasCode(err, changelog.LockNotAvailable) {
 			return fmt.Errorf("%w: %w", errTokenLocked, err)
@@ -387,7 +387,7 @@ func (w *Watcher) writeShared(ctx context.Context, p Position, tok, inc string) 
 // writeInTx is MarkProcessedTx's write of the marked token tok (seq, fencing and incarnation as
 // writeToken's) in the caller's transaction tx.
 func (w *Watcher) writeInTx(ctx context.Context, tx *sql.Tx, tok string, seq uint64, fenced bool, epoch int64, inc string) error {
-	res, err := tx.ExecContext(ctx, w.q.AckTx[ackIndex(fenced, inc)], saveArgs(w.cfg.ClientName, tok, fenced, epoch, inc)...)
+	res, err := tx.ExecContext(ctx, w.q.AckTx[changelog.AckIndex(fenced, inc)], saveArgs(w.cfg.ClientName, tok, fenced, epoch, inc)...)
 	if err != nil {
 		return err
 	}

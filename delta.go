@@ -28,16 +28,12 @@ func (w *Watcher) readPage(ctx context.Context, from Position, buf []changelogRo
 	case from.Span == nil:
 		rows, err = w.query(ctx, w.rq.Read, buf, rowColumns{}, w.cfg.TableName, from.ChangedAt, from.ID)
 	case from.Span.Seq == 0:
-		rows, err = w.query(ctx, w.rq.SwitchRead, buf, w.rq.columnsOf(false), w.cfg.TableName, from.ChangedAt, from.ID, from.Span.Base.String())
+		rows, err = w.query(ctx, w.rq.SwitchRead, buf, columnsOf(w.rq, false), w.cfg.TableName, from.ChangedAt, from.ID, from.Span.Base.String())
 	default:
 		return w.pager.read(ctx, w, from, buf)
 	}
 	return rows, len(rows) == w.cfg.BatchSize, err
 }
-
-// maxDeltaIDs bounds the ids of a large delta kept in memory (8 bytes each): a larger delta is
-// listed again, after the last id passed, each time its list is used up.
-const maxDeltaIDs = 1 << 20
 
 // deltaReads are the reads a deltaPager makes: SQL for the watcher, a model in tests.
 type deltaReads interface {
@@ -45,7 +41,7 @@ type deltaReads interface {
 	// one more than a page.
 	deltaPage(ctx context.Context, from Position, buf []changelogRow) ([]changelogRow, error)
 	// deltaIDs returns, ascending, the ids of from's delta rows after the id after, at most the
-	// pager's maxIDs of them (maxDeltaIDs for the watcher).
+	// pager's maxIDs of them (changelog.MaxDeltaIDs for the watcher).
 	deltaIDs(ctx context.Context, from Position, after int64) ([]int64, error)
 	// rowsByID returns the rows with the ids, ascending.
 	rowsByID(ctx context.Context, ids []int64, buf []changelogRow) ([]changelogRow, error)
@@ -111,11 +107,11 @@ func (w *Watcher) deltaPage(ctx context.Context, from Position, buf []changelogR
 	ranges := position.DeltaRanges(from.Span.Base, from.Span.End)
 	if len(ranges) == 1 {
 		r := ranges[0]
-		return w.query(ctx, w.rq.DeltaRange, buf, w.rq.columnsOf(true), w.cfg.TableName, strconv.FormatUint(r.Lo, 10), r.LoID,
+		return w.query(ctx, w.rq.DeltaRange, buf, columnsOf(w.rq, true), w.cfg.TableName, strconv.FormatUint(r.Lo, 10), r.LoID,
 			strconv.FormatUint(r.Hi, 10), r.HiID, from.Span.End.String(), from.AfterID())
 	}
 	lo, loID, hi, hiID := changelog.RangeArrays(ranges)
-	return w.query(ctx, w.rq.DeltaRead, buf, w.rq.columnsOf(true), w.cfg.TableName, lo, loID, hi, hiID, from.Span.End.String(), from.AfterID())
+	return w.query(ctx, w.rq.DeltaRead, buf, columnsOf(w.rq, true), w.cfg.TableName, lo, loID, hi, hiID, from.Span.End.String(), from.AfterID())
 }
 
 // deltaIDs lists the ids of from's delta after after (deltaReads).
@@ -139,7 +135,7 @@ func (w *Watcher) deltaIDs(ctx context.Context, from Position, after int64) ([]i
 // rowsByID reads rows of a listed delta by primary key (deltaReads).
 func (w *Watcher) rowsByID(ctx context.Context, ids []int64, buf []changelogRow) ([]changelogRow, error) {
 	q, args := w.rowsByIDQuery(ids)
-	rows, err := w.queryByKey(ctx, q, buf, w.rq.columnsOf(true), args...)
+	rows, err := w.queryByKey(ctx, q, buf, columnsOf(w.rq, true), args...)
 	if err != nil || q != w.rq.DeltaSpan {
 		return rows, err
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/backoff"
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/marker"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 )
@@ -24,7 +25,7 @@ import (
 // can fail or delay statements on demand. SQL text is checked by the sqlmock tests; this fake
 // checks behaviour.
 type fakeDB struct {
-	q     queries
+	q     changelog.Statements
 	mq    marker.Statements
 	limit int
 
@@ -53,7 +54,7 @@ type fakeRow struct {
 
 func newFakeDB(cfg Config) *fakeDB {
 	cfg = cfg.withDefaults()
-	return &fakeDB{q: buildQueries(cfg), mq: marker.NewStatements(cfg.ChangelogTable), limit: cfg.BatchSize, tokens: map[string]string{}, nextID: 1,
+	return &fakeDB{q: statements(cfg), mq: marker.NewStatements(cfg.ChangelogTable), limit: cfg.BatchSize, tokens: map[string]string{}, nextID: 1,
 		readErr: errors.New("fake: connection refused")}
 }
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/marker"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
@@ -26,7 +27,7 @@ import (
 // certifies (rule 12).
 type markWorld struct {
 	t        testing.TB
-	q        queries
+	q        changelog.Statements
 	mq       marker.Statements
 	m        *deltaModel
 	ts       map[int64]time.Time  // changed_at of each row
@@ -41,7 +42,7 @@ type markWorld struct {
 func newMarkWorld(t testing.TB, cfg Config) *markWorld {
 	start := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	cfg = cfg.withDefaults()
-	return &markWorld{t: t, q: buildQueries(cfg), mq: marker.NewStatements(cfg.ChangelogTable), m: newDeltaModel(0, 0), ts: map[int64]time.Time{},
+	return &markWorld{t: t, q: statements(cfg), mq: marker.NewStatements(cfg.ChangelogTable), m: newDeltaModel(0, 0), ts: map[int64]time.Time{},
 		begun: map[uint64]time.Time{}, clock: start, token: string(position.EncodeToken(position.Make(start, 0), "t")),
 		flagged: map[int64]bool{}}
 }

@@ -37,15 +37,6 @@ const indexPlansSQL = `SELECT set_config('enable_bitmapscan', 'off', true), set_
 // indexPlansTag prefixes the reads run after indexPlansSQL.
 const indexPlansTag = `/* index plans */ `
 
-// statsExistSQL is the condition that the changelog (the parameter p, quoted) has statistics:
-// those of its table_name column, which every read's estimate starts from.
-func statsExistSQL(p string) string {
-	return `EXISTS (SELECT FROM pg_catalog.pg_stats s
-		JOIN pg_catalog.pg_namespace n ON n.nspname = s.schemaname
-		JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = s.tablename
-		WHERE c.oid = to_regclass(` + p + `) AND s.attname = 'table_name')`
-}
-
 // read runs the changelog read q of index ranges and hands its rows to scan, which closes them:
 // as it is, or, while the changelog has no statistics, with index plans only. Reads by primary
 // key (queryByKey) need no statistics and run as they are.

@@ -53,12 +53,12 @@ func (e kitEngine) Stats() ProcessStats { return e.w.processStats() }
 // testStatements returns the statements of cfg for the test kit.
 func testStatements(cfg Config) testhooks.Statements {
 	cfg = cfg.withDefaults()
-	q := buildQueries(cfg)
+	q := statements(cfg)
 	return testhooks.Statements{
 		Detect: q.Detect, DetectArg: changelog.Quote(cfg.ChangelogTable),
 		DetectIncArg: changelog.Quote(changelog.IncarnationTable(cfg.ChangelogTable)), DeltaStart: q.DeltaStart,
-		LoadToken: q.LoadToken, SaveToken: q.SaveToken, AckTx: q.AckTx[ackIndex(false, "")], Newest: q.Newest,
-		TableCheck: tableCheckQuery(cfg.ChangelogTable), Read: q.Read, Snapshot: q.Snapshot,
+		LoadToken: q.LoadToken, SaveToken: q.SaveToken, AckTx: q.AckTx[changelog.AckIndex(false, "")], Newest: q.Newest,
+		TableCheck: changelog.TableCheckSQL(cfg.ChangelogTable), Read: q.Read, Snapshot: q.Snapshot,
 		DeltaRange: q.DeltaRange, Unprocessed: q.Unprocessed,
 	}
 }

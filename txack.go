@@ -243,18 +243,3 @@ func saveArgs(client, tok string, fenced bool, epoch int64, inc string) []any {
 	}
 	return args
 }
-
-// ackIndex is the index in queries.ackSave and ackTx of a fenced save and of one conditioned
-// on an incarnation; ackIndexParts is its inverse.
-func ackIndex(fenced bool, inc string) int {
-	i := 0
-	if fenced {
-		i |= 1
-	}
-	if inc != "" {
-		i |= 2
-	}
-	return i
-}
-
-func ackIndexParts(i int) (fenced, withInc bool) { return i&1 != 0, i&2 != 0 }
