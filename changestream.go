@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"github.com/pgchangestream/pgchangestream/internal/marker"
 	"github.com/pgchangestream/pgchangestream/internal/pending"
 	"github.com/pgchangestream/pgchangestream/internal/position"
+	"github.com/pgchangestream/pgchangestream/internal/procface"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
@@ -399,8 +399,7 @@ func (w *Watcher) recoverPanic(op, where string, then func(error)) {
 // panicError logs a recovered panic r in where with its stack, and returns it as an error
 // wrapping ErrPanic.
 func (w *Watcher) panicError(where string, r any) error {
-	w.log.Error("recovered from a panic", "in", where, "panic", r, "stack", string(debug.Stack()))
-	return fmt.Errorf("%w in the %s: %v", ErrPanic, where, r)
+	return procface.PanicError(w.log, where, r)
 }
 
 // stopWith stops the watcher because of err, which Err then reports: its goroutines end and the

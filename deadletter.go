@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/pgchangestream/pgchangestream/internal/deadletter"
+	"github.com/pgchangestream/pgchangestream/internal/procface"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
@@ -15,7 +16,7 @@ func (w *Watcher) deadLetterTable() *deadletter.Store {
 
 // parkedStore returns the dead-letter table of the watcher's client, its parks fenced as the
 // watcher's saves are (fencedParks).
-func (w *Watcher) parkedStore() parkedStore {
+func (w *Watcher) parkedStore() procface.ParkedStore {
 	return fencedParks{w.deadLetterTable(), w}
 }
 
