@@ -46,16 +46,16 @@ func (w *Watcher) claimAck(ctx context.Context, tx *sql.Tx, id int64, rerun bool
 	if w.sh != nil && !rerun {
 		return w.claimAckShared(ctx, tx, id, idle)
 	}
-	q, args := w.q.claimAck, []any{w.cfg.ClientName, id, idle}
+	q, args := w.q.ClaimAck, []any{w.cfg.ClientName, id, idle}
 	if fenced {
-		q, args = w.q.claimAckFenced, []any{w.cfg.ClientName, id, epoch, idle}
+		q, args = w.q.ClaimAckFenced, []any{w.cfg.ClientName, id, epoch, idle}
 	}
 	claimed, err := w.insertClaim(ctx, tx, id, q, args...)
 	if err != nil || claimed || !fenced {
 		return claimed, err
 	}
 	var stored sql.NullInt64
-	if err := tx.QueryRowContext(ctx, w.q.epochOf, w.cfg.ClientName).Scan(&stored); err != nil && !errors.Is(err, sql.ErrNoRows) {
+	if err := tx.QueryRowContext(ctx, w.q.EpochOf, w.cfg.ClientName).Scan(&stored); err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return false, fmt.Errorf("claim event %d wrote nothing; checking why: %w", id, err)
 	}
 	if stored.Valid && stored.Int64 == epoch {
@@ -108,9 +108,9 @@ func (w *Watcher) compactAcks(ctx context.Context) (int64, error) {
 	case fenced && epoch == 0, !loaded: // not claimed, or not loaded, yet
 		return 0, nil
 	}
-	q := w.q.compactAcks + certified + `)`
+	q := w.q.CompactAcks + certified + `)`
 	if fenced {
-		q += w.q.compactFence + args.Add(epoch) + ` FOR KEY SHARE)`
+		q += w.q.CompactFence + args.Add(epoch) + ` FOR KEY SHARE)`
 	}
 	res, err := w.cfg.DB.ExecContext(ctx, q, args...)
 	if err != nil {

@@ -110,12 +110,12 @@ func TestLiveAckClaimIsFenced(t *testing.T) {
 	bump := e.openTx()
 	_, err = bump.Exec(`SET LOCAL lock_timeout = '300ms'`)
 	require.NoError(t, err)
-	_, err = bump.Exec(w.q.bumpEpoch, "c")
+	_, err = bump.Exec(w.q.BumpEpoch, "c")
 	require.ErrorContains(t, err, "lock timeout", "the epoch claim must wait for the claim in flight")
 	require.NoError(t, bump.Rollback())
 	require.NoError(t, open.Commit())
 
-	_, err = e.db.Exec(w.q.bumpEpoch, "c")
+	_, err = e.db.Exec(w.q.BumpEpoch, "c")
 	require.NoError(t, err)
 	// The watcher has not noticed yet (a paused owner waking up): its compaction deletes nothing,
 	// though the token it saved certifies the row.

@@ -5,17 +5,18 @@ import (
 	"database/sql"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/listen"
 	"github.com/pgchangestream/pgchangestream/internal/lock"
 	"github.com/pgchangestream/pgchangestream/internal/marker"
 	"github.com/pgchangestream/pgchangestream/internal/pending"
+	"github.com/pgchangestream/pgchangestream/internal/procface"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
@@ -32,19 +33,19 @@ const (
 // [Watcher.Start]; read [Watcher.Events]; acknowledge with [Watcher.MarkProcessed]; stop with
 // [Watcher.Close].
 type Watcher struct {
-	cfg     Config              // immutable after New
-	cfgErr  error               // immutable; set only by NewPostgreSQLChangeStreamWatcher
-	log     *slog.Logger        // immutable
-	q       queries             // immutable
-	listen  *listen.Listener    // immutable; nil when not listening (internal/listen)
-	events  chan EventWithToken // sent on and closed by the reader goroutine only (or by Close before Start)
-	wake    chan struct{}       // capacity 1; listener → reader: read now
-	primed  signal              // fired after the first read, or when stopping before (see Ready)
-	wg      sync.WaitGroup      // reader, listener, saver, prefetch and lock goroutines
-	health  health              // failures and their counters; safe for concurrent use
-	excl    exclusive           // the exclusive lock; see exclusive.go
-	elector *lock.Elector       // immutable pointer; nil unless Config.Exclusive (exclusive.go)
-	sh      *sharedMember       // immutable pointer; nil unless Config.Shared (shared.go)
+	cfg     Config               // immutable after New
+	cfgErr  error                // immutable; set only by NewPostgreSQLChangeStreamWatcher
+	log     *slog.Logger         // immutable
+	q       changelog.Statements // immutable
+	listen  *listen.Listener     // immutable; nil when not listening (internal/listen)
+	events  chan EventWithToken  // sent on and closed by the reader goroutine only (or by Close before Start)
+	wake    chan struct{}        // capacity 1; listener → reader: read now
+	primed  signal               // fired after the first read, or when stopping before (see Ready)
+	wg      sync.WaitGroup       // reader, listener, saver, prefetch and lock goroutines
+	health  health               // failures and their counters; safe for concurrent use
+	excl    exclusive            // the exclusive lock; see exclusive.go
+	elector *lock.Elector        // immutable pointer; nil unless Config.Exclusive (exclusive.go)
+	sh      *sharedMember        // immutable pointer; nil unless Config.Shared (shared.go)
 
 	// Lifecycle, guarded by lifeMu.
 	lifeMu  sync.Mutex
@@ -154,7 +155,7 @@ func newWatcher(cfg Config) *Watcher {
 	w := &Watcher{
 		cfg:    cfg,
 		log:    cfg.Logger.With("client", cfg.ClientName, "table", cfg.TableName),
-		q:      buildQueries(cfg),
+		q:      statements(cfg),
 		events: make(chan EventWithToken, eventsCapacity(cfg)),
 		wake:   make(chan struct{}, 1),
 		reader: reader{
@@ -162,13 +163,13 @@ func newWatcher(cfg Config) *Watcher {
 			recent: listen.NewRecentIDs(recentCapacity),
 			batch:  make([]changelogRow, 0, cfg.BatchSize+1), // a delta's first page reads one more
 			spare:  make([]changelogRow, 0, cfg.BatchSize+1),
-			pager:  deltaPager{pageSize: cfg.BatchSize, maxIDs: maxDeltaIDs},
+			pager:  deltaPager{pageSize: cfg.BatchSize, maxIDs: changelog.MaxDeltaIDs},
 		},
 		health: health{listenCritical: cfg.Mode == ModeNotify},
 
 		schemaEvery: schemaCheckInterval,
 	}
-	w.reader.cfg, w.reader.q, w.reader.log, w.rq = &w.cfg, &w.q, w.log, &w.q.readQueries
+	w.reader.cfg, w.reader.q, w.reader.log, w.rq = &w.cfg, &w.q, w.log, &w.q.Reads
 	if cfg.marksProcessed() {
 		w.mark = w.newMarker()
 	}
@@ -339,8 +340,7 @@ func (w *Watcher) recoverPanic(op, where string, then func(error)) {
 // panicError logs a recovered panic r in where with its stack, and returns it as an error
 // wrapping ErrPanic.
 func (w *Watcher) panicError(where string, r any) error {
-	w.log.Error("recovered from a panic", "in", where, "panic", r, "stack", string(debug.Stack()))
-	return fmt.Errorf("%w in the %s: %v", ErrPanic, where, r)
+	return procface.PanicError(w.log, where, r)
 }
 
 // stopWith stops the watcher because of err, which Err then reports: its goroutines end and the

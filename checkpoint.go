@@ -26,15 +26,15 @@ import (
 // reads the delivery state through the reader's methods. The Watcher embeds it; its
 // dependencies are set by newWatcher and immutable after.
 type saver struct {
-	rd       *reader        // the delivery state the checkpoint is computed from
-	cfg      *Config        // the watcher's configuration
-	q        *queries       // the watcher's statements
-	log      *slog.Logger   // the watcher's logger
-	health   *health        // the watcher's health record
-	excl     *exclusive     // the exclusive lock's state
-	sh       *sharedMember  // nil unless Config.Shared
-	mark     *marker.Marker // nil unless the watcher sets the processed flag
-	instance string         // names this watcher's acknowledgement markers (txack.go)
+	rd       *reader               // the delivery state the checkpoint is computed from
+	cfg      *Config               // the watcher's configuration
+	q        *changelog.Statements // the watcher's statements
+	log      *slog.Logger          // the watcher's logger
+	health   *health               // the watcher's health record
+	excl     *exclusive            // the exclusive lock's state
+	sh       *sharedMember         // nil unless Config.Shared
+	mark     *marker.Marker        // nil unless the watcher sets the processed flag
+	instance string                // names this watcher's acknowledgement markers (txack.go)
 	// fence stops the watcher after a save found a later owner (stopOwning); recovered asks the
 	// reader to rewind after a save found the server recovered (askRewind); leaveIfDrained is a
 	// Shared member's leave once drained.
@@ -281,14 +281,14 @@ func (s *saver) writePlain(ctx context.Context, tok, inc string) error {
 	)
 	switch {
 	case !s.fenced && inc == "":
-		_, err = s.cfg.DB.ExecContext(ctx, s.q.saveToken, s.cfg.ClientName, tok)
+		_, err = s.cfg.DB.ExecContext(ctx, s.q.SaveToken, s.cfg.ClientName, tok)
 		return err
 	case !s.fenced:
-		res, err = s.cfg.DB.ExecContext(ctx, s.q.saveTokenInc, s.cfg.ClientName, tok, inc)
+		res, err = s.cfg.DB.ExecContext(ctx, s.q.SaveTokenInc, s.cfg.ClientName, tok, inc)
 	case inc == "":
-		res, err = s.cfg.DB.ExecContext(ctx, s.q.saveFenced, s.cfg.ClientName, tok, s.epoch)
+		res, err = s.cfg.DB.ExecContext(ctx, s.q.SaveFenced, s.cfg.ClientName, tok, s.epoch)
 	default:
-		res, err = s.cfg.DB.ExecContext(ctx, s.q.saveFencedInc, s.cfg.ClientName, tok, s.epoch, inc)
+		res, err = s.cfg.DB.ExecContext(ctx, s.q.SaveFencedInc, s.cfg.ClientName, tok, s.epoch, inc)
 	}
 	if err != nil {
 		return err
@@ -308,7 +308,7 @@ func (s *saver) noWriteErr(ctx context.Context, q queryer, fenced bool, epoch in
 	}
 	if inc != "" {
 		var same bool
-		if err := q.QueryRowContext(ctx, s.q.incarnationIs, inc).Scan(&same); err != nil {
+		if err := q.QueryRowContext(ctx, s.q.IncarnationIs, inc).Scan(&same); err != nil {
 			return fmt.Errorf("the save wrote nothing; checking why: %w", err)
 		}
 		if !same {
@@ -329,7 +329,7 @@ func (s *saver) claimNew(ctx context.Context, token string) error {
 		return s.excl.lockLostErr()
 	}
 	c, o := lock.Halves(lock.Key(s.cfg.TokenTable, s.cfg.ClientName))
-	row, err := sess.Query(ctx, s.q.claimNew, s.cfg.ClientName, token, string(itoa(c)), string(itoa(o)))
+	row, err := sess.Query(ctx, s.q.ClaimNew, s.cfg.ClientName, token, string(itoa(c)), string(itoa(o)))
 	switch {
 	case err != nil:
 		return err
@@ -346,7 +346,7 @@ func (s *saver) claimNew(ctx context.Context, token string) error {
 // marker of this watcher (errAckAhead, after applying it). ckMu must be held.
 func (s *saver) writeMarked(ctx context.Context, tok []byte, seq uint64, inc string) error {
 	t := string(appendAck(tok, s.instance, seq))
-	res, err := s.cfg.DB.ExecContext(ctx, s.q.ackSave[ackIndex(s.fenced, inc)], saveArgs(s.cfg.ClientName, t, s.fenced, s.epoch, inc)...)
+	res, err := s.cfg.DB.ExecContext(ctx, s.q.AckSave[changelog.AckIndex(s.fenced, inc)], saveArgs(s.cfg.ClientName, t, s.fenced, s.epoch, inc)...)
 	if err != nil {
 		if changelog.HasCode(err, changelog.LockNotAvailable) {
 			return fmt.Errorf("%w: %w", errTokenLocked, err)
@@ -423,7 +423,7 @@ func (s *saver) writeShared(ctx context.Context, p Position, tok, inc string) er
 	}
 	if inc != "" {
 		var same bool
-		if err := s.cfg.DB.QueryRowContext(ctx, s.q.incarnationIs, inc).Scan(&same); err != nil {
+		if err := s.cfg.DB.QueryRowContext(ctx, s.q.IncarnationIs, inc).Scan(&same); err != nil {
 			return fmt.Errorf("the save wrote nothing; checking why: %w", err)
 		}
 		if !same {
@@ -438,7 +438,7 @@ func (s *saver) writeShared(ctx context.Context, p Position, tok, inc string) er
 // writeInTx is MarkProcessedTx's write of the marked token tok (seq, fencing and incarnation as
 // writeToken's) in the caller's transaction tx.
 func (s *saver) writeInTx(ctx context.Context, tx *sql.Tx, tok string, seq uint64, fenced bool, epoch int64, inc string) error {
-	res, err := tx.ExecContext(ctx, s.q.ackTx[ackIndex(fenced, inc)], saveArgs(s.cfg.ClientName, tok, fenced, epoch, inc)...)
+	res, err := tx.ExecContext(ctx, s.q.AckTx[changelog.AckIndex(fenced, inc)], saveArgs(s.cfg.ClientName, tok, fenced, epoch, inc)...)
 	if err != nil {
 		return err
 	}

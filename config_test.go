@@ -96,8 +96,8 @@ func TestSchemaQualifiedNamesAreQuoted(t *testing.T) {
 	w, err := New(Config{DB: db, ClientName: "c", TableName: "t", Mode: ModePolling,
 		ChangelogTable: "audit.Changes", TokenTable: "tokens"})
 	require.NoError(t, err)
-	require.Contains(t, w.q.read, `FROM "audit"."Changes"`)
-	require.Contains(t, w.q.saveToken, `INSERT INTO "tokens"`)
+	require.Contains(t, w.q.Read, `FROM "audit"."Changes"`)
+	require.Contains(t, w.q.SaveToken, `INSERT INTO "tokens"`)
 }
 
 func TestLegacyConstructorReportsBadArguments(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/pgchangestream/pgchangestream/internal/deadletter"
+	"github.com/pgchangestream/pgchangestream/internal/procface"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
@@ -15,7 +16,7 @@ func (w *Watcher) deadLetterTable() *deadletter.Store {
 
 // parkedStore returns the dead-letter table of the watcher's client, its parks fenced as the
 // watcher's saves are (fencedParks).
-func (w *Watcher) parkedStore() parkedStore {
+func (w *Watcher) parkedStore() procface.ParkedStore {
 	return fencedParks{w.deadLetterTable(), w}
 }
 
@@ -57,7 +58,7 @@ func (f fencedParks) Park(ctx context.Context, p ParkedEvent) (int64, error) {
 	case !fenced:
 		return f.Store.Park(ctx, p)
 	}
-	id, inserted, err := f.Insert(ctx, p, w.q.parkFence, epoch)
+	id, inserted, err := f.Insert(ctx, p, w.q.ParkFence, epoch)
 	if err != nil || inserted {
 		return id, err
 	}

@@ -26,18 +26,14 @@ func (r *reader) readPage(ctx context.Context, from Position, buf []changelogRow
 	}
 	switch {
 	case from.Span == nil:
-		rows, err = r.query(ctx, r.rq.read, buf, rowColumns{}, r.cfg.TableName, from.ChangedAt, from.ID)
+		rows, err = r.query(ctx, r.rq.Read, buf, rowColumns{}, r.cfg.TableName, from.ChangedAt, from.ID)
 	case from.Span.Seq == 0:
-		rows, err = r.query(ctx, r.rq.switchRead, buf, r.rq.columnsOf(false), r.cfg.TableName, from.ChangedAt, from.ID, from.Span.Base.String())
+		rows, err = r.query(ctx, r.rq.SwitchRead, buf, columnsOf(r.rq, false), r.cfg.TableName, from.ChangedAt, from.ID, from.Span.Base.String())
 	default:
 		return r.pager.read(ctx, r, from, buf)
 	}
 	return rows, len(rows) == r.cfg.BatchSize, err
 }
-
-// maxDeltaIDs bounds the ids of a large delta kept in memory (8 bytes each): a larger delta is
-// listed again, after the last id passed, each time its list is used up.
-const maxDeltaIDs = 1 << 20
 
 // deltaReads are the reads a deltaPager makes: SQL for the watcher, a model in tests.
 type deltaReads interface {
@@ -45,7 +41,7 @@ type deltaReads interface {
 	// one more than a page.
 	deltaPage(ctx context.Context, from Position, buf []changelogRow) ([]changelogRow, error)
 	// deltaIDs returns, ascending, the ids of from's delta rows after the id after, at most the
-	// pager's maxIDs of them (maxDeltaIDs for the watcher).
+	// pager's maxIDs of them (changelog.MaxDeltaIDs for the watcher).
 	deltaIDs(ctx context.Context, from Position, after int64) ([]int64, error)
 	// rowsByID returns the rows with the ids, ascending.
 	rowsByID(ctx context.Context, ids []int64, buf []changelogRow) ([]changelogRow, error)
@@ -111,18 +107,18 @@ func (r *reader) deltaPage(ctx context.Context, from Position, buf []changelogRo
 	ranges := position.DeltaRanges(from.Span.Base, from.Span.End)
 	if len(ranges) == 1 {
 		kr := ranges[0]
-		return r.query(ctx, r.rq.deltaRange, buf, r.rq.columnsOf(true), r.cfg.TableName, strconv.FormatUint(kr.Lo, 10), kr.LoID,
+		return r.query(ctx, r.rq.DeltaRange, buf, columnsOf(r.rq, true), r.cfg.TableName, strconv.FormatUint(kr.Lo, 10), kr.LoID,
 			strconv.FormatUint(kr.Hi, 10), kr.HiID, from.Span.End.String(), from.AfterID())
 	}
 	lo, loID, hi, hiID := changelog.RangeArrays(ranges)
-	return r.query(ctx, r.rq.deltaRead, buf, r.rq.columnsOf(true), r.cfg.TableName, lo, loID, hi, hiID, from.Span.End.String(), from.AfterID())
+	return r.query(ctx, r.rq.DeltaRead, buf, columnsOf(r.rq, true), r.cfg.TableName, lo, loID, hi, hiID, from.Span.End.String(), from.AfterID())
 }
 
 // deltaIDs lists the ids of from's delta after after (deltaReads).
 func (r *reader) deltaIDs(ctx context.Context, from Position, after int64) ([]int64, error) {
 	lo, loID, hi, hiID := changelog.RangeArrays(position.DeltaRanges(from.Span.Base, from.Span.End))
 	var ids []int64
-	err := r.read(ctx, r.rq.deltaIDs, func(rows *sql.Rows) error {
+	err := r.read(ctx, r.rq.DeltaIDs, func(rows *sql.Rows) error {
 		defer rows.Close()
 		for rows.Next() {
 			var id int64
@@ -139,8 +135,8 @@ func (r *reader) deltaIDs(ctx context.Context, from Position, after int64) ([]in
 // rowsByID reads rows of a listed delta by primary key (deltaReads).
 func (r *reader) rowsByID(ctx context.Context, ids []int64, buf []changelogRow) ([]changelogRow, error) {
 	q, args := r.rowsByIDQuery(ids)
-	rows, err := r.queryByKey(ctx, q, buf, r.rq.columnsOf(true), args...)
-	if err != nil || q != r.rq.deltaSpan {
+	rows, err := r.queryByKey(ctx, q, buf, columnsOf(r.rq, true), args...)
+	if err != nil || q != r.rq.DeltaSpan {
 		return rows, err
 	}
 	return keepIDs(rows, ids), nil
@@ -162,11 +158,11 @@ func (r *reader) rowsByIDQuery(ids []int64) (string, []any) {
 	n := len(ids)
 	switch {
 	case n > 0 && ids[n-1]-ids[0] == int64(n-1):
-		return r.rq.deltaKeyRange, []any{ids[0], ids[n-1]}
-	case n > 0 && r.rq.deltaSpan != "" && ids[n-1]-ids[0] < int64(n)*sharedSpanFactor:
-		return r.rq.deltaSpan, []any{ids[0], ids[n-1]}
+		return r.rq.DeltaKeyRange, []any{ids[0], ids[n-1]}
+	case n > 0 && r.rq.DeltaSpan != "" && ids[n-1]-ids[0] < int64(n)*sharedSpanFactor:
+		return r.rq.DeltaSpan, []any{ids[0], ids[n-1]}
 	}
-	return r.rq.deltaRows, []any{changelog.Array(ids)}
+	return r.rq.DeltaRows, []any{changelog.Array(ids)}
 }
 
 // keepIDs keeps the rows (ascending by id) whose id is in ids (ascending), in place.
@@ -216,7 +212,7 @@ func (r *reader) endSpan(from Position) {
 // it is skipped). From the beginning, every row with a txid is read in the deltas.
 func (r *reader) switchSnapshot(ctx context.Context, lo, hi Position, now position.Snapshot) (position.Snapshot, error) {
 	var cut sql.NullString
-	err := r.cfg.DB.QueryRowContext(ctx, r.q.switchCut, r.cfg.TableName, lo.ChangedAt, lo.ID, hi.ChangedAt, hi.ID,
+	err := r.cfg.DB.QueryRowContext(ctx, r.q.SwitchCut, r.cfg.TableName, lo.ChangedAt, lo.ID, hi.ChangedAt, hi.ID,
 		now.String(), !hi.ChangedAt.IsZero()).Scan(&cut)
 	if err != nil {
 		return position.Snapshot{}, changelogReadError{fmt.Errorf("read changelog: find the switch-over's snapshot: %w", err)}
@@ -258,15 +254,6 @@ const indexPlansSQL = `SELECT set_config('enable_bitmapscan', 'off', true), set_
 
 // indexPlansTag prefixes the reads run after indexPlansSQL.
 const indexPlansTag = `/* index plans */ `
-
-// statsExistSQL is the condition that the changelog (the parameter p, quoted) has statistics:
-// those of its table_name column, which every read's estimate starts from.
-func statsExistSQL(p string) string {
-	return `EXISTS (SELECT FROM pg_catalog.pg_stats s
-		JOIN pg_catalog.pg_namespace n ON n.nspname = s.schemaname
-		JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = s.tablename
-		WHERE c.oid = to_regclass(` + p + `) AND s.attname = 'table_name')`
-}
 
 // read runs the changelog read q of index ranges and hands its rows to scan, which closes them:
 // as it is, or, while the changelog has no statistics, with index plans only. Reads by primary
@@ -316,7 +303,7 @@ func (r *reader) checkStats(ctx context.Context) error {
 		return nil
 	}
 	var has bool
-	if err := r.cfg.DB.QueryRowContext(ctx, r.q.statsExist, changelog.Quote(r.cfg.ChangelogTable)).Scan(&has); err != nil {
+	if err := r.cfg.DB.QueryRowContext(ctx, r.q.StatsExist, changelog.Quote(r.cfg.ChangelogTable)).Scan(&has); err != nil {
 		return fmt.Errorf("look for the statistics of changelog %s: %w", r.cfg.ChangelogTable, err)
 	}
 	r.noteStats(has)

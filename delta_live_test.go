@@ -77,14 +77,14 @@ func TestLiveDeltaReadPlans(t *testing.T) {
 	require.Less(t, oldXid, b.Xmin+1)
 	rangeScan := `Index (Only )?Scan using datastore_changelog_txid_unit_idx on datastore_changelog`
 	rangeCond := `Index Cond: .*\(ROW\(txid, id\) > ROW\(r\.lo, r\.lo_id\)\) AND \(ROW\(txid, id\) <= ROW\(r\.hi, r\.hi_id\)\)`
-	plan, buffers := explainDeltaRead(t, e, w.q.deltaRead, b, end)
+	plan, buffers := explainDeltaRead(t, e, w.q.DeltaRead, b, end)
 	require.Regexp(t, rangeScan, plan)
 	require.Regexp(t, rangeCond, plan)
 	require.NotContains(t, plan, "Seq Scan")
 	require.NotContains(t, plan, "Bitmap")
 	require.LessOrEqual(t, buffers, 20, "one new row behind a transaction open since 100,000 rows ago:\n%s", plan)
 	// The id list reads each range whole, then sorts: an index range scan, or a bitmap of one.
-	plan, buffers = explainDeltaRead(t, e, w.q.deltaIDs, b, end)
+	plan, buffers = explainDeltaRead(t, e, w.q.DeltaIDs, b, end)
 	require.Regexp(t, `(Bitmap Index Scan on|Index (Only )?Scan using) datastore_changelog_txid_unit_idx`, plan)
 	require.Regexp(t, rangeCond, plan)
 	require.NotContains(t, plan, "Seq Scan")
@@ -92,21 +92,21 @@ func TestLiveDeltaReadPlans(t *testing.T) {
 
 	r := position.DeltaRanges(b, end)
 	require.Len(t, r, 1, "no transaction of the base ended: one range, read by deltaRange")
-	plan, buffers = explainLive(t, e, w.q.deltaRange, liveTable, strconv.FormatUint(r[0].Lo, 10), r[0].LoID,
+	plan, buffers = explainLive(t, e, w.q.DeltaRange, liveTable, strconv.FormatUint(r[0].Lo, 10), r[0].LoID,
 		strconv.FormatUint(r[0].Hi, 10), r[0].HiID, end.String(), int64(position.MinID))
 	require.Regexp(t, `^Limit.*\n.*\n  ->  Index Scan using datastore_changelog_txid_unit_idx on datastore_changelog`, plan)
 	require.Regexp(t, `Index Cond: .*\(ROW\(txid, id\) > ROW\(.*\)\) AND \(ROW\(txid, id\) <= ROW\(.*\)\)`, plan)
 	require.NotContains(t, plan, "Sort")
 	require.LessOrEqual(t, buffers, 20, plan)
 
-	plan, buffers = explainLive(t, e, w.q.deltaRows, changelog.Array([]int64{one}))
+	plan, buffers = explainLive(t, e, w.q.DeltaRows, changelog.Array([]int64{one}))
 	require.Regexp(t, `Index Scan using datastore_changelog_pkey on datastore_changelog`, plan, "pages of a listed delta, by primary key")
 	require.LessOrEqual(t, buffers, 10, plan)
 
 	require.NoError(t, long.Commit())
 	next := e.snapshot()
 	require.Equal(t, []uint64{oldXid}, position.FinishedBy(end, next), "the old transaction is looked up once, where it ends")
-	plan, buffers = explainDeltaRead(t, e, w.q.deltaRead, end, next)
+	plan, buffers = explainDeltaRead(t, e, w.q.DeltaRead, end, next)
 	require.Regexp(t, rangeScan, plan)
 	require.LessOrEqual(t, buffers, 20, "the old transaction's one row:\n%s", plan)
 }

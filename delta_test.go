@@ -33,7 +33,7 @@ var deltaCols = append(append([]string{}, changelogCols...), "txid")
 func expectUpgradedLoad(w *Watcher, mock sqlmock.Sqlmock, snapshot string, newest any, token *sqlmock.Rows) {
 	mock.ExpectQuery(wantDetect).WithArgs(`"datastore_changelog"`, `"datastore_changelog_incarnation"`).
 		WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation", "stats"}).AddRow(true, false, true))
-	mock.ExpectQuery(w.q.deltaStart).WithArgs("t").
+	mock.ExpectQuery(w.q.DeltaStart).WithArgs("t").
 		WillReturnRows(sqlmock.NewRows([]string{"snapshot", "newest_txid"}).AddRow(snapshot, newest))
 	mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(token)
 }
@@ -69,14 +69,14 @@ func TestDeltaReadsFollowSnapshots(t *testing.T) {
 	loaded := w.Stats().Checkpoint
 
 	// Nothing finished and xmax did not move: no read at all.
-	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:105:100,103"))
+	mock.ExpectQuery(w.q.Snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:105:100,103"))
 	n, err := w.readBatch(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n)
 
 	// Transaction 103 finished and 105..109 began and ended, 107 still runs: one point range,
 	// then the range from the old xmax to the new one.
-	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:110:100,107"))
+	mock.ExpectQuery(w.q.Snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:110:100,107"))
 	mock.ExpectQuery(wantDeltaRead).WithArgs("t",
 		"{103,104}", "{-9223372036854775808,9223372036854775807}", "{103,109}", "{9223372036854775807,9223372036854775807}",
 		"100:110:100,107", int64(position.MinID)).
@@ -123,7 +123,7 @@ func TestLargeDeltaIsListedThenReadByID(t *testing.T) {
 	w, mock := newMockWatcher(t, Config{BatchSize: 2})
 	expectUpgradedLoad(w, mock, "100:105:", nil, savedTokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"100:105:"}`))
 	require.NoError(t, w.load(ctx))
-	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:108:"))
+	mock.ExpectQuery(w.q.Snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:108:"))
 	rows := func(ids ...int64) *sqlmock.Rows {
 		r := sqlmock.NewRows(deltaCols)
 		for _, id := range ids {
@@ -131,14 +131,14 @@ func TestLargeDeltaIsListedThenReadByID(t *testing.T) {
 		}
 		return r
 	}
-	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "104", int64(position.MaxID), "107", int64(position.MaxID), "100:108:", int64(position.MinID)).
+	mock.ExpectQuery(w.q.DeltaRange).WithArgs("t", "104", int64(position.MaxID), "107", int64(position.MaxID), "100:108:", int64(position.MinID)).
 		WillReturnRows(rows(9, 7, 8))
-	mock.ExpectQuery(w.q.deltaIDs).WithArgs("t", "{104}", "{9223372036854775807}", "{107}", "{9223372036854775807}", "100:108:", int64(position.MinID)).
+	mock.ExpectQuery(w.q.DeltaIDs).WithArgs("t", "{104}", "{9223372036854775807}", "{107}", "{9223372036854775807}", "100:108:", int64(position.MinID)).
 		WillReturnRows(sqlmock.NewRows([]string{"id"}).AddRow(int64(6)).AddRow(int64(8)).AddRow(int64(9)).AddRow(int64(10)).AddRow(int64(11)))
 	// A page with a gap is read by its ids, one of consecutive ids as a key range.
-	mock.ExpectQuery(w.q.deltaRows).WithArgs("{6,8}").WillReturnRows(rows(6, 8))
-	mock.ExpectQuery(w.q.deltaKeyRange).WithArgs(int64(9), int64(10)).WillReturnRows(rows(9, 10))
-	mock.ExpectQuery(w.q.deltaKeyRange).WithArgs(int64(11), int64(11)).WillReturnRows(rows(11))
+	mock.ExpectQuery(w.q.DeltaRows).WithArgs("{6,8}").WillReturnRows(rows(6, 8))
+	mock.ExpectQuery(w.q.DeltaKeyRange).WithArgs(int64(9), int64(10)).WillReturnRows(rows(9, 10))
+	mock.ExpectQuery(w.q.DeltaKeyRange).WithArgs(int64(11), int64(11)).WillReturnRows(rows(11))
 	var got []string
 	for range 3 {
 		full, err := w.readOnce(ctx)
@@ -165,14 +165,14 @@ func TestLoadedDeltaEndReadsTheNextDeltaAtOnce(t *testing.T) {
 	expectUpgradedLoad(w, mock, "100:109:", nil, savedTokenRows(
 		`{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"100:105:","deltaEnd":"100:108:","deltaAfterID":5}`))
 	require.NoError(t, w.load(ctx))
-	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "104", int64(position.MaxID), "107", int64(position.MaxID), "100:108:", int64(5)).
+	mock.ExpectQuery(w.q.DeltaRange).WithArgs("t", "104", int64(position.MaxID), "107", int64(position.MaxID), "100:108:", int64(5)).
 		WillReturnRows(sqlmock.NewRows(deltaCols))
 	full, err := w.readOnce(ctx)
 	require.NoError(t, err)
 	require.True(t, full, "the loaded delta ended: the next one is read at once")
 
-	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:110:"))
-	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "107", int64(position.MaxID), "109", int64(position.MaxID), "100:110:", int64(position.MinID)).
+	mock.ExpectQuery(w.q.Snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:110:"))
+	mock.ExpectQuery(w.q.DeltaRange).WithArgs("t", "107", int64(position.MaxID), "109", int64(position.MaxID), "100:110:", int64(position.MinID)).
 		WillReturnRows(sqlmock.NewRows(deltaCols))
 	full, err = w.readOnce(ctx)
 	require.NoError(t, err)
@@ -196,7 +196,7 @@ func TestDeltaTokensResume(t *testing.T) {
 			w, mock := newMockWatcher(t, Config{})
 			expectUpgradedLoad(w, mock, "100:112:", nil, savedTokenRows(tc.token))
 			require.NoError(t, w.load(ctx))
-			mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "104", int64(position.MaxID), "109", int64(position.MaxID), "100:110:", tc.after).
+			mock.ExpectQuery(w.q.DeltaRange).WithArgs("t", "104", int64(position.MaxID), "109", int64(position.MaxID), "100:110:", tc.after).
 				WillReturnRows(sqlmock.NewRows(deltaCols).AddRow(int64(9), "r", "INSERT", nil, []byte(`{}`), ts, "107"))
 			n, err := w.readBatch(ctx)
 			require.NoError(t, err)
@@ -217,7 +217,7 @@ func TestLegacyTokenSwitchesOver(t *testing.T) {
 	ts := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
 	w, mock := newMockWatcher(t, Config{BatchSize: 2, ProcessedFlag: true})
 	expectUpgradedLoad(w, mock, "100:105:", nil, savedTokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5}`))
-	mock.ExpectQuery(w.q.switchCut).WithArgs("t", ts, int64(5), ts, int64(5), "100:105:", true).
+	mock.ExpectQuery(w.q.SwitchCut).WithArgs("t", ts, int64(5), ts, int64(5), "100:105:", true).
 		WillReturnRows(sqlmock.NewRows([]string{"txid"}).AddRow("103"))
 	mock.ExpectExec(wantSaveToken).WithArgs("c", `{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"switchover":"103:103:","table":"t"}`).
 		WillReturnResult(sqlmock.NewResult(0, 1))
@@ -226,7 +226,7 @@ func TestLegacyTokenSwitchesOver(t *testing.T) {
 
 	// The legacy part: rows after the legacy position that the switch-over snapshot sees (or
 	// without a txid).
-	mock.ExpectQuery(w.q.switchRead).WithArgs("t", ts, int64(5), "103:103:").
+	mock.ExpectQuery(w.q.SwitchRead).WithArgs("t", ts, int64(5), "103:103:").
 		WillReturnRows(sqlmock.NewRows(changelogCols).AddRow(int64(6), "r6", "INSERT", nil, []byte(`{}`), ts))
 	n, err := w.readBatch(ctx)
 	require.NoError(t, err)
@@ -245,8 +245,8 @@ func TestLegacyTokenSwitchesOver(t *testing.T) {
 	require.NoError(t, w.MarkProcessed(ctx, []byte("6")))
 
 	// The first delta reads the rows of txids 103 and 104 in id order.
-	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("106:106:"))
-	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "102", int64(position.MaxID), "105", int64(position.MaxID), "106:106:", int64(position.MinID)).
+	mock.ExpectQuery(w.q.Snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("106:106:"))
+	mock.ExpectQuery(w.q.DeltaRange).WithArgs("t", "102", int64(position.MaxID), "105", int64(position.MaxID), "106:106:", int64(position.MinID)).
 		WillReturnRows(sqlmock.NewRows(deltaCols).
 			AddRow(int64(8), "r", "UPDATE", nil, []byte(`{}`), ts, "103").
 			AddRow(int64(7), "r", "UPDATE", nil, []byte(`{}`), ts.Add(time.Second), "104"))
@@ -270,11 +270,11 @@ func TestRestoredDatabaseIsRefused(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w, mock := newMockWatcher(t, Config{})
 			mock.ExpectQuery(wantDetect).WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation", "stats"}).AddRow(true, false, true))
-			mock.ExpectQuery(w.q.deltaStart).WillReturnRows(sqlmock.NewRows([]string{"s", "n"}).AddRow("100:105:", tc.newest))
+			mock.ExpectQuery(w.q.DeltaStart).WillReturnRows(sqlmock.NewRows([]string{"s", "n"}).AddRow("100:105:", tc.newest))
 			if tc.newest == nil {
 				mock.ExpectQuery(wantLoad).WillReturnRows(tc.token)
 				// checked again after the read: the counter moved on, but not up to the token
-				mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:108:"))
+				mock.ExpectQuery(w.q.Snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:108:"))
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
@@ -301,7 +301,7 @@ func TestTokenSavedDuringLoadIsNotARestore(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w, mock := newMockWatcher(t, Config{})
 			expectUpgradedLoad(w, mock, "100:105:", "104", savedTokenRows(tc.token))
-			mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:110:"))
+			mock.ExpectQuery(w.q.Snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:110:"))
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			require.NoError(t, w.loadWithRetry(ctx))
@@ -317,7 +317,7 @@ func TestDeltaReadErrorKeepsTheDelta(t *testing.T) {
 	w, mock := newMockWatcher(t, Config{})
 	expectUpgradedLoad(w, mock, "100:105:", nil, savedTokenRows(`{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapshot":"100:105:"}`))
 	require.NoError(t, w.load(ctx))
-	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:107:"))
+	mock.ExpectQuery(w.q.Snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:107:"))
 	mock.ExpectQuery(wantDeltaRange).WithArgs("t", "104", int64(position.MaxID), "106", int64(position.MaxID), "100:107:", int64(position.MinID)).
 		WillReturnError(errors.New("connection reset"))
 	_, err := w.readBatch(ctx)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/position"
+	"github.com/pgchangestream/pgchangestream/internal/procface"
 )
 
 // The errors the library returns, matched with errors.Is.
@@ -46,7 +47,7 @@ var ErrFenced = fmt.Errorf("%w: fenced off by a later owner of the client", ErrE
 // stops the watcher: [Watcher.Err] wraps ErrPanic (or [ErrExclusiveLost]) and Events closes. A
 // panic in a prefetched read or in the processed-flag marker fails that step only: the reader
 // reads again, and the marker retries (the flag may lag the token).
-var ErrPanic = errors.New("pgchangestream: panic")
+var ErrPanic = procface.ErrPanic
 
 // ErrLegacyChangelog is returned by [Watcher.ProcessTx] and [Watcher.MarkProcessedTx] on a
 // legacy changelog (one without the txid column: not upgraded, or on PostgreSQL 12). There a row

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/internal/backoff"
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/marker"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 )
@@ -24,7 +25,7 @@ import (
 // can fail or delay statements on demand. SQL text is checked by the sqlmock tests; this fake
 // checks behaviour.
 type fakeDB struct {
-	q     queries
+	q     changelog.Statements
 	mq    marker.Statements
 	limit int
 
@@ -53,7 +54,7 @@ type fakeRow struct {
 
 func newFakeDB(cfg Config) *fakeDB {
 	cfg = cfg.withDefaults()
-	return &fakeDB{q: buildQueries(cfg), mq: marker.NewStatements(cfg.ChangelogTable), limit: cfg.BatchSize, tokens: map[string]string{}, nextID: 1,
+	return &fakeDB{q: statements(cfg), mq: marker.NewStatements(cfg.ChangelogTable), limit: cfg.BatchSize, tokens: map[string]string{}, nextID: 1,
 		readErr: errors.New("fake: connection refused")}
 }
 
@@ -172,7 +173,7 @@ func (c fakeConn) QueryContext(ctx context.Context, query string, args []driver.
 	defer f.mu.Unlock()
 	a := func(i int) any { return args[i].Value }
 	switch query {
-	case f.q.read:
+	case f.q.Read:
 		f.reads = append(f.reads, time.Now())
 		if len(f.reads) == f.failReadNumber {
 			return nil, f.readErr
@@ -192,16 +193,16 @@ func (c fakeConn) QueryContext(ctx context.Context, query string, args []driver.
 			return position.Make(x.ChangedAt, x.ID).Compare(position.Make(y.ChangedAt, y.ID))
 		})
 		return changelogRows(out[:min(len(out), f.limit)]), nil
-	case f.q.detect: // a legacy changelog: snapshot deltas are tested with sqlmock and live
+	case f.q.Detect: // a legacy changelog: snapshot deltas are tested with sqlmock and live
 		return &valueRows{cols: []string{"skip_free", "incarnation", "stats"}, vals: [][]driver.Value{{false, false, true}}}, nil
-	case f.q.byID:
+	case f.q.ByID:
 		for _, r := range f.rows {
 			if r.visible && r.table == a(0) && r.ID == a(1) {
 				return changelogRows([]fakeRow{r}), nil
 			}
 		}
 		return changelogRows(nil), nil
-	case f.q.loadToken:
+	case f.q.LoadToken:
 		if f.failLoads > 0 {
 			f.failLoads--
 			return nil, f.readErr
@@ -210,7 +211,7 @@ func (c fakeConn) QueryContext(ctx context.Context, query string, args []driver.
 			return &valueRows{cols: []string{"resume_token"}, vals: [][]driver.Value{{raw}}}, nil
 		}
 		return &valueRows{cols: []string{"resume_token"}}, nil
-	case f.q.newest:
+	case f.q.Newest:
 		var best *fakeRow
 		for i, r := range f.rows {
 			if r.visible && r.table == a(0) && (best == nil || position.Make(best.ChangedAt, best.ID).Before(position.Make(r.ChangedAt, r.ID))) {
@@ -221,7 +222,7 @@ func (c fakeConn) QueryContext(ctx context.Context, query string, args []driver.
 			return &valueRows{cols: []string{"changed_at", "id"}}, nil
 		}
 		return &valueRows{cols: []string{"changed_at", "id"}, vals: [][]driver.Value{{best.ChangedAt, best.ID}}}, nil
-	case f.q.rowTime:
+	case f.q.RowTime:
 		for _, r := range f.rows {
 			if r.ID == a(0) {
 				return &valueRows{cols: []string{"changed_at"}, vals: [][]driver.Value{{r.ChangedAt}}}, nil
@@ -242,7 +243,7 @@ func (c fakeConn) ExecContext(ctx context.Context, query string, args []driver.N
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if query != f.q.saveToken {
+	if query != f.q.SaveToken {
 		return nil, fmt.Errorf("fake: unexpected exec %q", query)
 	}
 	if f.failSaves > 0 {

@@ -22,7 +22,7 @@ func (r *reader) lateRow(ctx context.Context, id int64) (*changelogRow, error) {
 		return nil, nil
 	}
 	var err error
-	if r.batch, err = r.queryByKey(ctx, r.q.byID, r.batch[:0], rowColumns{}, r.cfg.TableName, id); err != nil {
+	if r.batch, err = r.queryByKey(ctx, r.q.ByID, r.batch[:0], rowColumns{}, r.cfg.TableName, id); err != nil {
 		return nil, fmt.Errorf("fetch changelog row %d: %w", id, err)
 	}
 	if len(r.batch) == 0 {
@@ -100,7 +100,7 @@ func (w *Watcher) noticeUpgrade(ctx context.Context) error {
 	}
 	w.upgradeChecked = time.Now()
 	var skipFree, stats bool
-	if err := w.cfg.DB.QueryRowContext(ctx, w.q.detect, changelog.Quote(w.cfg.ChangelogTable),
+	if err := w.cfg.DB.QueryRowContext(ctx, w.q.Detect, changelog.Quote(w.cfg.ChangelogTable),
 		changelog.Quote(changelog.IncarnationTable(w.cfg.ChangelogTable))).Scan(&skipFree, &w.hasInc, &stats); err != nil {
 		return fmt.Errorf("inspect changelog %s: %w", w.cfg.ChangelogTable, err)
 	}

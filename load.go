@@ -41,10 +41,10 @@ import (
 func (r *reader) currentSnapshot(ctx context.Context) (position.Snapshot, string, error) {
 	var text, inc string
 	if !r.hasInc {
-		if err := r.cfg.DB.QueryRowContext(ctx, r.q.snapshot).Scan(&text); err != nil {
+		if err := r.cfg.DB.QueryRowContext(ctx, r.q.Snapshot).Scan(&text); err != nil {
 			return position.Snapshot{}, "", err
 		}
-	} else if err := r.queryIncarnation(ctx, r.q.snapshotInc, nil, &text, &inc); err != nil {
+	} else if err := r.queryIncarnation(ctx, r.q.SnapshotInc, nil, &text, &inc); err != nil {
 		return position.Snapshot{}, "", err
 	}
 	snap, err := position.ParseSnapshot(text)
@@ -69,7 +69,7 @@ func (r *reader) queryIncarnation(ctx context.Context, q string, args []any, des
 			return fmt.Errorf("the incarnation row of %s is missing right after it was inserted",
 				changelog.IncarnationTable(r.cfg.ChangelogTable))
 		}
-		if _, err := r.cfg.DB.ExecContext(ctx, r.q.claimIncarnation); err != nil {
+		if _, err := r.cfg.DB.ExecContext(ctx, r.q.ClaimIncarnation); err != nil {
 			return fmt.Errorf("insert the incarnation row of %s (the watcher's role needs INSERT on it): %w",
 				changelog.IncarnationTable(r.cfg.ChangelogTable), err)
 		}
@@ -192,7 +192,7 @@ func (w *Watcher) load(ctx context.Context) error {
 // ckMu must be held; reader goroutine only.
 func (w *Watcher) loadPosition(ctx context.Context, rewinding bool) (Position, error) {
 	var skipFree, stats bool
-	if err := w.cfg.DB.QueryRowContext(ctx, w.q.detect, changelog.Quote(w.cfg.ChangelogTable),
+	if err := w.cfg.DB.QueryRowContext(ctx, w.q.Detect, changelog.Quote(w.cfg.ChangelogTable),
 		changelog.Quote(changelog.IncarnationTable(w.cfg.ChangelogTable))).Scan(&skipFree, &w.hasInc, &stats); err != nil {
 		return Position{}, fmt.Errorf("inspect changelog %s: %w", w.cfg.ChangelogTable, err)
 	}
@@ -298,9 +298,9 @@ func (r *reader) transactionCounter(ctx context.Context) (position.Snapshot, str
 		err       error
 	)
 	if r.hasInc {
-		err = r.queryIncarnation(ctx, r.q.deltaStartInc, []any{r.cfg.TableName}, &text, &newest, &inc)
+		err = r.queryIncarnation(ctx, r.q.DeltaStartInc, []any{r.cfg.TableName}, &text, &newest, &inc)
 	} else {
-		err = r.cfg.DB.QueryRowContext(ctx, r.q.deltaStart, r.cfg.TableName).Scan(&text, &newest)
+		err = r.cfg.DB.QueryRowContext(ctx, r.q.DeltaStart, r.cfg.TableName).Scan(&text, &newest)
 	}
 	if err != nil {
 		return position.Snapshot{}, "", changelogReadError{fmt.Errorf("read changelog: take snapshot: %w", err)}
@@ -385,7 +385,7 @@ func (w *Watcher) startPosition(ctx context.Context, skipFree bool, now position
 		id  int64
 		pos Position
 	)
-	err := w.cfg.DB.QueryRowContext(ctx, w.q.newest, w.cfg.TableName).Scan(&ts, &id)
+	err := w.cfg.DB.QueryRowContext(ctx, w.q.Newest, w.cfg.TableName).Scan(&ts, &id)
 	switch {
 	case errors.Is(err, sql.ErrNoRows): // nothing to skip
 	case err != nil:
@@ -417,7 +417,7 @@ func (w *Watcher) beginning(ctx context.Context, skipFree bool, now position.Sna
 // row is gone, the position is placed before every row (replaying rather than skipping).
 func (w *Watcher) tokenRowPosition(ctx context.Context, id int64) (Position, error) {
 	var ts time.Time
-	err := w.cfg.DB.QueryRowContext(ctx, w.q.rowTime, id).Scan(&ts)
+	err := w.cfg.DB.QueryRowContext(ctx, w.q.RowTime, id).Scan(&ts)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		w.log.Warn("the saved token's changelog row no longer exists; replaying the table from the beginning", "id", id)
@@ -446,7 +446,7 @@ func (w *Watcher) claimToken(ctx context.Context, claim bool) (raw string, found
 		w.fenced, w.epoch = false, 0
 	}
 	if claim && w.cfg.Exclusive && !w.cfg.Ephemeral {
-		if err := w.cfg.DB.QueryRowContext(ctx, w.q.epochColumn, changelog.Quote(w.cfg.TokenTable)).Scan(&w.fenced); err != nil {
+		if err := w.cfg.DB.QueryRowContext(ctx, w.q.EpochColumn, changelog.Quote(w.cfg.TokenTable)).Scan(&w.fenced); err != nil {
 			return "", false, fmt.Errorf("inspect token table %s: %w", w.cfg.TokenTable, err)
 		}
 		if w.fenced {
@@ -459,7 +459,7 @@ func (w *Watcher) claimToken(ctx context.Context, claim bool) (raw string, found
 				"schema.Install, or the statements it lists with DryRun", "token_table", w.cfg.TokenTable)
 		}
 	}
-	err = w.cfg.DB.QueryRowContext(ctx, w.q.loadToken, w.cfg.ClientName).Scan(&raw)
+	err = w.cfg.DB.QueryRowContext(ctx, w.q.LoadToken, w.cfg.ClientName).Scan(&raw)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return "", false, nil
@@ -477,7 +477,7 @@ func (w *Watcher) claimEpoch(ctx context.Context) (raw string, found bool, err e
 		return "", false, w.excl.lockLostErr()
 	}
 	c, o := lock.Halves(lock.Key(w.cfg.TokenTable, w.cfg.ClientName))
-	row, err := s.Query(ctx, w.q.claimEpoch, w.cfg.ClientName, string(itoa(c)), string(itoa(o)))
+	row, err := s.Query(ctx, w.q.ClaimEpoch, w.cfg.ClientName, string(itoa(c)), string(itoa(o)))
 	if err != nil {
 		return "", false, fmt.Errorf("claim an owner epoch in token table %s: %w", w.cfg.TokenTable, err)
 	}

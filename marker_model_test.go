@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/marker"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
@@ -26,7 +27,7 @@ import (
 // certifies (rule 12).
 type markWorld struct {
 	t        testing.TB
-	q        queries
+	q        changelog.Statements
 	mq       marker.Statements
 	m        *deltaModel
 	ts       map[int64]time.Time  // changed_at of each row
@@ -41,7 +42,7 @@ type markWorld struct {
 func newMarkWorld(t testing.TB, cfg Config) *markWorld {
 	start := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	cfg = cfg.withDefaults()
-	return &markWorld{t: t, q: buildQueries(cfg), mq: marker.NewStatements(cfg.ChangelogTable), m: newDeltaModel(0, 0), ts: map[int64]time.Time{},
+	return &markWorld{t: t, q: statements(cfg), mq: marker.NewStatements(cfg.ChangelogTable), m: newDeltaModel(0, 0), ts: map[int64]time.Time{},
 		begun: map[uint64]time.Time{}, clock: start, token: string(position.EncodeToken(position.Make(start, 0), "t")),
 		flagged: map[int64]bool{}}
 }
@@ -236,9 +237,9 @@ func (c markConn) QueryContext(_ context.Context, query string, args []driver.Na
 		return mw.catchUpRows(values(args)), nil
 	}
 	switch query {
-	case mw.q.detect:
+	case mw.q.Detect:
 		return &valueRows{cols: []string{"skip_free", "incarnation", "stats"}, vals: [][]driver.Value{{mw.upgraded, false, true}}}, nil
-	case mw.q.loadToken:
+	case mw.q.LoadToken:
 		return &valueRows{cols: []string{"resume_token"}, vals: [][]driver.Value{{mw.token}}}, nil
 	case mw.mq.Legacy, mw.mq.Phase, mw.mq.Delta, mw.mq.Switch, mw.mq.InDelta:
 		rows := &valueRows{cols: []string{"id"}}
@@ -246,9 +247,9 @@ func (c markConn) QueryContext(_ context.Context, query string, args []driver.Na
 			rows.vals = append(rows.vals, []driver.Value{r.id})
 		}
 		return rows, nil
-	case mw.q.switchCut:
+	case mw.q.SwitchCut:
 		return mw.switchCutRows(values(args)), nil
-	case mw.q.deltaStart:
+	case mw.q.DeltaStart:
 		var newest driver.Value
 		for _, r := range mw.m.rows {
 			if r.xid != 0 && mw.committed(r) {
@@ -320,7 +321,7 @@ func parseXid(v driver.Value) uint64 {
 
 func (c markConn) ExecContext(_ context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	mw := c.mw
-	if query == mw.q.saveToken {
+	if query == mw.q.SaveToken {
 		mw.token = args[1].Value.(string)
 		return driver.RowsAffected(1), nil
 	}

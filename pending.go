@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/listen"
 	"github.com/pgchangestream/pgchangestream/internal/marker"
 	"github.com/pgchangestream/pgchangestream/internal/pending"
@@ -26,9 +27,9 @@ import (
 // methods, each one short locked step: nothing slow happens while mu is held. The Watcher
 // embeds it.
 type reader struct {
-	cfg *Config      // the watcher's configuration; set by newWatcher, immutable after
-	q   *queries     // the watcher's statements; set by newWatcher, immutable after
-	log *slog.Logger // the watcher's logger; set by newWatcher, immutable after
+	cfg *Config               // the watcher's configuration; set by newWatcher, immutable after
+	q   *changelog.Statements // the watcher's statements; set by newWatcher, immutable after
+	log *slog.Logger          // the watcher's logger; set by newWatcher, immutable after
 
 	// Delivery state, guarded by mu.
 	mu             sync.Mutex
@@ -57,7 +58,7 @@ type reader struct {
 	// Reader goroutine only.
 	// rq: the row reads; a Shared member's change with its ranges (set by its hand-overs,
 	// before any prefetch that uses them starts).
-	rq             *readQueries
+	rq             *changelog.Reads
 	recent         *listen.RecentIDs
 	batch          []changelogRow // the rows being delivered
 	spare          []changelogRow // the other buffer; owned by the prefetch while one runs

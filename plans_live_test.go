@@ -108,19 +108,19 @@ func requireIndexPlans(t *testing.T, e *liveEnv, w *Watcher, b, end position.Sna
 		bitmapOK       bool // it reads its index range whole anyway
 		byKey          bool // by primary key: run as it is (queryByKey)
 	}{
-		{"read", w.q.read, stream, 20, []any{liveTable, ts, id}, false, false},
-		{"switchRead", w.q.switchRead, stream, 20, []any{liveTable, ts, id, end.String()}, false, false},
-		{"deltaRead", w.q.deltaRead, txid, 20, []any{liveTable, lo, loID, hi, hiID, end.String(), int64(position.MinID)}, false, false},
+		{"read", w.q.Read, stream, 20, []any{liveTable, ts, id}, false, false},
+		{"switchRead", w.q.SwitchRead, stream, 20, []any{liveTable, ts, id, end.String()}, false, false},
+		{"deltaRead", w.q.DeltaRead, txid, 20, []any{liveTable, lo, loID, hi, hiID, end.String(), int64(position.MinID)}, false, false},
 		// A listed delta's rows: by primary key, at most a batch of ids (or the key range of a
 		// batch of consecutive ids), whatever the plan's shape.
-		{"deltaRows", w.q.deltaRows, `(Bitmap Index Scan on|Index Scan using) datastore_changelog_pkey`, 10,
+		{"deltaRows", w.q.DeltaRows, `(Bitmap Index Scan on|Index Scan using) datastore_changelog_pkey`, 10,
 			[]any{changelog.Array([]int64{one - 1, one})}, true, true},
-		{"deltaKeyRange", w.q.deltaKeyRange, `(Bitmap Index Scan on|Index Scan using) datastore_changelog_pkey`, 10,
+		{"deltaKeyRange", w.q.DeltaKeyRange, `(Bitmap Index Scan on|Index Scan using) datastore_changelog_pkey`, 10,
 			[]any{one - 1, one}, true, true},
-		{"byID", w.q.byID, `Index Scan using datastore_changelog_pkey on datastore_changelog`, 10, []any{liveTable, one}, false, true},
+		{"byID", w.q.ByID, `Index Scan using datastore_changelog_pkey on datastore_changelog`, 10, []any{liveTable, one}, false, true},
 		// The id list of a delta larger than a batch reads the delta whole (50,000 index entries):
 		// an index range scan, or a bitmap of one.
-		{"deltaIDs", w.q.deltaIDs, `(Bitmap Index Scan on|Index (Only )?Scan using) datastore_changelog_txid_unit_idx`, 2000,
+		{"deltaIDs", w.q.DeltaIDs, `(Bitmap Index Scan on|Index (Only )?Scan using) datastore_changelog_txid_unit_idx`, 2000,
 			[]any{liveTable, lo, loID, hi, hiID, end.String(), int64(position.MinID)}, true, false},
 	} {
 		explain := func() (string, int) { return explainWatcherRead(t, w, r.q, r.args...) }
@@ -137,7 +137,7 @@ func requireIndexPlans(t *testing.T, e *liveEnv, w *Watcher, b, end position.Sna
 		require.LessOrEqual(t, buffers, r.maxBuffers, "%s:\n%s", r.name, plan)
 	}
 	if rs := position.DeltaRanges(b, end); len(rs) == 1 {
-		plan, buffers := explainWatcherRead(t, w, w.q.deltaRange, liveTable, strconv.FormatUint(rs[0].Lo, 10), rs[0].LoID,
+		plan, buffers := explainWatcherRead(t, w, w.q.DeltaRange, liveTable, strconv.FormatUint(rs[0].Lo, 10), rs[0].LoID,
 			strconv.FormatUint(rs[0].Hi, 10), rs[0].HiID, end.String(), int64(position.MinID))
 		require.Regexp(t, `^Limit.*\n.*\n  ->  `+txid, plan, "deltaRange: no sort")
 		require.LessOrEqual(t, buffers, 20, "deltaRange:\n%s", plan)

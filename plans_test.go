@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/position"
 	"github.com/stretchr/testify/require"
 )
@@ -42,7 +43,7 @@ func TestReadsWithoutStatisticsUseIndexPlans(t *testing.T) {
 	receive(t, w, 1)
 
 	w.statsChecked = time.Now().Add(-statsCheckInterval)
-	mock.ExpectQuery(`SELECT ` + statsExistSQL("$1")).WithArgs(`"datastore_changelog"`).
+	mock.ExpectQuery(`SELECT ` + changelog.StatsExistSQL("$1")).WithArgs(`"datastore_changelog"`).
 		WillReturnRows(sqlmock.NewRows([]string{"exists"}).AddRow(true))
 	mock.ExpectQuery(wantRead).WithArgs("t", ts, int64(3)).WillReturnRows(sqlmock.NewRows(changelogCols))
 	_, err = w.readBatch(ctx)

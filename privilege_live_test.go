@@ -292,9 +292,9 @@ func TestLiveConsumerReadsOnlyItsTables(t *testing.T) {
 		args      []any
 		scan      string // the index range scan the unrestricted plan has too
 	}{
-		{"read", w.q.read, []any{liveTable, at, id},
+		{"read", w.q.Read, []any{liveTable, at, id},
 			`^Limit\n  ->  Index Scan using datastore_changelog_stream_idx on datastore_changelog\n.*Index Cond: .*ROW\(changed_at, id\) > ROW\(`},
-		{"deltaRead", w.q.deltaRead, []any{liveTable, lo, loID, hi, hiID, end.String(), int64(position.MinID)},
+		{"deltaRead", w.q.DeltaRead, []any{liveTable, lo, loID, hi, hiID, end.String(), int64(position.MinID)},
 			`(Bitmap Index Scan on|Index Scan using) datastore_changelog_txid_unit_idx.*\n.*Index Cond: .*ROW\(txid, id\) > ROW\(r\.lo, r\.lo_id\)`},
 	} {
 		explainAs := func(db *sql.DB) string {

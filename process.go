@@ -7,9 +7,9 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/pgchangestream/pgchangestream/internal/backoff"
 	"github.com/pgchangestream/pgchangestream/internal/document"
 	"github.com/pgchangestream/pgchangestream/internal/position"
+	"github.com/pgchangestream/pgchangestream/internal/procface"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
@@ -45,13 +45,12 @@ const (
 
 // Defaults of [ProcessOptions].
 const (
-	DefaultProcessMaxInFlight = 1000
-	DefaultProcessMaxAttempts = 5
-	DefaultRetryMinBackoff    = 100 * time.Millisecond
-	DefaultRetryMaxBackoff    = 30 * time.Second
-	DefaultGracePeriod        = 10 * time.Second
-	DefaultParkedPollInterval = 5 * time.Second
-	defaultProcessWorkers     = 1
+	DefaultProcessMaxInFlight = procface.DefaultMaxInFlight        // 1000
+	DefaultProcessMaxAttempts = procface.DefaultMaxAttempts        // 5
+	DefaultRetryMinBackoff    = procface.DefaultRetryMinBackoff    // 100ms
+	DefaultRetryMaxBackoff    = procface.DefaultRetryMaxBackoff    // 30s
+	DefaultGracePeriod        = procface.DefaultGracePeriod        // 10s
+	DefaultParkedPollInterval = procface.DefaultParkedPollInterval // 5s
 )
 
 // ProcessOptions configure [Watcher.Process]. Zero values take the defaults; negative values
@@ -92,56 +91,18 @@ type ProcessOptions struct {
 	ParkedPollInterval time.Duration
 }
 
-func (o ProcessOptions) withDefaults() ProcessOptions {
-	o.Workers = cmpOr(o.Workers, defaultProcessWorkers)
-	o.MaxInFlight = cmpOr(o.MaxInFlight, max(DefaultProcessMaxInFlight, o.Workers))
-	if o.Workers > 0 {
-		o.MaxKeyQueue = cmpOr(o.MaxKeyQueue, max(1, o.MaxInFlight/(2*o.Workers)))
-	}
-	o.MaxAttempts = cmpOr(o.MaxAttempts, DefaultProcessMaxAttempts)
-	o.RetryMinBackoff = cmpOr(o.RetryMinBackoff, DefaultRetryMinBackoff)
-	o.RetryMaxBackoff = cmpOr(o.RetryMaxBackoff, max(DefaultRetryMaxBackoff, o.RetryMinBackoff))
-	o.GracePeriod = cmpOr(o.GracePeriod, DefaultGracePeriod)
-	o.ParkedPollInterval = cmpOr(o.ParkedPollInterval, DefaultParkedPollInterval)
-	if o.Key == nil {
-		o.Key = DocumentKey
-	}
-	return o
+// options returns o as the shared face's options.
+func (o ProcessOptions) options() procface.Options[EventWithToken, FailurePolicy] {
+	return procface.Options[EventWithToken, FailurePolicy](o)
 }
 
-// cmpOr is cmp.Or for a value that is invalid when negative: a negative v is kept, for validate.
-func cmpOr[T int | time.Duration](v, def T) T {
-	if v == 0 {
-		return def
-	}
-	return v
-}
-
-func (o ProcessOptions) validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: ProcessOptions.%s", ErrInvalidConfig, fmt.Sprintf(format, args...))
-	}
-	switch {
-	case o.Workers < 0:
-		return bad("Workers is negative (%d)", o.Workers)
-	case o.MaxInFlight < o.Workers:
-		return bad("MaxInFlight (%d) is less than Workers (%d)", o.MaxInFlight, o.Workers)
-	case o.MaxKeyQueue < 0 || o.MaxDeferred < 0:
-		return bad("MaxKeyQueue and MaxDeferred must not be negative")
-	case o.MaxAttempts < 0:
-		return bad("MaxAttempts is negative (%d)", o.MaxAttempts)
-	case o.RetryMinBackoff < 0 || o.RetryMaxBackoff < 0:
-		return bad("RetryMinBackoff and RetryMaxBackoff must not be negative")
-	case o.RetryMaxBackoff < o.RetryMinBackoff:
-		return bad("RetryMaxBackoff (%s) is less than RetryMinBackoff (%s)", o.RetryMaxBackoff, o.RetryMinBackoff)
-	case o.GracePeriod < 0:
-		return bad("GracePeriod is negative (%s)", o.GracePeriod)
-	case o.ParkedPollInterval < 0:
-		return bad("ParkedPollInterval is negative (%s)", o.ParkedPollInterval)
-	case o.OnFailure < StopOnFailure || o.OnFailure > BlockOnFailure:
-		return bad("OnFailure is not a FailurePolicy (%d)", o.OnFailure)
-	}
-	return nil
+// events are what the dead-letter adapter needs of an EventWithToken.
+var events = procface.Events[EventWithToken]{
+	Doc:   func(ev EventWithToken) map[string]any { return ev.Event },
+	Token: func(ev EventWithToken) []byte { return ev.ResumeToken },
+	Make: func(doc map[string]any, token []byte) EventWithToken {
+		return EventWithToken{Event: doc, ResumeToken: token}
+	},
 }
 
 // errProcessRunning is returned by a Process called while another runs on the same watcher.
@@ -168,13 +129,10 @@ var errProcessRunning = errors.New("pgchangestream: Process is already running o
 func (w *Watcher) Process(ctx context.Context, opts ProcessOptions, handle Handler) error {
 	var refuse error
 	if handle == nil {
-		refuse = errNilHandler
+		refuse = procface.ErrNilHandler
 	}
 	return w.runProcess(ctx, opts, refuse, w.handlerStep(handle))
 }
-
-// errNilHandler is the refusal of a Process without a handler.
-var errNilHandler = fmt.Errorf("%w: Process: the handler is nil", ErrInvalidConfig)
 
 // handlerStep is Process's step: the handler, a panic recovered.
 func (w *Watcher) handlerStep(handle Handler) processStep {
@@ -199,13 +157,11 @@ func (w *Watcher) runProcess(ctx context.Context, opts ProcessOptions, refuse er
 	if w.cfgErr != nil {
 		return w.cfgErr
 	}
-	if refuse != nil {
-		return refuse
-	}
-	opts = opts.withDefaults()
-	if err := opts.validate(); err != nil {
+	o, err := procface.Check(opts.options(), refuse, DocumentKey)
+	if err != nil {
 		return err
 	}
+	opts = ProcessOptions(o)
 	w.lifeMu.Lock()
 	started := w.started
 	w.lifeMu.Unlock()
@@ -220,27 +176,18 @@ func (w *Watcher) runProcess(ctx context.Context, opts ProcessOptions, refuse er
 		w.log.Warn("ProcessOptions.MaxInFlight and Config.BufferSize exceed Config.MaxPending: the oldest deliveries may be evicted into the floor, which holds the checkpoint until a later acknowledgement",
 			"max_in_flight", opts.MaxInFlight, "buffer_size", cap(w.events), "max_pending", w.cfg.MaxPending)
 	}
-	err := w.process(ctx, w.events, opts, step)
+	err = w.process(ctx, w.events, opts, step)
 	if ctx.Err() == nil && err == nil { // Events closed: the watcher stopped
 		return w.Err()
 	}
 	return err
 }
 
-// checkProcess returns opts with the defaults filled in, or why Process refuses them.
-func checkProcess(opts ProcessOptions, handle Handler) (ProcessOptions, error) {
-	if handle == nil {
-		return opts, errNilHandler
-	}
-	opts = opts.withDefaults()
-	return opts, opts.validate()
-}
-
 // process runs the engine over src with step and saves at the end; see Process.
 func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o ProcessOptions, step processStep) error {
 	var store procrun.Store[EventWithToken]
 	if o.OnFailure != StopOnFailure {
-		store = deadLetters{client: w.cfg.ClientName, s: w.parkedStore()}
+		store = procface.DeadLetters[EventWithToken]{Client: w.cfg.ClientName, Store: w.parkedStore(), Events: events}
 	}
 	if step.background != nil {
 		defer step.background(ctx)()
@@ -258,20 +205,15 @@ func (w *Watcher) process(ctx context.Context, src <-chan EventWithToken, o Proc
 // dead-letter store (nil under StopOnFailure), advance, told of each advance of the mark, and
 // restore, which reads a deferred event again (nil, or MaxDeferred 0: no event is deferred), and
 // owner, which says whether the watcher owns its events (procrun.Hooks.Owner; nil: always).
-// It counts into w.procStats and logs through w.log only, so the test kit's fake runs its
-// Process on it too.
+// The engine itself, with the options, the key's panics and the failure wrap, is procface's,
+// which the test kit's fake runs its Process on too.
 func (w *Watcher) runEngine(ctx context.Context, src <-chan EventWithToken, o ProcessOptions,
 	run func(context.Context, *procrun.Job[EventWithToken]) error, store procrun.Store[EventWithToken],
 	advance func(EventWithToken), restore func(context.Context, EventWithToken) (EventWithToken, error),
 	owner func() (uint64, bool)) error {
-	po := procrun.Options{Workers: o.Workers, MaxInFlight: o.MaxInFlight, MaxKeyQueue: o.MaxKeyQueue,
-		MaxDeferred: o.MaxDeferred, MaxAttempts: o.MaxAttempts,
-		Policy: procrun.Policy(o.OnFailure), Grace: o.GracePeriod, PollInterval: o.ParkedPollInterval,
-		Delay: backoff.Delays(o.RetryMinBackoff, o.RetryMaxBackoff)}
 	storeLog := newRepeatLog(w.log, slog.LevelWarn, "dead-letter table call failed; trying again")
 	restoreLog := newRepeatLog(w.log, slog.LevelWarn, "cannot read a deferred event's changelog row again; trying again")
 	h := procrun.Hooks[EventWithToken]{
-		Key:     w.safeKey(o.Key),
 		Run:     run,
 		Advance: advance,
 		Store:   store,
@@ -292,12 +234,7 @@ func (w *Watcher) runEngine(ctx context.Context, src <-chan EventWithToken, o Pr
 			restoreLog.fail("key", key, "error", err)
 		}
 	}
-	err := procrun.Run(ctx, po, src, h)
-	var f *procrun.Failure[EventWithToken]
-	if errors.As(err, &f) {
-		err = fmt.Errorf("pgchangestream: process: event of key %q, token %s: %w", f.Key, f.Ev.ResumeToken, err)
-	}
-	return err
+	return procface.Run(ctx, w.log, src, o.options(), h, DocumentKey, events.Token)
 }
 
 // deferEvent is the compact form of a deferred event: its token only (the engine keeps its key).
@@ -314,7 +251,7 @@ func (w *Watcher) restoreEvent(ctx context.Context, c EventWithToken) (EventWith
 	if err != nil {
 		return c, err
 	}
-	rows, err := w.query(ctx, w.q.byID, nil, rowColumns{}, w.cfg.TableName, id)
+	rows, err := w.query(ctx, w.q.ByID, nil, rowColumns{}, w.cfg.TableName, id)
 	if err != nil {
 		return c, fmt.Errorf("read changelog row %d again: %w", id, err)
 	}
@@ -329,7 +266,7 @@ func (w *Watcher) restoreEvent(ctx context.Context, c EventWithToken) (EventWith
 // first waits for its lease (one paused past it handles nothing when it wakes), and runs handle
 // with a context that ends when the lease may have run out (see leaseContext); an exclusive
 // watcher runs it with a context that ends when it loses its lock.
-func (w *Watcher) runHandler(ctx context.Context, handle Handler, ev EventWithToken) (err error) {
+func (w *Watcher) runHandler(ctx context.Context, handle Handler, ev EventWithToken) error {
 	switch {
 	case w.sh != nil:
 		if err := w.waitLease(ctx); err != nil {
@@ -347,31 +284,13 @@ func (w *Watcher) runHandler(ctx context.Context, handle Handler, ev EventWithTo
 		}()
 		ctx = hc
 	}
-	defer func() {
-		if r := recover(); r != nil {
-			err = w.panicError("handler", r)
-		}
-	}()
-	return handle(ctx, ev)
-}
-
-// safeKey is key with a panic recovered: the event then falls back to DocumentKey.
-func (w *Watcher) safeKey(key func(EventWithToken) string) func(EventWithToken) string {
-	return func(ev EventWithToken) (k string) {
-		defer func() {
-			if r := recover(); r != nil {
-				_ = w.panicError("ProcessOptions.Key", r)
-				k = DocumentKey(ev)
-			}
-		}()
-		return key(ev)
-	}
+	return procface.RunHandler(ctx, w.log, handle, ev)
 }
 
 // DocumentKey is the default [ProcessOptions.Key]: "<ns.coll>/<documentKey._id>", the changed
 // row; "" when the event has neither.
 func DocumentKey(ev EventWithToken) string {
-	table := eventTable(ev)
+	table := procface.Table(ev.Event)
 	dk, _ := ev.Event["documentKey"].(map[string]any)
 	id, ok := dk["_id"]
 	if table == "" || !ok || id == nil {
@@ -387,11 +306,4 @@ func NodeNameKey(ev EventWithToken) string {
 		return name
 	}
 	return DocumentKey(ev)
-}
-
-// eventTable returns the event's ns.coll, or "".
-func eventTable(ev EventWithToken) string {
-	ns, _ := ev.Event["ns"].(map[string]any)
-	table, _ := ns["coll"].(string)
-	return table
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream/admin"
+	"github.com/pgchangestream/pgchangestream/internal/procface"
 	"github.com/stretchr/testify/require"
 )
 
@@ -292,7 +293,7 @@ func TestLiveProcessBlockOnFailure(t *testing.T) {
 	for _, pe := range ps[1:] {
 		require.Equal(t, key, pe.Key)
 		require.True(t, pe.Blocking)
-		require.Equal(t, blockedKeyError, pe.Error)
+		require.Equal(t, procface.BlockedKeyError, pe.Error)
 		require.Zero(t, pe.Attempts)
 	}
 	handled := rec.handledCount()

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgchangestream/pgchangestream/internal/position"
+	"github.com/pgchangestream/pgchangestream/internal/procface"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
@@ -253,7 +254,7 @@ func (s *fakeParked) Released(context.Context, int) ([]ParkedEvent, error) { ret
 
 func TestDeadLettersAdapter(t *testing.T) {
 	s := &fakeParked{rows: []ParkedEvent{{ID: 9, Key: "k", ChangelogID: 452, Blocking: true, Event: Event{"a": 1}}}}
-	d := deadLetters{client: "c", s: s}
+	d := procface.DeadLetters[EventWithToken]{Client: "c", Store: s, Events: events}
 	ev := EventWithToken{Event: Event{"ns": map[string]any{"coll": "items"}}, ResumeToken: []byte("452")}
 	j := &procrunJob{Ev: ev, Key: "k", Attempts: 3, LastErr: errors.New("boom")}
 	require.NoError(t, d.Park(t.Context(), j, true))
@@ -261,7 +262,7 @@ func TestDeadLettersAdapter(t *testing.T) {
 	require.NoError(t, d.Park(t.Context(), j, true))
 	require.Equal(t, ParkedEvent{Client: "c", Key: "k", Table: "items", ChangelogID: 452, Event: ev.Event,
 		Error: "boom", Attempts: 3, Blocking: true}, s.parkedRows[0])
-	require.Equal(t, blockedKeyError, s.parkedRows[1].Error, "parked without running")
+	require.Equal(t, procface.BlockedKeyError, s.parkedRows[1].Error, "parked without running")
 	ps, err := d.Released(t.Context(), 10)
 	require.NoError(t, err)
 	require.Len(t, ps, 1)
@@ -287,4 +288,9 @@ func TestProcessSavesWhenItStops(t *testing.T) {
 		require.Equal(t, rowPos(f, 2), f.token(t, "c"), "the stop saved the mark")
 		closeWatcher(t, w)
 	})
+}
+
+// withDefaults returns o with the defaults Process fills in.
+func (o ProcessOptions) withDefaults() ProcessOptions {
+	return ProcessOptions(o.options().WithDefaults(DocumentKey))
 }

@@ -335,7 +335,7 @@ func TestLiveProcessTxFencedOwnerStops(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- w.ProcessTx(context.Background(), opts, rec.handle) }()
 	waitFor(t, func() bool { return len(e.effectIDs()) == 2 }, "the owner commits the first two events")
-	_, err := e.db.Exec(w.q.bumpEpoch, "c")
+	_, err := e.db.Exec(w.q.BumpEpoch, "c")
 	require.NoError(t, err)
 	close(gate)
 	select {

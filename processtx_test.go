@@ -31,7 +31,7 @@ func txStepWatcher(t *testing.T) (*Watcher, sqlmock.Sqlmock) {
 // the transaction's idle timeout to Config.LockSessionTimeout (7 s) in the same statement.
 func expectClaim(w *Watcher, mock sqlmock.Sqlmock, id int64, n int64) {
 	mock.ExpectBegin()
-	mock.ExpectExec(w.q.claimAck).WithArgs("c", id, "7000").WillReturnResult(sqlmock.NewResult(0, n))
+	mock.ExpectExec(w.q.ClaimAck).WithArgs("c", id, "7000").WillReturnResult(sqlmock.NewResult(0, n))
 }
 
 // effectHandler writes one effect in tx and counts its calls; err, if set, is its error after.

@@ -92,13 +92,13 @@ func newMockWatcher(t *testing.T, cfg Config) (*Watcher, sqlmock.Sqlmock) {
 
 func TestQueriesAreTheRowComparisonForm(t *testing.T) {
 	w, _ := newMockWatcher(t, Config{})
-	require.Equal(t, wantRead, w.q.read)
+	require.Equal(t, wantRead, w.q.Read)
 	mq := marker.NewStatements(w.cfg.ChangelogTable)
 	require.Equal(t, wantMark, mq.Legacy)
 	require.Equal(t, wantMarkIDs, mq.MarkIDs)
-	require.Equal(t, wantLoad, w.q.loadToken)
-	require.Equal(t, wantNewest, w.q.newest)
-	require.Equal(t, wantByID, w.q.byID)
+	require.Equal(t, wantLoad, w.q.LoadToken)
+	require.Equal(t, wantNewest, w.q.Newest)
+	require.Equal(t, wantByID, w.q.ByID)
 
 }
 

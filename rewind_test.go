@@ -20,14 +20,14 @@ const savedDeltaToken = `{"timestamp":"2025-05-06T07:08:09Z","eventID":5,"snapsh
 func expectIncarnationLoad(w *Watcher, mock sqlmock.Sqlmock, snapshot, inc, token string) {
 	mock.ExpectQuery(wantDetect).WithArgs(`"datastore_changelog"`, `"datastore_changelog_incarnation"`).
 		WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation", "stats"}).AddRow(true, true, true))
-	mock.ExpectQuery(w.q.deltaStartInc).WithArgs("t").
+	mock.ExpectQuery(w.q.DeltaStartInc).WithArgs("t").
 		WillReturnRows(sqlmock.NewRows([]string{"snapshot", "newest_txid", "incarnation"}).AddRow(snapshot, nil, inc))
 	mock.ExpectQuery(wantLoad).WithArgs("c").WillReturnRows(savedTokenRows(token))
 }
 
 // expectSnapshotInc expects the snapshot taken at the start of a delta, with its incarnation.
 func expectSnapshotInc(w *Watcher, mock sqlmock.Sqlmock, snapshot string, inc any) {
-	mock.ExpectQuery(w.q.snapshotInc).WillReturnRows(sqlmock.NewRows([]string{"s", "inc"}).AddRow(snapshot, inc))
+	mock.ExpectQuery(w.q.SnapshotInc).WillReturnRows(sqlmock.NewRows([]string{"s", "inc"}).AddRow(snapshot, inc))
 }
 
 // expectDeltaRows expects a one-range delta read after key (lo, loID) up to hi in end's
@@ -100,7 +100,7 @@ func TestSaveOfAnOlderIncarnationIsRefused(t *testing.T) {
 	w, mock := readTwoRowsInIncarnationA(t)
 	var err error
 
-	mock.ExpectExec(w.q.saveTokenInc).WithArgs("c", sqlmock.AnyArg(), "A").WillReturnResult(sqlmock.NewResult(0, 0))
+	mock.ExpectExec(w.q.SaveTokenInc).WithArgs("c", sqlmock.AnyArg(), "A").WillReturnResult(sqlmock.NewResult(0, 0))
 	err = w.MarkProcessed(ctx, tok(7))
 	require.ErrorIs(t, err, ErrServerRecovered)
 	require.True(t, w.rewindAsked.Load())
@@ -123,7 +123,7 @@ func TestIncarnationRowIsInsertedWhenMissing(t *testing.T) {
 	expectIncarnationLoad(w, mock, "100:105:", "A", savedDeltaToken)
 	require.NoError(t, w.load(ctx))
 	expectSnapshotInc(w, mock, "100:105:", nil)
-	mock.ExpectExec(w.q.claimIncarnation).WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(w.q.ClaimIncarnation).WillReturnResult(sqlmock.NewResult(0, 1))
 	expectSnapshotInc(w, mock, "100:105:", "B")
 	expectIncarnationLoad(w, mock, "100:105:", "B", savedDeltaToken)
 	_, err := w.readBatch(ctx)
@@ -137,12 +137,12 @@ func TestRewindWhenXmaxGoesBack(t *testing.T) {
 	w, mock := newMockWatcher(t, Config{})
 	expectUpgradedLoad(w, mock, "100:105:", nil, savedTokenRows(savedDeltaToken))
 	require.NoError(t, w.load(ctx))
-	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:108:"))
+	mock.ExpectQuery(w.q.Snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("100:108:"))
 	expectDeltaRows(mock, "104", position.MaxID, "107", "100:108:", afterStart, []int64{6}, []string{"105"})
 	_, err := w.readBatch(ctx)
 	require.NoError(t, err)
 
-	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("105:106:"))
+	mock.ExpectQuery(w.q.Snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("105:106:"))
 	expectUpgradedLoad(w, mock, "105:106:", nil, savedTokenRows(savedDeltaToken))
 	_, err = w.readBatch(ctx)
 	require.ErrorIs(t, err, errRewound)
@@ -177,9 +177,9 @@ func TestFencedSaveTellsARecoveryFromAFence(t *testing.T) {
 			ctx := context.Background()
 			w, mock := readTwoRowsInIncarnationA(t)
 			w.fenced, w.epoch = true, 4 // as claimed at the load
-			mock.ExpectExec(w.q.saveFencedInc).WithArgs("c", sqlmock.AnyArg(), int64(4), "A").
+			mock.ExpectExec(w.q.SaveFencedInc).WithArgs("c", sqlmock.AnyArg(), int64(4), "A").
 				WillReturnResult(sqlmock.NewResult(0, 0))
-			mock.ExpectQuery(w.q.incarnationIs).WithArgs("A").
+			mock.ExpectQuery(w.q.IncarnationIs).WithArgs("A").
 				WillReturnRows(sqlmock.NewRows([]string{"same"}).AddRow(tc.sameInc))
 			err := w.MarkProcessed(ctx, tok(7))
 			require.ErrorIs(t, err, tc.want)

@@ -112,7 +112,7 @@ func buildSharedQueries(cfg Config) sharedQueries {
 		return `EXISTS (SELECT FROM ` + mt + ` me WHERE me.client_name = $1 AND me.member = $2 AND me.lease_until > now()
 		AND me.valid_since <= now() - ` + leaseMS + ` * interval '1 millisecond')`
 	}
-	incarnation := incarnationSQL(cfg)
+	incarnation := changelog.IncarnationSQL(cfg.ChangelogTable)
 	save := `UPDATE ` + rt + ` SET resume_token = $3::jsonb, last_updated = now()
 	WHERE client_name = $1 AND owner = $2 AND range_no = ANY($4::int2[])`
 	return sharedQueries{

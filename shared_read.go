@@ -44,21 +44,17 @@ func newSharedView(owned []int, floors map[int]Position) *sharedView {
 	return v
 }
 
-// unitSQL is the unit part of a Shared member's reads: the condition on the units its reads
-// ask for, and the unit expression.
-type unitSQL struct{ cond, expr string }
-
 // sharedReadQueries returns the row reads of a member that owns ranges (ascending, at least
 // one): they ask for the units from the first range's to the last range's, one condition the
 // index checks; rows of ranges between them that the member does not own are skipped when read.
-func sharedReadQueries(cfg Config, ranges []int) *readQueries {
+func sharedReadQueries(cfg Config, ranges []int) *changelog.Reads {
 	iv := lease.Cover(ranges, unitsPerRange)
 	cl := cfg.ChangelogTable
-	u := &unitSQL{
-		cond: ` AND ` + changelog.UnitExpression(cl) + ` BETWEEN ` + strconv.Itoa(iv.Lo) + ` AND ` + strconv.Itoa(iv.Hi),
-		expr: changelog.UnitExpression(cl),
+	u := &changelog.UnitReads{
+		Cond: ` AND ` + changelog.UnitExpression(cl) + ` BETWEEN ` + strconv.Itoa(iv.Lo) + ` AND ` + strconv.Itoa(iv.Hi),
+		Expr: changelog.UnitExpression(cl),
 	}
-	rq := buildReadQueries(changelog.Quote(cl), strconv.Itoa(cfg.BatchSize), strconv.Itoa(cfg.BatchSize+1), u)
+	rq := changelog.NewReads(changelog.Quote(cl), strconv.Itoa(cfg.BatchSize), strconv.Itoa(cfg.BatchSize+1), u)
 	return &rq
 }
 

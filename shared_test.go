@@ -150,14 +150,14 @@ func TestSharedRowsByIDQuery(t *testing.T) {
 	w, _ := newMockWatcher(t, Config{Shared: true})
 	w.rq = sharedReadQueries(w.cfg, []int{0, 1})
 	q, args := w.rowsByIDQuery([]int64{5, 6, 7})
-	require.Equal(t, w.rq.deltaKeyRange, q)
+	require.Equal(t, w.rq.DeltaKeyRange, q)
 	require.Equal(t, []any{int64(5), int64(7)}, args)
 	q, args = w.rowsByIDQuery([]int64{5, 40, 90})
-	require.Equal(t, w.rq.deltaSpan, q)
+	require.Equal(t, w.rq.DeltaSpan, q)
 	require.Equal(t, []any{int64(5), int64(90)}, args)
 	require.Contains(t, q, "BETWEEN 0 AND 31")
 	q, _ = w.rowsByIDQuery([]int64{5, 4000})
-	require.Equal(t, w.rq.deltaRows, q)
+	require.Equal(t, w.rq.DeltaRows, q)
 
 	rows := []changelogRow{{ID: 5}, {ID: 6}, {ID: 40}, {ID: 41}, {ID: 90}}
 	kept := keepIDs(rows, []int64{5, 40, 90})
@@ -166,7 +166,7 @@ func TestSharedRowsByIDQuery(t *testing.T) {
 
 	unshared, _ := newMockWatcher(t, Config{})
 	q, _ = unshared.rowsByIDQuery([]int64{5, 40, 90})
-	require.Equal(t, unshared.rq.deltaRows, q)
+	require.Equal(t, unshared.rq.DeltaRows, q)
 }
 
 // A handler's context is done as soon as it is asked after the lease may have run out, without
@@ -216,15 +216,15 @@ func TestSharedLoadChecksClaimedRangesAgainstASnapshotAfterTheClaim(t *testing.T
 	}()
 	mock.ExpectQuery(w.sh.q.detect).WillReturnRows(sqlmock.NewRows([]string{"ok"}).AddRow(true))
 	mock.ExpectQuery(w.sh.q.join).WillReturnRows(sqlmock.NewRows([]string{"member"}).AddRow(int64(3)))
-	mock.ExpectQuery(w.q.loadToken).WillReturnRows(sqlmock.NewRows([]string{"resume_token"}))
-	mock.ExpectQuery(w.q.newest).WillReturnRows(sqlmock.NewRows([]string{"changed_at", "id"}))
+	mock.ExpectQuery(w.q.LoadToken).WillReturnRows(sqlmock.NewRows([]string{"resume_token"}))
+	mock.ExpectQuery(w.q.Newest).WillReturnRows(sqlmock.NewRows([]string{"changed_at", "id"}))
 	mock.ExpectExec(w.sh.q.initRanges).WillReturnResult(sqlmock.NewResult(0, 0))
 	mock.ExpectExec(w.sh.q.renew).WillReturnResult(sqlmock.NewResult(0, 1))
 	mock.ExpectExec(w.sh.q.expire).WillReturnResult(sqlmock.NewResult(0, 0))
 	owners := "{" + strings.Repeat("0,", SharedRanges-1) + "0}"
 	mock.ExpectQuery(w.sh.q.state).WillReturnRows(sqlmock.NewRows([]string{"m", "o", "s"}).AddRow("{3}", owners, false))
 	mock.ExpectQuery(w.sh.q.claim).WillReturnRows(sqlmock.NewRows([]string{"range_no"}).AddRow(0))
-	mock.ExpectQuery(w.q.snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("200:200:"))
+	mock.ExpectQuery(w.q.Snapshot).WillReturnRows(sqlmock.NewRows([]string{"s"}).AddRow("200:200:"))
 	saved := string(position.EncodeToken(Position{ID: 9, Span: &position.Span{Seq: 1, Base: mustSnapshot(t, "150:150:")}}, "t"))
 	mock.ExpectQuery(w.sh.q.load).WillReturnRows(sqlmock.NewRows([]string{"range_no", "resume_token"}).AddRow(0, saved))
 	w.ckMu.Lock()

@@ -116,7 +116,7 @@ func TestSharedProcessTxClaimOutcomes(t *testing.T) {
 func TestSharedProcessTxParkedRerunIsNotFencedByRange(t *testing.T) {
 	w, mock := sharedTxWatcher(t)
 	mock.ExpectBegin()
-	mock.ExpectExec(w.q.claimAck).WithArgs("c", int64(5), "7000").WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(w.q.ClaimAck).WithArgs("c", int64(5), "7000").WillReturnResult(sqlmock.NewResult(0, 1))
 	mock.ExpectExec(`DELETE FROM "datastore_changelog_parked" WHERE client_name = $1 AND id = $2`).WithArgs("c", int64(9)).
 		WillReturnResult(sqlmock.NewResult(0, 1))
 	mock.ExpectExec(wantEffect).WithArgs("5").WillReturnResult(sqlmock.NewResult(0, 1))

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/pgchangestream/pgchangestream/internal/position"
+	"github.com/pgchangestream/pgchangestream/internal/procface"
 )
 
 // Stats are counters of a [Watcher], for metrics and tests.
@@ -113,13 +114,7 @@ func (w *Watcher) Stats() Stats {
 	return s
 }
 
-func (w *Watcher) processStats() ProcessStats {
-	p := &w.procStats
-	n, key := p.Longest()
-	return ProcessStats{InFlight: int(p.InFlight.Load()), Deferred: int(p.Deferred.Load()), BusyWorkers: int(p.Busy.Load()), Handled: p.Handled.Load(), AlreadyDone: p.Done.Load(),
-		Retries: p.Retries.Load(), Parked: p.Parked.Load(), HandlerTime: time.Duration(p.HandlerTime.Load()),
-		LongestKeyQueue: n, LongestKey: key}
-}
+func (w *Watcher) processStats() ProcessStats { return ProcessStats(procface.StatsOf(&w.procStats)) }
 
 // LagState returns when a read last found nothing new, and the changed_at of the newest row
 // read. Zero times mean "not yet". A read that found nothing of a part of the stream that ends at
@@ -155,7 +150,7 @@ func (w *Watcher) GetUnprocessedEventCount(ctx context.Context, lastProcessedID 
 		after = id
 	}
 	var n int64
-	if err := w.cfg.DB.QueryRowContext(ctx, w.q.unprocessed, w.cfg.TableName, after).Scan(&n); err != nil {
+	if err := w.cfg.DB.QueryRowContext(ctx, w.q.Unprocessed, w.cfg.TableName, after).Scan(&n); err != nil {
 		return 0, fmt.Errorf("pgchangestream: count unprocessed events: %w", err)
 	}
 	return n, nil

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
 	"github.com/stretchr/testify/require"
 )
 
@@ -50,7 +51,7 @@ func TestCheckTableName(t *testing.T) {
 			w, err := New(Config{DB: db, ClientName: "c", TableName: tc.table, Mode: ModePolling,
 				ChangelogTable: "audit.changes", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			require.NoError(t, err)
-			q := mock.ExpectQuery(tableCheckQuery("audit.changes")).WithArgs(tc.table)
+			q := mock.ExpectQuery(changelog.TableCheckSQL("audit.changes")).WithArgs(tc.table)
 			if tc.err != nil {
 				q.WillReturnError(tc.err)
 			} else {
@@ -67,7 +68,7 @@ func TestCheckTableName(t *testing.T) {
 			require.Contains(t, logs.String(), "table="+tc.table)
 		})
 	}
-	require.Contains(t, tableCheckQuery("audit.changes"), `FROM "audit"."changes" WHERE table_name = $1`)
+	require.Contains(t, changelog.TableCheckSQL("audit.changes"), `FROM "audit"."changes" WHERE table_name = $1`)
 }
 
 // TestLiveStartWarnsAboutTableName runs the check at Start against a real changelog.

@@ -160,7 +160,7 @@ type queryer interface {
 // found is false when the client has no token row.
 func (s *saver) readAck(ctx context.Context, q queryer) (seq uint64, mine, found bool, err error) {
 	var instance, seqText sql.NullString
-	err = q.QueryRowContext(ctx, s.q.readAck, s.cfg.ClientName).Scan(&instance, &seqText)
+	err = q.QueryRowContext(ctx, s.q.ReadAck, s.cfg.ClientName).Scan(&instance, &seqText)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return 0, false, false, nil
@@ -203,18 +203,3 @@ func saveArgs(client, tok string, fenced bool, epoch int64, inc string) []any {
 	}
 	return args
 }
-
-// ackIndex is the index in queries.ackSave and ackTx of a fenced save and of one conditioned
-// on an incarnation; ackIndexParts is its inverse.
-func ackIndex(fenced bool, inc string) int {
-	i := 0
-	if fenced {
-		i |= 1
-	}
-	if inc != "" {
-		i |= 2
-	}
-	return i
-}
-
-func ackIndexParts(i int) (fenced, withInc bool) { return i&1 != 0, i&2 != 0 }

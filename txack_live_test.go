@@ -317,7 +317,7 @@ func TestLiveTxAckFencedOwner(t *testing.T) {
 	waitFor(t, func() bool { return w.Stats().Active }, "the owner takes the lock")
 	ids := e.insert(3)
 	require.Equal(t, ids, receiveWithin(t, w, 3, liveWait))
-	_, err := e.db.Exec(w.q.bumpEpoch, "c")
+	_, err := e.db.Exec(w.q.BumpEpoch, "c")
 	require.NoError(t, err)
 	raw := e.rawToken("c")
 

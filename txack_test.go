@@ -27,7 +27,7 @@ func txWatcher(t *testing.T) (*Watcher, sqlmock.Sqlmock, *sql.DB) {
 	require.NoError(t, err)
 	expectUpgradedLoad(w, mock, "106:106:", nil, savedTokenRows(string(position.EncodeToken(txPos(t, 1), "t"))))
 	require.NoError(t, w.load(context.Background()))
-	mock.ExpectQuery(w.q.deltaRange).WithArgs("t", "104", int64(position.MaxID), "105", int64(position.MaxID), "106:106:", int64(1)).
+	mock.ExpectQuery(w.q.DeltaRange).WithArgs("t", "104", int64(position.MaxID), "105", int64(position.MaxID), "106:106:", int64(1)).
 		WillReturnRows(sqlmock.NewRows(deltaCols).
 			AddRow(int64(2), "r2", "INSERT", nil, []byte(`{"a":1}`), txTS, "105").
 			AddRow(int64(3), "r3", "INSERT", nil, []byte(`{"a":1}`), txTS, "105").
@@ -79,15 +79,15 @@ func TestMarkProcessedTxCommit(t *testing.T) {
 	before := ackStats(w)
 	tx := begin(t, mock, db)
 	p3 := txPos(t, 3) // acking row 3 leaves row 4 pending
-	mock.ExpectExec(w.q.ackTx[0]).WithArgs("c", markedToken(w, p3, 2)).WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(w.q.AckTx[0]).WithArgs("c", markedToken(w, p3, 2)).WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.MarkProcessedTx(ctx, tx, tok(3)))
 	require.Equal(t, before, ackStats(w), "nothing is acknowledged in memory before the commit")
 	mock.ExpectCommit()
 	require.NoError(t, tx.Commit())
 
 	// The next save learns of the committed acknowledgement, applies it, and saves with it.
-	mock.ExpectQuery(w.q.readAck).WithArgs("c").WillReturnRows(ackRows(w.instance, "2"))
-	mock.ExpectExec(w.q.ackSave[0]).WithArgs("c", markedToken(w, p3, 2)).WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectQuery(w.q.ReadAck).WithArgs("c").WillReturnRows(ackRows(w.instance, "2"))
+	mock.ExpectExec(w.q.AckSave[0]).WithArgs("c", markedToken(w, p3, 2)).WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.Flush(ctx))
 	st := w.Stats()
 	require.Equal(t, uint64(2), st.Acked, "the committed acknowledgement is in memory after the next save")
@@ -100,14 +100,14 @@ func TestMarkProcessedTxRollbackLeavesNothing(t *testing.T) {
 	w, mock, db := txWatcher(t)
 	before := ackStats(w)
 	tx := begin(t, mock, db)
-	mock.ExpectExec(w.q.ackTx[0]).WithArgs("c", sqlmock.AnyArg()).WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(w.q.AckTx[0]).WithArgs("c", sqlmock.AnyArg()).WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.MarkProcessedTx(ctx, tx, tok(4)))
 	mock.ExpectRollback()
 	require.NoError(t, tx.Rollback())
 
 	// The token still holds the marker of an earlier save (none of this watcher's): the save
 	// finds no acknowledgement and has nothing new to write.
-	mock.ExpectQuery(w.q.readAck).WithArgs("c").WillReturnRows(ackRows(nil, nil))
+	mock.ExpectQuery(w.q.ReadAck).WithArgs("c").WillReturnRows(ackRows(nil, nil))
 	require.NoError(t, w.Flush(ctx))
 	require.Equal(t, before, ackStats(w), "a rolled-back acknowledgement changes nothing")
 	require.NoError(t, mock.ExpectationsWereMet())
@@ -119,15 +119,15 @@ func TestMarkProcessedTxCommitsInTheOppositeOrder(t *testing.T) {
 	ctx := context.Background()
 	w, mock, db := txWatcher(t)
 	later := begin(t, mock, db)
-	mock.ExpectExec(w.q.ackTx[0]).WithArgs("c", markedToken(w, w.cursorForTest(), 3)).WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(w.q.AckTx[0]).WithArgs("c", markedToken(w, w.cursorForTest(), 3)).WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.MarkProcessedTx(ctx, later, tok(4)))
 	mock.ExpectCommit()
 	require.NoError(t, later.Commit())
 
 	earlier := begin(t, mock, db)
-	mock.ExpectExec(w.q.ackTx[0]).WithArgs("c", markedToken(w, txPos(t, 2), 1)).
+	mock.ExpectExec(w.q.AckTx[0]).WithArgs("c", markedToken(w, txPos(t, 2), 1)).
 		WillReturnResult(sqlmock.NewResult(0, 0))
-	mock.ExpectQuery(w.q.readAck).WithArgs("c").WillReturnRows(ackRows(w.instance, "3"))
+	mock.ExpectQuery(w.q.ReadAck).WithArgs("c").WillReturnRows(ackRows(w.instance, "3"))
 	require.NoError(t, w.MarkProcessedTx(ctx, earlier, tok(2)))
 	require.NoError(t, mock.ExpectationsWereMet())
 }
@@ -140,12 +140,12 @@ func TestOwnSaveNeverOverwritesACommittedTxAck(t *testing.T) {
 	w, mock, db := txWatcher(t)
 	tx := begin(t, mock, db)
 	cursor := w.cursorForTest()
-	mock.ExpectExec(w.q.ackTx[0]).WithArgs("c", markedToken(w, cursor, 3)).WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectExec(w.q.AckTx[0]).WithArgs("c", markedToken(w, cursor, 3)).WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.MarkProcessedTx(ctx, tx, tok(4)))
 
 	p2 := txPos(t, 2)
-	mock.ExpectQuery(w.q.readAck).WithArgs("c").WillReturnRows(ackRows(nil, nil)) // not committed yet
-	mock.ExpectExec(w.q.ackSave[0]).WithArgs("c", markedToken(w, p2, 1)).
+	mock.ExpectQuery(w.q.ReadAck).WithArgs("c").WillReturnRows(ackRows(nil, nil)) // not committed yet
+	mock.ExpectExec(w.q.AckSave[0]).WithArgs("c", markedToken(w, p2, 1)).
 		WillReturnError(&pgconn.PgError{Code: changelog.LockNotAvailable, Message: "could not obtain lock on row"})
 	err := w.MarkProcessed(ctx, tok(2))
 	require.ErrorIs(t, err, errTokenLocked)
@@ -154,10 +154,10 @@ func TestOwnSaveNeverOverwritesACommittedTxAck(t *testing.T) {
 	mock.ExpectCommit()
 	require.NoError(t, tx.Commit())
 
-	mock.ExpectQuery(w.q.readAck).WithArgs("c").WillReturnRows(ackRows(nil, nil)) // read before the commit landed
-	mock.ExpectExec(w.q.ackSave[0]).WithArgs("c", markedToken(w, p2, 1)).WillReturnResult(sqlmock.NewResult(0, 0))
-	mock.ExpectQuery(w.q.readAck).WithArgs("c").WillReturnRows(ackRows(w.instance, "3"))
-	mock.ExpectExec(w.q.ackSave[0]).WithArgs("c", markedToken(w, cursor, 3)).WillReturnResult(sqlmock.NewResult(0, 1))
+	mock.ExpectQuery(w.q.ReadAck).WithArgs("c").WillReturnRows(ackRows(nil, nil)) // read before the commit landed
+	mock.ExpectExec(w.q.AckSave[0]).WithArgs("c", markedToken(w, p2, 1)).WillReturnResult(sqlmock.NewResult(0, 0))
+	mock.ExpectQuery(w.q.ReadAck).WithArgs("c").WillReturnRows(ackRows(w.instance, "3"))
+	mock.ExpectExec(w.q.AckSave[0]).WithArgs("c", markedToken(w, cursor, 3)).WillReturnResult(sqlmock.NewResult(0, 1))
 	require.NoError(t, w.Flush(ctx))
 	require.Equal(t, uint64(3), w.Stats().Acked)
 	require.Equal(t, cursor, w.Stats().Checkpoint)
@@ -171,7 +171,7 @@ func TestMarkProcessedTxUnknownTokenWritesTheCurrentCheckpoint(t *testing.T) {
 	tx := begin(t, mock, db)
 	p3 := txPos(t, 2)
 	for _, token := range [][]byte{nil, tok(99), tok(2)} { // empty, unknown, already acknowledged
-		mock.ExpectExec(w.q.ackTx[0]).WithArgs("c", markedToken(w, p3, 1)).WillReturnResult(sqlmock.NewResult(0, 1))
+		mock.ExpectExec(w.q.AckTx[0]).WithArgs("c", markedToken(w, p3, 1)).WillReturnResult(sqlmock.NewResult(0, 1))
 		require.NoError(t, w.MarkProcessedTx(ctx, tx, token))
 	}
 	require.Equal(t, uint64(1), w.Stats().Acked, "they acknowledge nothing")
@@ -225,8 +225,8 @@ func TestMarkProcessedTxFenced(t *testing.T) {
 	w.fenced, w.epoch = true, 4
 	w.ckMu.Unlock()
 	tx := begin(t, mock, db)
-	mock.ExpectExec(w.q.ackTx[1]).WithArgs("c", sqlmock.AnyArg(), int64(4)).WillReturnResult(sqlmock.NewResult(0, 0))
-	mock.ExpectQuery(w.q.readAck).WithArgs("c").WillReturnRows(ackRows("another watcher", "7"))
+	mock.ExpectExec(w.q.AckTx[1]).WithArgs("c", sqlmock.AnyArg(), int64(4)).WillReturnResult(sqlmock.NewResult(0, 0))
+	mock.ExpectQuery(w.q.ReadAck).WithArgs("c").WillReturnRows(ackRows("another watcher", "7"))
 	err := w.MarkProcessedTx(ctx, tx, tok(2))
 	require.ErrorIs(t, err, ErrFenced)
 	require.Zero(t, w.Stats().Acked)
@@ -242,8 +242,8 @@ func TestMarkProcessedTxIncarnationChanged(t *testing.T) {
 	expectIncarnationLoad(w, mock, "100:105:", "i1", savedDeltaToken)
 	require.NoError(t, w.load(ctx))
 	tx := begin(t, mock, db)
-	mock.ExpectExec(w.q.ackTx[2]).WithArgs("c", sqlmock.AnyArg(), "i1").WillReturnResult(sqlmock.NewResult(0, 0))
-	mock.ExpectQuery(w.q.readAck).WithArgs("c").WillReturnRows(ackRows(nil, nil))
+	mock.ExpectExec(w.q.AckTx[2]).WithArgs("c", sqlmock.AnyArg(), "i1").WillReturnResult(sqlmock.NewResult(0, 0))
+	mock.ExpectQuery(w.q.ReadAck).WithArgs("c").WillReturnRows(ackRows(nil, nil))
 	err = w.MarkProcessedTx(ctx, tx, nil)
 	require.ErrorIs(t, err, ErrServerRecovered)
 	require.True(t, w.rewindAsked.Load(), "the reader goes back to the saved token")

@@ -1,16 +1,16 @@
 package pgchangestreamtest
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/pgchangestream/pgchangestream"
-	"github.com/pgchangestream/pgchangestream/internal/testhooks"
+	"github.com/pgchangestream/pgchangestream/internal/document"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
-
-// shared are the watcher's own statements, builders and position functions.
-var shared = testhooks.Get[pgchangestream.Config, pgchangestream.Position]()
 
 // DefaultChangedAt is the changed_at of a [Change] that has none: changes without a time are
 // ordered by their ids alone.
@@ -62,13 +62,13 @@ func mustJSON(recordID string, doc any) json.RawMessage {
 }
 
 // row returns the change as the watcher reads it.
-func (c Change) row() testhooks.Row {
-	return testhooks.Row{ID: c.ID, RecordID: c.RecordID, Operation: c.Operation,
+func (c Change) row() *document.Row {
+	return &document.Row{ID: c.ID, RecordID: c.RecordID, Operation: c.Operation,
 		OldValues: c.OldValues, NewValues: c.NewValues, ChangedAt: c.ChangedAt}
 }
 
 // position returns the change's position in the stream.
-func (c Change) position() pgchangestream.Position { return shared.MakePosition(c.ChangedAt, c.ID) }
+func (c Change) position() pgchangestream.Position { return position.Make(c.ChangedAt, c.ID) }
 
 // ids gives changes without an id or time the next id and DefaultChangedAt. Ids start at 1.
 type ids struct{ next int64 }
@@ -84,4 +84,15 @@ func (n *ids) fill(c Change) Change {
 	}
 	n.next = max(n.next, c.ID+1)
 	return c
+}
+
+// withDefaults fills the zero fields of cfg the kit reads with the watcher's defaults.
+func withDefaults(cfg pgchangestream.Config) pgchangestream.Config {
+	cfg.ChangelogTable = cmp.Or(cfg.ChangelogTable, pgchangestream.DefaultChangelogTable)
+	cfg.TokenTable = cmp.Or(cfg.TokenTable, pgchangestream.DefaultTokenTable)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, pgchangestream.DefaultBatchSize)
+	cfg.BufferSize = cmp.Or(cfg.BufferSize, pgchangestream.DefaultBufferSize)
+	cfg.MaxPending = cmp.Or(cfg.MaxPending, pgchangestream.DefaultMaxPending)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	return cfg
 }

@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
 
 	"github.com/pgchangestream/pgchangestream"
+	"github.com/pgchangestream/pgchangestream/internal/document"
 	"github.com/pgchangestream/pgchangestream/internal/pending"
-	"github.com/pgchangestream/pgchangestream/internal/testhooks"
+	"github.com/pgchangestream/pgchangestream/internal/position"
+	"github.com/pgchangestream/pgchangestream/internal/procface"
+	"github.com/pgchangestream/pgchangestream/internal/procrun"
 )
 
 // FakeWatcher is an in-memory [pgchangestream.ChangeStreamWatcher] and
@@ -34,14 +38,15 @@ import (
 // [FakeWatcher.Process] runs the watcher's Process engine on the fake's events, with an
 // in-memory dead-letter table ([FakeWatcher.Parked]).
 type FakeWatcher struct {
-	cfg    pgchangestream.Config // defaults filled; immutable
+	cfg    pgchangestream.Config // the defaults the kit reads filled; immutable
 	events chan pgchangestream.EventWithToken
 	wake   chan struct{} // capacity 1: there is something for the sender to do
 	done   chan struct{} // closed when the sender goroutine exits
 
-	// Process's runtime, counters and dead-letter table (each safe for concurrent use);
-	// processing is set while a Process runs (compare-and-swap by Process).
-	engine     testhooks.Engine[pgchangestream.ProcessOptions, pgchangestream.Handler, pgchangestream.EventWithToken, pgchangestream.ProcessStats]
+	// Process's logger (immutable), counters and dead-letter table (each safe for concurrent
+	// use); processing is set while a Process runs (compare-and-swap by Process).
+	log        *slog.Logger
+	procStats  procrun.Stats
 	parked     *parkedTable
 	processing atomic.Bool
 
@@ -78,14 +83,14 @@ var (
 // NewFakeWatcher returns a fake watcher. Of cfg it uses TableName (the events' ns.coll),
 // DocumentField, Filter, BufferSize and MaxPending, with the watcher's defaults.
 func NewFakeWatcher(cfg pgchangestream.Config) *FakeWatcher {
-	cfg = shared.Defaults(cfg)
+	cfg = withDefaults(cfg)
 	return &FakeWatcher{
 		cfg:    cfg,
 		events: make(chan pgchangestream.EventWithToken, cfg.BufferSize),
 		wake:   make(chan struct{}, 1),
 		done:   make(chan struct{}),
-		ring:   pending.New(cfg.MaxPending, shared.Predecessor),
-		engine: kit.NewEngine(cfg.Logger.With("client", cfg.ClientName, "table", cfg.TableName)),
+		ring:   pending.New(cfg.MaxPending, pgchangestream.Position.Predecessor),
+		log:    cfg.Logger.With("client", cfg.ClientName, "table", cfg.TableName),
 		parked: &parkedTable{},
 	}
 }
@@ -200,7 +205,7 @@ func (f *FakeWatcher) next(ctx context.Context) (c Change, ok bool) {
 // register builds the change's event and runs the filter, then, in one locked step, records
 // the delivery as pending and advances the cursor (a filtered change only advances the cursor).
 func (f *FakeWatcher) register(c Change) (ev pgchangestream.EventWithToken, tracked bool) {
-	doc, _ := shared.BuildEvent(c.row(), f.cfg.TableName, f.cfg.DocumentField) // a bad document is delivered without it, as the watcher does
+	doc, _, _ := document.Build(c.row(), f.cfg.TableName, document.Options{Field: f.cfg.DocumentField}) // a bad document is delivered without it, as the watcher does
 	event := pgchangestream.Event(doc)
 	keep := f.cfg.Filter == nil || f.cfg.Filter(event)
 	pos := c.position()
@@ -226,7 +231,7 @@ func (f *FakeWatcher) register(c Change) (ev pgchangestream.EventWithToken, trac
 // before it, then saves the checkpoint if it changed, as [pgchangestream.Watcher.MarkProcessed]
 // does.
 func (f *FakeWatcher) MarkProcessed(_ context.Context, token []byte) error {
-	id, ok, tokenErr := shared.ParseToken(token)
+	id, ok, tokenErr := position.ParseToken(token)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.marks = append(f.marks, string(token))
@@ -323,7 +328,7 @@ func (f *FakeWatcher) GetUnprocessedEventCount(_ context.Context, lastProcessedI
 	defer f.mu.Unlock()
 	after := f.cursor.ID
 	if lastProcessedID != "" {
-		id, _, err := shared.ParseToken([]byte(lastProcessedID))
+		id, _, err := position.ParseToken([]byte(lastProcessedID))
 		if err != nil {
 			return 0, fmt.Errorf("pgchangestreamtest: lastProcessedID: %w", err)
 		}
@@ -373,6 +378,6 @@ func (f *FakeWatcher) Stats() pgchangestream.Stats {
 	st.FloorActive = f.ring.HasFloor()
 	st.Checkpoint = f.saved
 	st.Cursor = f.cursor
-	st.Process = f.engine.Stats()
+	st.Process = pgchangestream.ProcessStats(procface.StatsOf(&f.procStats))
 	return st
 }

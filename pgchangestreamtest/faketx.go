@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/pgchangestream/pgchangestream"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // txAck is a MarkProcessedTx of the fake whose transaction has not ended: the checkpoint the
@@ -38,7 +39,7 @@ func (f *FakeWatcher) MarkProcessedTx(_ context.Context, tx *sql.Tx, token []byt
 	case f.cfg.Ephemeral:
 		return errors.New("pgchangestreamtest: MarkProcessedTx: an ephemeral watcher saves no token; use MarkProcessed")
 	}
-	id, ok, err := shared.ParseToken(token)
+	id, ok, err := position.ParseToken(token)
 	if err != nil {
 		return fmt.Errorf("pgchangestreamtest: MarkProcessedTx: %w", err)
 	}

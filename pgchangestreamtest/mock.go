@@ -16,7 +16,8 @@ import (
 	"github.com/DATA-DOG/go-sqlmock"
 
 	"github.com/pgchangestream/pgchangestream"
-	"github.com/pgchangestream/pgchangestream/internal/testhooks"
+	"github.com/pgchangestream/pgchangestream/internal/changelog"
+	"github.com/pgchangestream/pgchangestream/internal/position"
 )
 
 // Schema is the state of the changelog a watcher finds at start-up.
@@ -79,8 +80,8 @@ type Mock struct {
 	Timeout time.Duration
 
 	t   TB
-	cfg pgchangestream.Config // defaults filled, with DB and Logger set
-	st  testhooks.Statements
+	cfg pgchangestream.Config // the defaults the kit reads filled, with DB and Logger set
+	st  changelog.Statements
 	log *lockedBuffer
 
 	ids      ids
@@ -116,8 +117,9 @@ func NewMock(t TB, cfg pgchangestream.Config) *Mock {
 		cfg.IdleCheckpointInterval = time.Hour
 	}
 	cfg.ProcessedFlag = false // its marker runs in the background, at times a mock cannot expect
-	m.cfg = shared.Defaults(cfg)
-	m.st = shared.Statements(m.cfg)
+	m.cfg = withDefaults(cfg)
+	m.st = changelog.NewStatements(changelog.StatementParams{ChangelogTable: m.cfg.ChangelogTable,
+		TokenTable: m.cfg.TokenTable, BatchSize: m.cfg.BatchSize}) // ProcessedFlag is cleared
 	return m
 }
 
@@ -135,8 +137,8 @@ func (m *Mock) ExpectStart(s Start) {
 	m.t.Helper()
 	m.upgraded = s.Schema == Upgraded
 	m.xmax = firstXid
-	m.ExpectQuery(m.st.Detect).WithArgs(m.st.DetectArg, m.st.DetectIncArg). // no incarnation table
-										WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation", "stats"}).AddRow(m.upgraded, false, true))
+	m.ExpectQuery(m.st.Detect).WithArgs(changelog.Quote(m.cfg.ChangelogTable), changelog.Quote(changelog.IncarnationTable(m.cfg.ChangelogTable))). // no incarnation table
+																			WillReturnRows(sqlmock.NewRows([]string{"skip_free", "incarnation", "stats"}).AddRow(m.upgraded, false, true))
 	if m.upgraded {
 		m.ExpectQuery(m.st.DeltaStart).WithArgs(m.cfg.TableName).
 			WillReturnRows(sqlmock.NewRows([]string{"snapshot", "newest_txid"}).AddRow(m.snapshot(), nil))
@@ -167,7 +169,7 @@ func (m *Mock) ExpectStart(s Start) {
 	}
 	m.read = []pgchangestream.Position{start}
 	m.ids.next = start.ID + 1
-	m.ExpectQuery(m.st.TableCheck).WithArgs(m.cfg.TableName).
+	m.ExpectQuery(changelog.TableCheckSQL(m.cfg.ChangelogTable)).WithArgs(m.cfg.TableName).
 		WillReturnRows(sqlmock.NewRows([]string{"exists"}).AddRow(true))
 }
 
@@ -176,7 +178,7 @@ func at(p pgchangestream.Position) pgchangestream.Position {
 	if p.ChangedAt.IsZero() {
 		p.ChangedAt = DefaultChangedAt
 	}
-	return shared.MakePosition(p.ChangedAt, p.ID)
+	return position.Make(p.ChangedAt, p.ID)
 }
 
 // snapshot returns the current snapshot: every transaction below xmax has finished.
@@ -271,7 +273,7 @@ func (m *Mock) ExpectSaveFailure(throughID int64, err error) {
 // ([pgchangestream.ErrLegacyChangelog]): expect it on an upgraded one (Start.Schema Upgraded).
 func (m *Mock) ExpectTxAck(throughID int64) {
 	m.t.Helper()
-	m.expectWrite("ExpectTxAck", m.st.AckTx, throughID).WillReturnResult(sqlmock.NewResult(0, 1))
+	m.expectWrite("ExpectTxAck", m.st.AckTx[changelog.AckIndex(false, "")], throughID).WillReturnResult(sqlmock.NewResult(0, 1))
 }
 
 // expectSave expects the token save of ExpectSave.
@@ -313,11 +315,11 @@ func (c certifies) Match(v driver.Value) bool {
 	if !ok {
 		return false
 	}
-	p, err := shared.DecodeToken([]byte(s))
+	p, err := position.DecodeToken([]byte(s))
 	if err != nil {
 		return false
 	}
-	q := shared.MakePosition(p.ChangedAt, p.ID) // the last row it passes, in read order
+	q := position.Make(p.ChangedAt, p.ID) // the last row it passes, in read order
 	for k, r := range c.read[1:] {
 		if !q.Before(r) != (k+1 <= c.through) {
 			return false

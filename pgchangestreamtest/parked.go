@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/pgchangestream/pgchangestream"
-	"github.com/pgchangestream/pgchangestream/internal/testhooks"
+	"github.com/pgchangestream/pgchangestream/internal/procface"
 )
 
 // parkedTable is the fake's dead-letter table, in memory, with the semantics of the watcher's
@@ -19,7 +19,7 @@ type parkedTable struct {
 	lastID int64
 }
 
-var _ testhooks.ParkedStore[pgchangestream.ParkedEvent] = (*parkedTable)(nil)
+var _ procface.ParkedStore = (*parkedTable)(nil)
 
 func (t *parkedTable) Park(_ context.Context, p pgchangestream.ParkedEvent) (int64, error) {
 	t.mu.Lock()

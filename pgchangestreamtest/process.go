@@ -5,13 +5,17 @@ import (
 	"errors"
 
 	"github.com/pgchangestream/pgchangestream"
+	"github.com/pgchangestream/pgchangestream/internal/position"
+	"github.com/pgchangestream/pgchangestream/internal/procface"
 	"github.com/pgchangestream/pgchangestream/internal/procrun"
-	"github.com/pgchangestream/pgchangestream/internal/testhooks"
 )
 
-// kit is the watcher's Process runtime, shared with the fake.
-var kit = testhooks.GetProcess[pgchangestream.ProcessOptions, pgchangestream.Handler,
-	pgchangestream.EventWithToken, pgchangestream.ParkedEvent, pgchangestream.ProcessStats]()
+// events are what the dead-letter adapter needs of an EventWithToken.
+var events = procface.Events[pgchangestream.EventWithToken]{Doc: func(ev pgchangestream.EventWithToken) map[string]any { return ev.Event },
+	Token: func(ev pgchangestream.EventWithToken) []byte { return ev.ResumeToken },
+	Make: func(doc map[string]any, tok []byte) pgchangestream.EventWithToken {
+		return pgchangestream.EventWithToken{Event: doc, ResumeToken: tok}
+	}}
 
 // errProcessRunning is returned by a Process called while another runs on the same fake.
 var errProcessRunning = errors.New("pgchangestreamtest: Process is already running on this fake")
@@ -39,7 +43,11 @@ var errProcessRunning = errors.New("pgchangestreamtest: Process is already runni
 // token); with CloseWhenDelivered, it returns once the events it took are handled, so a test or
 // an example needs no goroutine. Stats().Process has the engine's counters.
 func (f *FakeWatcher) Process(ctx context.Context, opts pgchangestream.ProcessOptions, handle pgchangestream.Handler) error {
-	opts, err := kit.Check(opts, handle)
+	var refuse error
+	if handle == nil {
+		refuse = procface.ErrNilHandler
+	}
+	o, err := procface.Check(procface.Options[pgchangestream.EventWithToken, pgchangestream.FailurePolicy](opts), refuse, pgchangestream.DocumentKey)
 	if err != nil {
 		return err
 	}
@@ -54,10 +62,14 @@ func (f *FakeWatcher) Process(ctx context.Context, opts pgchangestream.ProcessOp
 	}
 	defer f.processing.Store(false)
 	var store procrun.Store[pgchangestream.EventWithToken]
-	if opts.OnFailure != pgchangestream.StopOnFailure {
-		store = kit.DeadLetters(f.cfg.ClientName, f.parked)
+	if o.OnFailure != pgchangestream.StopOnFailure {
+		store = procface.DeadLetters[pgchangestream.EventWithToken]{Client: f.cfg.ClientName, Store: f.parked, Events: events}
 	}
-	err = f.engine.Run(ctx, f.events, opts, handle, store, f.advance)
+	run := func(ctx context.Context, j *procrun.Job[pgchangestream.EventWithToken]) error {
+		return procface.RunHandler(ctx, f.log, handle, j.Ev)
+	}
+	h := procrun.Hooks[pgchangestream.EventWithToken]{Run: run, Advance: f.advance, Store: store, Stats: &f.procStats}
+	err = procface.Run(ctx, f.log, f.events, o, h, pgchangestream.DocumentKey, events.Token)
 	f.mu.Lock()
 	saveErr := f.saveLocked()
 	f.mu.Unlock()
@@ -67,7 +79,7 @@ func (f *FakeWatcher) Process(ctx context.Context, opts pgchangestream.ProcessOp
 // advance acknowledges the delivery of last, the newest event of the finished prefix, and
 // saves; it runs on the engine's goroutine.
 func (f *FakeWatcher) advance(last pgchangestream.EventWithToken) {
-	id, ok, _ := shared.ParseToken(last.ResumeToken)
+	id, ok, _ := position.ParseToken(last.ResumeToken)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if ok {

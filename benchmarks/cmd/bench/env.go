@@ -34,8 +34,8 @@ const (
 	fillChunk = 500
 )
 
-// upsertSQL is the token upsert the watcher runs on every save (queries.go, default token
-// table), copied here to measure its ceiling alone.
+// upsertSQL is the token upsert the watcher runs on every save (internal/changelog/statements.go,
+// default token table), copied here to measure its ceiling alone.
 const upsertSQL = `INSERT INTO ` + tokenTable + ` (client_name, resume_token, last_updated) VALUES ($1, $2::jsonb, now())
 	ON CONFLICT (client_name) DO UPDATE SET resume_token = EXCLUDED.resume_token, last_updated = EXCLUDED.last_updated`
 
