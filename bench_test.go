@@ -27,7 +27,7 @@ func benchRow(i int64) changelogRow {
 // benchWatcher returns a watcher that is never started, with batched checkpoints so that
 // MarkProcessed does not touch the (absent) database.
 func benchWatcher() *Watcher {
-	w := newWatcher(Config{ClientName: "bench", TableName: "items", CheckpointInterval: time.Hour}.withDefaults())
+	w := newWatcher(Config{ClientName: "bench", TableName: "items", CheckpointInterval: time.Hour}.WithDefaults())
 	w.loaded = true
 	return w
 }
@@ -125,7 +125,7 @@ func BenchmarkPendingPushAck(b *testing.B) {
 }
 
 func BenchmarkCheckpointPosition(b *testing.B) {
-	w := newWatcher(Config{ClientName: "bench", TableName: "t"}.withDefaults())
+	w := newWatcher(Config{ClientName: "bench", TableName: "t"}.WithDefaults())
 	w.loaded = true
 	for i := range DefaultMaxPending / 2 {
 		w.ring.Push(uint64(i), int64(i), pos(i, int64(i)))

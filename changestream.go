@@ -98,7 +98,7 @@ type Watcher struct {
 
 // New validates cfg, fills its defaults and returns a watcher. It does not touch the database.
 func New(cfg Config) (*Watcher, error) {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -136,7 +136,7 @@ func NewPostgreSQLChangeStreamWatcher(db *sql.DB, clientName, tableName, connStr
 	w, err := New(Config{DB: db, ClientName: clientName, TableName: tableName, ConnString: connString, Mode: mode,
 		DocumentField: legacyDocumentField(tableName), ProcessedFlag: true, StoreClientCompat: true})
 	if err != nil {
-		w = newWatcher(Config{ClientName: clientName, TableName: tableName, Mode: mode}.withDefaults())
+		w = newWatcher(Config{ClientName: clientName, TableName: tableName, Mode: mode}.WithDefaults())
 		w.cfgErr = err
 	}
 	return w

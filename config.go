@@ -224,8 +224,9 @@ type Config struct {
 	Observer Observer
 }
 
-// withDefaults returns cfg with zero values replaced by the defaults.
-func (cfg Config) withDefaults() Config {
+// WithDefaults returns cfg with every zero field replaced by its default, as [New] fills them
+// (the Default… constants, slog.Default() for Logger). It does not validate cfg.
+func (cfg Config) WithDefaults() Config {
 	if cfg.Mode == "" {
 		cfg.Mode = DefaultMode
 	}

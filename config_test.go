@@ -181,3 +181,21 @@ func FuzzNew(f *testing.F) {
 		require.NoError(t, w.Close(t.Context()))
 	})
 }
+
+// WithDefaults fills what New fills and keeps what is set: the test kit's Mock.Config relies on
+// it to hand out the configuration a watcher runs with.
+func TestConfigWithDefaultsFillsWhatNewFills(t *testing.T) {
+	c := Config{ClientName: "c", TableName: "t", BatchSize: 7}.WithDefaults()
+	require.Equal(t, DefaultMode, c.Mode)
+	require.Equal(t, DefaultChangelogTable, c.ChangelogTable)
+	require.Equal(t, DefaultTokenTable, c.TokenTable)
+	require.Equal(t, DefaultPollInterval, c.PollInterval)
+	require.Equal(t, 7, c.BatchSize, "a set field is kept")
+	require.NotNil(t, c.Logger)
+	db, _ := mockDB(t)
+	w, err := New(Config{DB: db, ClientName: "c", TableName: "t", BatchSize: 7})
+	require.NoError(t, err)
+	require.Equal(t, c.Mode, w.cfg.Mode)
+	require.Equal(t, c.PollInterval, w.cfg.PollInterval)
+	require.Equal(t, c.NotifyChannel, w.cfg.NotifyChannel)
+}

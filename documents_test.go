@@ -35,7 +35,7 @@ func TestUnmarshalDocumentSeesAChangedMap(t *testing.T) {
 // An event delivered with RawDocuments has no document map, and its methods decode on demand,
 // also from several goroutines at once (as typed reads of an event with maps do).
 func TestRawDocumentsEvent(t *testing.T) {
-	w := newWatcher(Config{ClientName: "c", TableName: "health_events", DocumentField: "document", RawDocuments: true}.withDefaults())
+	w := newWatcher(Config{ClientName: "c", TableName: "health_events", DocumentField: "document", RawDocuments: true}.WithDefaults())
 	row := evRow("UPDATE", `{"id": "x", "document": {"s": {"q": null}, "n": 1}}`, `{"id": "x", "document": {"s": {"q": "Q"}, "n": 1}}`)
 	ev, raw, err := w.event(row)
 	require.NoError(t, err)
@@ -73,7 +73,7 @@ func TestRawDocumentsEvent(t *testing.T) {
 func TestDeliveriesKeepTheDocumentText(t *testing.T) {
 	for _, rawDocuments := range []bool{false, true} {
 		w := newWatcher(Config{ClientName: "c", TableName: "health_events", DocumentField: "document",
-			RawDocuments: rawDocuments, CheckpointInterval: time.Hour}.withDefaults())
+			RawDocuments: rawDocuments, CheckpointInterval: time.Hour}.WithDefaults())
 		w.loaded = true
 		row := healthRow(7)
 		require.NoError(t, w.deliver(t.Context(), &row, position.Make(row.ChangedAt, row.ID), false))

@@ -53,7 +53,7 @@ type fakeRow struct {
 }
 
 func newFakeDB(cfg Config) *fakeDB {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	return &fakeDB{q: statements(cfg), mq: marker.NewStatements(cfg.ChangelogTable), limit: cfg.BatchSize, tokens: map[string]string{}, nextID: 1,
 		readErr: errors.New("fake: connection refused")}
 }

@@ -41,7 +41,7 @@ type markWorld struct {
 
 func newMarkWorld(t testing.TB, cfg Config) *markWorld {
 	start := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	return &markWorld{t: t, q: statements(cfg), mq: marker.NewStatements(cfg.ChangelogTable), m: newDeltaModel(0, 0), ts: map[int64]time.Time{},
 		begun: map[uint64]time.Time{}, clock: start, token: string(position.EncodeToken(position.Make(start, 0), "t")),
 		flagged: map[int64]bool{}}

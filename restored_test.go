@@ -80,7 +80,7 @@ func TestLiveTokenSavedDuringStartIsNotARestore(t *testing.T) {
 			{"Shared member", func(token []byte) error { return first.MarkProcessed(ctx, token) }, true},
 		} {
 			for range 3 {
-				hook := &statementHook{sql: statements(cfg.withDefaults()).LoadToken, done: make(chan error, 1)}
+				hook := &statementHook{sql: statements(cfg.WithDefaults()).LoadToken, done: make(chan error, 1)}
 				hook.before = func() error { // on the second instance's reader: no t.FailNow here
 					if _, err := e.db.ExecContext(ctx, `INSERT INTO items (n) VALUES (1)`); err != nil {
 						return err

@@ -173,7 +173,7 @@ func TestSharedRowsByIDQuery(t *testing.T) {
 // any goroutine cancelling it; it also ends with its parent and when the member stops owning.
 func TestLeaseContext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := newSharedMember(testConfig(Config{Shared: true, SharedLease: time.Second}).withDefaults())
+		s := newSharedMember(testConfig(Config{Shared: true, SharedLease: time.Second}).WithDefaults())
 		s.renewed(time.Now())
 		c, release := s.handlerContext(context.Background())
 		defer release()

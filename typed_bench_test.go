@@ -26,7 +26,7 @@ func healthRow(id int64) changelogRow {
 // Config.RawDocuments.
 func healthEvent(tb testing.TB, rawDocuments bool) EventWithToken {
 	w := newWatcher(Config{ClientName: "bench", TableName: "health_events", DocumentField: "document",
-		RawDocuments: rawDocuments}.withDefaults())
+		RawDocuments: rawDocuments}.WithDefaults())
 	row := healthRow(1)
 	ev, raw, err := w.event(&row)
 	if err != nil {
@@ -94,7 +94,7 @@ func BenchmarkDeliveryPathHealthTyped(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			w := newWatcher(Config{ClientName: "bench", TableName: "health_events", DocumentField: "document",
-				RawDocuments: rawDocuments, CheckpointInterval: time.Hour}.withDefaults())
+				RawDocuments: rawDocuments, CheckpointInterval: time.Hour}.WithDefaults())
 			w.loaded = true
 			b.ReportAllocs()
 			for i := range b.N {

@@ -1,10 +1,8 @@
 package pgchangestreamtest
 
 import (
-	"cmp"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/pgchangestream/pgchangestream"
@@ -84,15 +82,4 @@ func (n *ids) fill(c Change) Change {
 	}
 	n.next = max(n.next, c.ID+1)
 	return c
-}
-
-// withDefaults fills the zero fields of cfg the kit reads with the watcher's defaults.
-func withDefaults(cfg pgchangestream.Config) pgchangestream.Config {
-	cfg.ChangelogTable = cmp.Or(cfg.ChangelogTable, pgchangestream.DefaultChangelogTable)
-	cfg.TokenTable = cmp.Or(cfg.TokenTable, pgchangestream.DefaultTokenTable)
-	cfg.BatchSize = cmp.Or(cfg.BatchSize, pgchangestream.DefaultBatchSize)
-	cfg.BufferSize = cmp.Or(cfg.BufferSize, pgchangestream.DefaultBufferSize)
-	cfg.MaxPending = cmp.Or(cfg.MaxPending, pgchangestream.DefaultMaxPending)
-	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
-	return cfg
 }

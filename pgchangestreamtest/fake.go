@@ -83,7 +83,7 @@ var (
 // NewFakeWatcher returns a fake watcher. Of cfg it uses TableName (the events' ns.coll),
 // DocumentField, Filter, BufferSize and MaxPending, with the watcher's defaults.
 func NewFakeWatcher(cfg pgchangestream.Config) *FakeWatcher {
-	cfg = withDefaults(cfg)
+	cfg = cfg.WithDefaults()
 	return &FakeWatcher{
 		cfg:    cfg,
 		events: make(chan pgchangestream.EventWithToken, cfg.BufferSize),

@@ -117,7 +117,7 @@ func NewMock(t TB, cfg pgchangestream.Config) *Mock {
 		cfg.IdleCheckpointInterval = time.Hour
 	}
 	cfg.ProcessedFlag = false // its marker runs in the background, at times a mock cannot expect
-	m.cfg = withDefaults(cfg)
+	m.cfg = cfg.WithDefaults()
 	m.st = changelog.NewStatements(changelog.StatementParams{ChangelogTable: m.cfg.ChangelogTable,
 		TokenTable: m.cfg.TokenTable, BatchSize: m.cfg.BatchSize}) // ProcessedFlag is cleared
 	return m
