@@ -181,7 +181,8 @@ func newWatcher(cfg Config) *Watcher {
 		w.sh = newSharedMember(cfg)
 	}
 	w.saver = saver{rd: &w.reader, cfg: &w.cfg, q: &w.q, log: w.log, health: &w.health, excl: &w.excl, sh: w.sh,
-		mark: w.mark, instance: newInstanceID(), fence: w.stopOwning, recovered: w.askRewind, leaveIfDrained: w.leaveIfDrained}
+		mark: w.mark, instance: newInstanceID(), fence: w.stopOwning, recovered: w.askRewind, leaveIfDrained: w.leaveIfDrained,
+		loseLock: w.loseLock}
 	return w
 }
 

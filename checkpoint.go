@@ -22,8 +22,9 @@ import (
 // caller's transaction (writeInTx). Loading the token and claiming an owner epoch are in
 // load.go.
 
-// saver computes and writes the checkpoint: it owns the save state, guarded by ckMu, and
-// reads the delivery state through the reader's methods. The Watcher embeds it; its
+// saver computes and writes the checkpoint, and reads the saved token back for a load (with the
+// owner-epoch claim and the start positions of load.go): it owns the save state, guarded by
+// ckMu, and reads the delivery state through the reader's methods. The Watcher embeds it; its
 // dependencies are set by newWatcher and immutable after.
 type saver struct {
 	rd       *reader               // the delivery state the checkpoint is computed from
@@ -41,6 +42,8 @@ type saver struct {
 	fence          func(err error, msg string)
 	recovered      func()
 	leaveIfDrained func(ctx context.Context) error
+	// loseLock stops an exclusive watcher whose lock session no longer holds the lock.
+	loseLock func(cause error)
 
 	// Save state, guarded by ckMu, which serializes compute-and-save.
 	ckMu     sync.Mutex

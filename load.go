@@ -327,24 +327,24 @@ func (r *reader) transactionCounter(ctx context.Context) (position.Snapshot, str
 // form must be saved at once, so a restart keeps the same switch-over snapshot); a token of an
 // upgraded changelog on a legacy one resumes after its legacy position. now is a snapshot taken
 // before the token was read (see notAhead).
-func (w *Watcher) resumePosition(ctx context.Context, pos Position, skipFree bool, now position.Snapshot) (_ Position, save bool, err error) {
+func (s *saver) resumePosition(ctx context.Context, pos Position, skipFree bool, now position.Snapshot) (_ Position, save bool, err error) {
 	switch {
 	case skipFree && pos.Span == nil:
-		s, err := w.switchSnapshot(ctx, pos, pos, now)
+		snap, err := s.rd.switchSnapshot(ctx, pos, pos, now)
 		if err != nil {
 			return Position{}, false, err
 		}
-		pos.Span = &position.Span{Base: s}
-		w.log.Info("switching a legacy token over to snapshot deltas", "snapshot", s)
+		pos.Span = &position.Span{Base: snap}
+		s.log.Info("switching a legacy token over to snapshot deltas", "snapshot", snap)
 		return pos, true, nil
 	case skipFree:
 		top := pos.Span.Base
 		if pos.Span.HasEnd {
 			top = pos.Span.End
 		}
-		return pos, false, w.notAhead(ctx, top, now)
+		return pos, false, s.notAhead(ctx, top, now)
 	case pos.Span != nil:
-		w.log.Warn("the saved token was written for a changelog with a txid column, which this one lacks; "+
+		s.log.Warn("the saved token was written for a changelog with a txid column, which this one lacks; "+
 			"resuming after its timestamp and eventID", "position", pos)
 		return position.Make(pos.ChangedAt, pos.ID), false, nil
 	}
@@ -358,11 +358,11 @@ func (w *Watcher) resumePosition(ctx context.Context, pos Position, skipFree boo
 // snapshot taken after now. Only a token still ahead of a snapshot taken after it was read is
 // ahead of the counter: its snapshot was taken before its save committed, and on a running
 // server a later snapshot's xmax is never below an earlier one's.
-func (w *Watcher) notAhead(ctx context.Context, top, now position.Snapshot) error {
+func (s *saver) notAhead(ctx context.Context, top, now position.Snapshot) error {
 	if top.Xmax <= now.Xmax {
 		return nil
 	}
-	after, _, err := w.currentSnapshot(ctx)
+	after, _, err := s.rd.currentSnapshot(ctx)
 	if err != nil {
 		return changelogReadError{fmt.Errorf("read changelog: take snapshot: %w", err)}
 	}
@@ -376,20 +376,20 @@ func (w *Watcher) notAhead(ctx context.Context, top, now position.Snapshot) erro
 // startPosition is where a client without a saved token starts: after the newest row of its
 // table as the database sees it (on an upgraded changelog: after the current snapshot, so rows
 // of transactions still open are ahead of it), or at the beginning.
-func (w *Watcher) startPosition(ctx context.Context, skipFree bool, now position.Snapshot) (Position, error) {
-	if w.cfg.StartFromBeginning {
-		return w.beginning(ctx, skipFree, now)
+func (s *saver) startPosition(ctx context.Context, skipFree bool, now position.Snapshot) (Position, error) {
+	if s.cfg.StartFromBeginning {
+		return s.beginning(ctx, skipFree, now)
 	}
 	var (
 		ts  time.Time
 		id  int64
 		pos Position
 	)
-	err := w.cfg.DB.QueryRowContext(ctx, w.q.Newest, w.cfg.TableName).Scan(&ts, &id)
+	err := s.cfg.DB.QueryRowContext(ctx, s.q.Newest, s.cfg.TableName).Scan(&ts, &id)
 	switch {
 	case errors.Is(err, sql.ErrNoRows): // nothing to skip
 	case err != nil:
-		return Position{}, changelogReadError{fmt.Errorf("read changelog: find newest position in %s: %w", w.cfg.ChangelogTable, err)}
+		return Position{}, changelogReadError{fmt.Errorf("read changelog: find newest position in %s: %w", s.cfg.ChangelogTable, err)}
 	default:
 		pos = position.Make(ts, id)
 	}
@@ -402,28 +402,28 @@ func (w *Watcher) startPosition(ctx context.Context, skipFree bool, now position
 // beginning is the position before every row of the table: on an upgraded changelog, a
 // switch-over from it (switchSnapshot): the rows without a txid in legacy order, then the rows
 // with one in deltas.
-func (w *Watcher) beginning(ctx context.Context, skipFree bool, now position.Snapshot) (Position, error) {
+func (s *saver) beginning(ctx context.Context, skipFree bool, now position.Snapshot) (Position, error) {
 	if !skipFree {
 		return Position{}, nil
 	}
-	s, err := w.switchSnapshot(ctx, Position{}, Position{}, now)
+	snap, err := s.rd.switchSnapshot(ctx, Position{}, Position{}, now)
 	if err != nil {
 		return Position{}, err
 	}
-	return Position{Span: &position.Span{Base: s}}, nil
+	return Position{Span: &position.Span{Base: snap}}, nil
 }
 
 // tokenRowPosition converts an id-only saved token by looking up its row's changed_at. If the
 // row is gone, the position is placed before every row (replaying rather than skipping).
-func (w *Watcher) tokenRowPosition(ctx context.Context, id int64) (Position, error) {
+func (s *saver) tokenRowPosition(ctx context.Context, id int64) (Position, error) {
 	var ts time.Time
-	err := w.cfg.DB.QueryRowContext(ctx, w.q.RowTime, id).Scan(&ts)
+	err := s.cfg.DB.QueryRowContext(ctx, s.q.RowTime, id).Scan(&ts)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		w.log.Warn("the saved token's changelog row no longer exists; replaying the table from the beginning", "id", id)
+		s.log.Warn("the saved token's changelog row no longer exists; replaying the table from the beginning", "id", id)
 		return Position{ID: id}, nil
 	case err != nil:
-		return Position{}, fmt.Errorf("look up changelog %s row %d of an id-only token: %w", w.cfg.ChangelogTable, id, err)
+		return Position{}, fmt.Errorf("look up changelog %s row %d of an id-only token: %w", s.cfg.ChangelogTable, id, err)
 	}
 	return position.Make(ts, id), nil
 }
@@ -441,57 +441,57 @@ func (w *Watcher) tokenRowPosition(ctx context.Context, id int64) (Position, err
 // statement, and its saves are fenced from then on; on a table without the column it warns,
 // once, that saves are not fenced. Without claim (a rewind: the watcher still owns the client)
 // it only reads the token and keeps its epoch. ckMu must be held.
-func (w *Watcher) claimToken(ctx context.Context, claim bool) (raw string, found bool, err error) {
+func (s *saver) claimToken(ctx context.Context, claim bool) (raw string, found bool, err error) {
 	if claim {
-		w.fenced, w.epoch = false, 0
+		s.fenced, s.epoch = false, 0
 	}
-	if claim && w.cfg.Exclusive && !w.cfg.Ephemeral {
-		if err := w.cfg.DB.QueryRowContext(ctx, w.q.EpochColumn, changelog.Quote(w.cfg.TokenTable)).Scan(&w.fenced); err != nil {
-			return "", false, fmt.Errorf("inspect token table %s: %w", w.cfg.TokenTable, err)
+	if claim && s.cfg.Exclusive && !s.cfg.Ephemeral {
+		if err := s.cfg.DB.QueryRowContext(ctx, s.q.EpochColumn, changelog.Quote(s.cfg.TokenTable)).Scan(&s.fenced); err != nil {
+			return "", false, fmt.Errorf("inspect token table %s: %w", s.cfg.TokenTable, err)
 		}
-		if w.fenced {
-			return w.claimEpoch(ctx)
+		if s.fenced {
+			return s.claimEpoch(ctx)
 		}
-		if !w.unfencedNoted {
-			w.unfencedNoted = true
-			w.log.Warn("the token table has no "+changelog.EpochColumn+" column: saves of exclusive watchers are not fenced, "+
+		if !s.unfencedNoted {
+			s.unfencedNoted = true
+			s.log.Warn("the token table has no "+changelog.EpochColumn+" column: saves of exclusive watchers are not fenced, "+
 				"so a watcher paused past the hand-over could overwrite its successor's token; upgrade it with "+
-				"schema.Install, or the statements it lists with DryRun", "token_table", w.cfg.TokenTable)
+				"schema.Install, or the statements it lists with DryRun", "token_table", s.cfg.TokenTable)
 		}
 	}
-	err = w.cfg.DB.QueryRowContext(ctx, w.q.LoadToken, w.cfg.ClientName).Scan(&raw)
+	err = s.cfg.DB.QueryRowContext(ctx, s.q.LoadToken, s.cfg.ClientName).Scan(&raw)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return "", false, nil
 	case err != nil:
-		return "", false, fmt.Errorf("read token table %s: %w", w.cfg.TokenTable, err)
+		return "", false, fmt.Errorf("read token table %s: %w", s.cfg.TokenTable, err)
 	}
 	return raw, true, nil
 }
 
 // claimEpoch claims the client's next owner epoch on the lock session and returns the saved
 // token. A client without a token row gets epoch 1 from its first save (claimNew).
-func (w *Watcher) claimEpoch(ctx context.Context) (raw string, found bool, err error) {
-	s := w.excl.current()
-	if s == nil {
-		return "", false, w.excl.lockLostErr()
+func (s *saver) claimEpoch(ctx context.Context) (raw string, found bool, err error) {
+	sess := s.excl.current()
+	if sess == nil {
+		return "", false, s.excl.lockLostErr()
 	}
-	c, o := lock.Halves(lock.Key(w.cfg.TokenTable, w.cfg.ClientName))
-	row, err := s.Query(ctx, w.q.ClaimEpoch, w.cfg.ClientName, string(itoa(c)), string(itoa(o)))
+	c, o := lock.Halves(lock.Key(s.cfg.TokenTable, s.cfg.ClientName))
+	row, err := sess.Query(ctx, s.q.ClaimEpoch, s.cfg.ClientName, string(itoa(c)), string(itoa(o)))
 	if err != nil {
-		return "", false, fmt.Errorf("claim an owner epoch in token table %s: %w", w.cfg.TokenTable, err)
+		return "", false, fmt.Errorf("claim an owner epoch in token table %s: %w", s.cfg.TokenTable, err)
 	}
 	if len(row) != 3 || row[0].String != "t" {
-		w.loseLock(lock.ErrNotHeld)
-		return "", false, w.excl.lockLostErr()
+		s.loseLock(lock.ErrNotHeld)
+		return "", false, s.excl.lockLostErr()
 	}
 	if !row[1].Valid {
 		return "", false, nil
 	}
-	if w.epoch, err = strconv.ParseInt(row[1].String, 10, 64); err != nil {
+	if s.epoch, err = strconv.ParseInt(row[1].String, 10, 64); err != nil {
 		return "", false, fmt.Errorf("claim an owner epoch: %q: %w", row[1].String, err)
 	}
-	w.log.Info("claimed the client", "owner_epoch", w.epoch)
+	s.log.Info("claimed the client", "owner_epoch", s.epoch)
 	return row[2].String, true, nil
 }
 
