@@ -179,6 +179,7 @@ func newWatcher(cfg Config) *Watcher {
 	}
 	if cfg.Shared {
 		w.sh = newSharedMember(cfg)
+		w.sh.db, w.sh.client, w.sh.log, w.sh.health, w.sh.excl = cfg.DB, cfg.ClientName, w.log, &w.health, &w.excl
 	}
 	w.saver = saver{rd: &w.reader, cfg: &w.cfg, q: &w.q, log: w.log, health: &w.health, excl: &w.excl, sh: w.sh,
 		mark: w.mark, instance: newInstanceID(), fence: w.stopOwning, recovered: w.askRewind, leaveIfDrained: w.leaveIfDrained,

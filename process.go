@@ -270,7 +270,7 @@ func (w *Watcher) restoreEvent(ctx context.Context, c EventWithToken) (EventWith
 func (w *Watcher) runHandler(ctx context.Context, handle Handler, ev EventWithToken) error {
 	switch {
 	case w.sh != nil:
-		if err := w.waitLease(ctx); err != nil {
+		if err := w.sh.waitLease(ctx); err != nil {
 			return err
 		}
 		lc, release := w.sh.handlerContext(ctx)

@@ -295,7 +295,7 @@ func (w *Watcher) deliver(ctx context.Context, row *changelogRow, pos Position, 
 		return nil
 	}
 	if w.sh != nil {
-		if err := w.waitLease(ctx); err != nil { // registered: a save cannot pass it
+		if err := w.sh.waitLease(ctx); err != nil { // registered: a save cannot pass it
 			return err
 		}
 	}
@@ -326,7 +326,7 @@ func (w *Watcher) send(ctx context.Context, ev EventWithToken) error {
 		}
 	}
 	for {
-		if err := w.waitLease(ctx); err != nil {
+		if err := w.sh.waitLease(ctx); err != nil {
 			return err
 		}
 		select {

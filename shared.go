@@ -2,6 +2,7 @@ package pgchangestream
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -165,6 +166,14 @@ func buildSharedQueries(cfg Config) sharedQueries {
 
 // sharedMember is the membership of a Shared watcher.
 type sharedMember struct {
+	// The watcher's database, client name, logger, health record and exclusive state: set by
+	// newWatcher, immutable after.
+	db     *sql.DB
+	client string
+	log    *slog.Logger
+	health *health
+	excl   *exclusive
+
 	q     sharedQueries // immutable
 	lease time.Duration // immutable
 	name  string        // immutable: Config.MemberName or host:pid
@@ -238,9 +247,9 @@ func (s *sharedMember) renewed(start time.Time) {
 
 // waitLease waits until deliveries may go on: the lease holds, or was renewed. It returns the
 // error that stopped the watcher when it lost its membership, or ctx's.
-func (w *Watcher) waitLease(ctx context.Context) error {
-	for !w.sh.leaseValid() {
-		if err := w.excl.lostErr(); err != nil {
+func (s *sharedMember) waitLease(ctx context.Context) error {
+	for !s.leaseValid() {
+		if err := s.excl.lostErr(); err != nil {
 			return err
 		}
 		if !backoff.Sleep(ctx, 20*time.Millisecond) {
@@ -337,7 +346,7 @@ func (w *Watcher) renewWhileProcessing(failed *repeatLog) {
 	for w.processing.Load() && w.excl.lostErr() == nil {
 		start := time.Now()
 		renewCtx, cancel := context.WithTimeout(w.sh.closing, w.sh.lease)
-		err := w.renew(renewCtx)
+		err := w.sh.renew(renewCtx)
 		cancel()
 		if w.sh.closing.Err() != nil || !w.coordinateFailed(err, failed) {
 			return
@@ -349,10 +358,10 @@ func (w *Watcher) renewWhileProcessing(failed *repeatLog) {
 }
 
 // renew renews the member's lease and moves its deadline.
-func (w *Watcher) renew(ctx context.Context) error {
-	id := w.sh.id.Load()
+func (s *sharedMember) renew(ctx context.Context) error {
+	id := s.id.Load()
 	start := time.Now()
-	res, err := w.cfg.DB.ExecContext(ctx, w.sh.q.renew, w.cfg.ClientName, id, w.sh.lease.Milliseconds())
+	res, err := s.db.ExecContext(ctx, s.q.renew, s.client, id, s.lease.Milliseconds())
 	if err != nil {
 		return fmt.Errorf("renew the lease of member %d: %w", id, err)
 	}
@@ -361,15 +370,15 @@ func (w *Watcher) renew(ctx context.Context) error {
 	} else if n == 0 {
 		return fmt.Errorf("%w: member %d's lease ran out and its row was removed", ErrFenced, id)
 	}
-	w.sh.renewed(start)
-	w.health.ok(opMember)
+	s.renewed(start)
+	s.health.ok(opMember)
 	return nil
 }
 
 // coordinateOnce renews the lease and looks at the split; busy reports a hand-over under way
 // (ranges to release or to claim).
 func (w *Watcher) coordinateOnce(ctx context.Context) (busy bool, err error) {
-	if err := w.renew(ctx); err != nil {
+	if err := w.sh.renew(ctx); err != nil {
 		return false, err
 	}
 	id := w.sh.id.Load()
@@ -461,7 +470,7 @@ func (w *Watcher) leaveAtClose(ctx context.Context) error {
 			"member", w.sh.id.Load())
 		return nil
 	}
-	return w.leave(ctx)
+	return w.sh.leave(ctx)
 }
 
 // leaveIfDrained leaves the members, once, after a save that left nothing unacknowledged by a
@@ -470,21 +479,21 @@ func (w *Watcher) leaveIfDrained(ctx context.Context) error {
 	if _, _, _, busy := w.checkpoint(); busy || !w.sh.leaveWhenDrained.CompareAndSwap(true, false) {
 		return nil
 	}
-	return w.leave(ctx)
+	return w.sh.leave(ctx)
 }
 
 // leave frees the member's ranges and deletes its row, at Close, so that other members take
 // them over at once rather than after its lease.
-func (w *Watcher) leave(ctx context.Context) error {
-	id := w.sh.id.Load()
+func (s *sharedMember) leave(ctx context.Context) error {
+	id := s.id.Load()
 	if id == 0 {
 		return nil
 	}
-	if _, err := w.cfg.DB.ExecContext(ctx, w.sh.q.leave, w.cfg.ClientName, id); err != nil {
+	if _, err := s.db.ExecContext(ctx, s.q.leave, s.client, id); err != nil {
 		return fmt.Errorf("pgchangestream: leave the shared members (the others take over after the lease): %w", err)
 	}
-	w.sh.markLost() // the ranges are free: a handler still running (a rerun) finds its context done
-	w.log.Info("left the shared members", "member", id)
+	s.markLost() // the ranges are free: a handler still running (a rerun) finds its context done
+	s.log.Info("left the shared members", "member", id)
 	return nil
 }
 

@@ -164,7 +164,7 @@ func (w *Watcher) loadShared(ctx context.Context, rewinding bool, skipFree bool,
 		w.sh.mu.Lock()
 		claimable := w.sh.claimable
 		w.sh.mu.Unlock()
-		if err := w.claimRanges(ctx, claimable); err != nil {
+		if err := w.sh.claimRanges(ctx, claimable); err != nil {
 			return Position{}, err
 		}
 		// Ranges claimed from other members may have been saved at snapshots taken after now:
@@ -211,11 +211,11 @@ func (w *Watcher) initRanges(ctx context.Context, now position.Snapshot, inc str
 }
 
 // claimRanges claims the ranges of want that are free or whose owner's lease ran out.
-func (w *Watcher) claimRanges(ctx context.Context, want []int) error {
+func (s *sharedMember) claimRanges(ctx context.Context, want []int) error {
 	if len(want) == 0 {
 		return nil
 	}
-	rows, err := w.cfg.DB.QueryContext(ctx, w.sh.q.claim, w.cfg.ClientName, w.sh.id.Load(), changelog.Array(int64s(want)), w.sh.lease.Milliseconds())
+	rows, err := s.db.QueryContext(ctx, s.q.claim, s.client, s.id.Load(), changelog.Array(int64s(want)), s.lease.Milliseconds())
 	if err != nil {
 		return fmt.Errorf("claim ranges: %w", err)
 	}
@@ -232,7 +232,7 @@ func (w *Watcher) claimRanges(ctx context.Context, want []int) error {
 		return fmt.Errorf("claim ranges: %w", err)
 	}
 	if len(got) > 0 {
-		w.log.Info("claimed ranges", "member", w.sh.id.Load(), "ranges", got)
+		s.log.Info("claimed ranges", "member", s.id.Load(), "ranges", got)
 	}
 	return nil
 }
@@ -372,7 +372,7 @@ func (w *Watcher) handOver(ctx context.Context) error {
 		}
 		w.log.Info("released ranges", "member", w.sh.id.Load(), "ranges", release)
 	}
-	if err := w.claimRanges(ctx, claimable); err != nil {
+	if err := w.sh.claimRanges(ctx, claimable); err != nil {
 		w.sh.changeAsked.Store(true)
 		return err
 	}

@@ -127,7 +127,7 @@ func TestLiveSharedTxStatements(t *testing.T) {
 	w9 := sharedStatementsWatcher(t, e, 9, other)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	require.NoError(t, w9.claimRanges(ctx, []int{held, free}), "the claim waited for the claim in flight")
+	require.NoError(t, w9.sh.claimRanges(ctx, []int{held, free}), "the claim waited for the claim in flight")
 	owner := func(r int) int64 {
 		return pgtest.Scalar[int64](t, e.db, `SELECT COALESCE(owner, 0) FROM datastore_changelog_ranges WHERE client_name = 'c' AND range_no = $1`, r)
 	}
@@ -137,7 +137,7 @@ func TestLiveSharedTxStatements(t *testing.T) {
 	// The claim in flight commits; the range is claimed at the next look, and the former
 	// owner's claims are fenced off from then on, while the committed one stays done.
 	require.NoError(t, inFlight.Commit())
-	require.NoError(t, w9.claimRanges(ctx, []int{held, free}))
+	require.NoError(t, w9.sh.claimRanges(ctx, []int{held, free}))
 	require.EqualValues(t, 9, owner(held))
 	claimed, err = claimEnded(t, e, w, heldID)
 	require.NoError(t, err)

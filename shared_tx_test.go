@@ -135,7 +135,7 @@ func TestSharedClaimSkipsLockedRanges(t *testing.T) {
 	w, mock := sharedTxWatcher(t)
 	mock.ExpectQuery(wantSharedClaim).WithArgs("c", int64(7), "{1,2,3}", int64(5000)).
 		WillReturnRows(sqlmock.NewRows([]string{"range_no"}).AddRow(1).AddRow(3))
-	require.NoError(t, w.claimRanges(context.Background(), []int{1, 2, 3}))
+	require.NoError(t, w.sh.claimRanges(context.Background(), []int{1, 2, 3}))
 	require.NoError(t, mock.ExpectationsWereMet())
 }
 
