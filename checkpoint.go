@@ -507,17 +507,17 @@ func (s *saver) afterSave(ctx context.Context) {
 }
 
 // markPass runs a marking pass now, if the watcher sets the processed flag.
-func (w *Watcher) markPass(ctx context.Context) error {
-	if w.mark == nil {
+func (s *saver) markPass(ctx context.Context) error {
+	if s.mark == nil {
 		return nil
 	}
-	return w.mark.Pass(ctx)
+	return s.mark.Pass(ctx)
 }
 
 // setMarked records p, the loaded token, as where marking goes on from (see
 // marker.Marker.SetMarked). mu must not be held.
-func (w *Watcher) setMarked(p Position) {
-	if w.mark != nil {
-		w.mark.SetMarked(p)
+func (s *saver) setMarked(p Position) {
+	if s.mark != nil {
+		s.mark.SetMarked(p)
 	}
 }

@@ -49,7 +49,7 @@ func (w *Watcher) gateOwnership(run func(context.Context, *procrun.Job[EventWith
 		if errors.Is(err, procrun.ErrNotOwned) && j.Blocking {
 			// One of a held key's parked events, loaded by its release: the key stays held
 			// until the owner goes on with the release from this event.
-			if err := w.deadLetterTable().Request(ctx, j.Parked); err != nil && !errors.Is(err, ErrNotParked) {
+			if err := w.cfg.deadLetterTable().Request(ctx, j.Parked); err != nil && !errors.Is(err, ErrNotParked) {
 				return err
 			}
 		}
@@ -127,15 +127,15 @@ func (s *sharedMember) rerunsIdle() bool {
 	return s.reruns == 0
 }
 
-// deadLetterTable returns the dead-letter table of the watcher's client, unfenced.
-func (w *Watcher) deadLetterTable() *deadletter.Store {
-	return deadletter.New(w.cfg.DB, w.cfg.ChangelogTable, w.cfg.ClientName)
+// deadLetterTable returns the dead-letter table of cfg's client, unfenced.
+func (cfg *Config) deadLetterTable() *deadletter.Store {
+	return deadletter.New(cfg.DB, cfg.ChangelogTable, cfg.ClientName)
 }
 
 // parkedStore returns the dead-letter table of the watcher's client, its parks fenced as the
 // watcher's saves are (fencedParks).
 func (w *Watcher) parkedStore() procface.ParkedStore {
-	return fencedParks{w.deadLetterTable(), w}
+	return fencedParks{w.cfg.deadLetterTable(), w}
 }
 
 // fencedParks is the dead-letter table of a watcher whose parks are fenced like its saves: an

@@ -247,19 +247,19 @@ func deferEvent(ev EventWithToken) EventWithToken {
 // reader did. The row is there: the deferred event is unfinished, so the saved token has not
 // passed it, and Prune deletes only rows every token passed (unless told to ignore this
 // client's token).
-func (w *Watcher) restoreEvent(ctx context.Context, c EventWithToken) (EventWithToken, error) {
+func (r *reader) restoreEvent(ctx context.Context, c EventWithToken) (EventWithToken, error) {
 	id, _, err := position.ParseToken(c.ResumeToken)
 	if err != nil {
 		return c, err
 	}
-	rows, err := w.query(ctx, w.q.ByID, nil, rowColumns{}, w.cfg.TableName, id)
+	rows, err := r.query(ctx, r.q.ByID, nil, rowColumns{}, r.cfg.TableName, id)
 	if err != nil {
 		return c, fmt.Errorf("read changelog row %d again: %w", id, err)
 	}
 	if len(rows) == 0 { // deleted by hand, or by a Prune told to ignore this client: it never comes back
 		return c, procrun.Fatal(fmt.Errorf("changelog row %d of a deferred event is gone", id))
 	}
-	ev, _, _ := document.Build(&rows[0], w.cfg.TableName, w.cfg.documents()) // a decode error was logged at delivery
+	ev, _, _ := document.Build(&rows[0], r.cfg.TableName, r.cfg.documents()) // a decode error was logged at delivery
 	return EventWithToken{Event: ev, ResumeToken: c.ResumeToken}, nil
 }
 

@@ -119,7 +119,7 @@ func (w *Watcher) runTx(ctx context.Context, handle TxHandler, j *procrun.Job[Ev
 		return procrun.ErrDone
 	}
 	if j.Parked > 0 {
-		found, err := w.deadLetterTable().FinishIn(ctx, tx, j.Parked)
+		found, err := w.cfg.deadLetterTable().FinishIn(ctx, tx, j.Parked)
 		switch {
 		case err != nil:
 			return err

@@ -76,20 +76,20 @@ func (w *Watcher) schemaCheckLoop(ctx context.Context) {
 // table_name is the trigger's TG_TABLE_NAME, the bare table name, so a schema prefix is the
 // usual cause, and the warning says so. A failing check only logs at debug level: it must not
 // hold the watcher up.
-func (w *Watcher) checkTableName(ctx context.Context) {
-	name := w.cfg.TableName
+func (r *reader) checkTableName(ctx context.Context) {
+	name := r.cfg.TableName
 	var found bool
-	if err := w.cfg.DB.QueryRowContext(ctx, changelog.TableCheckSQL(w.cfg.ChangelogTable), name).Scan(&found); err != nil {
-		w.log.Debug("cannot check Config.TableName against the changelog", "error", err)
+	if err := r.cfg.DB.QueryRowContext(ctx, changelog.TableCheckSQL(r.cfg.ChangelogTable), name).Scan(&found); err != nil {
+		r.log.Debug("cannot check Config.TableName against the changelog", "error", err)
 		return
 	}
 	if found {
 		return
 	}
 	if i := strings.LastIndexByte(name, '.'); i >= 0 {
-		w.log.Warn("Config.TableName has a schema prefix, but the changelog records bare table names: no event will match",
+		r.log.Warn("Config.TableName has a schema prefix, but the changelog records bare table names: no event will match",
 			"use", name[i+1:])
 		return
 	}
-	w.log.Warn("no changelog row and no table with a trigger has Config.TableName: check the name, and that schema.Capture ran for the table")
+	r.log.Warn("no changelog row and no table with a trigger has Config.TableName: check the name, and that schema.Capture ran for the table")
 }
