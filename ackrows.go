@@ -29,7 +29,7 @@ import (
 // claimAck claims the event id in tx for this watcher's client. It returns false when a
 // committed transaction claimed it before: tx must then be rolled back and the event counted as
 // done. It returns an error wrapping [ErrFenced] when a later owner claimed the client (in a
-// Shared member: the event's range, see shared_tx.go). rerun is set for the rerun of a parked
+// Shared member: the event's range, see shared_read.go). rerun is set for the rerun of a parked
 // event, which a Shared member does not fence by range: any member may rerun it, no read
 // delivers it again (the checkpoint passed it), and the parked row its transaction deletes
 // lets one rerun commit. In the same statement it sets tx's idle_in_transaction_session_timeout to Config.LockSessionTimeout:

@@ -159,9 +159,7 @@ func (s *saver) writeCheckpointOnce(ctx context.Context, rule saveRule, write *S
 	s.ckWrites.Add(1)
 	s.health.ok(opSave)
 	s.saved, s.hasSaved, s.savedAt = p, true, time.Now()
-	s.rd.mu.Lock()
-	s.rd.savedMirror = p
-	s.rd.mu.Unlock()
+	s.rd.noteSaved(p)
 	return true, nil
 }
 

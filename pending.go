@@ -208,3 +208,10 @@ func (r *reader) lagLocked(now time.Time, caughtUp bool) time.Duration {
 	}
 	return now.Sub(oldest)
 }
+
+// noteSaved records p, just saved, for Stats, the lag and the marker's target.
+func (r *reader) noteSaved(p Position) {
+	r.mu.Lock()
+	r.savedMirror = p
+	r.mu.Unlock()
+}

@@ -19,7 +19,7 @@ type Statements struct {
 	Snapshot, SnapshotInc string
 	// Detect: whether the changelog ($1, quoted) has the txid column with its default, on
 	// PostgreSQL 13 or later, whether the incarnation table ($2, quoted) exists, and whether the
-	// changelog has statistics (plans.go). StatsExist: the last alone.
+	// changelog has statistics (the root's delta.go). StatsExist: the last alone.
 	Detect, StatsExist string
 	// DeltaStart: the current snapshot and the highest txid stored for the table, checked at
 	// Start against each other and against the saved token. DeltaStartInc adds the
