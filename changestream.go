@@ -368,7 +368,7 @@ const (
 // newListener returns the LISTEN service (internal/listen) on pc: its notifications wake the
 // reader and note id hints; its failures go to Health.
 func (w *Watcher) newListener(pc *pgconn.Config) *listen.Listener {
-	failed := newRepeatLog(w.log, slog.LevelWarn, "LISTEN connection failed; retrying")
+	retrying := newRetryReport(&w.health, w.log, opListen, "LISTEN connection failed; retrying")
 	return listen.New(listen.Config{
 		Conn:           pc,
 		AppName:        defaultAppName,
@@ -380,15 +380,9 @@ func (w *Watcher) newListener(pc *pgconn.Config) *listen.Listener {
 		NoIDs:          w.skipFree.Load,
 		Wake:           w.wakeReader,
 		OnConnect:      w.warnOtherWatchers,
-		Failed: func(err error, retryIn time.Duration) {
-			w.health.fail(opListen, fmt.Errorf("%s: %w", opListen, err))
-			failed.fail("error", err, "retry_in", retryIn)
-		},
-		Connected: func() {
-			failed.ok()
-			w.health.ok(opListen)
-		},
-		Lost: func(err error) { w.health.fail(opListen, fmt.Errorf("%s lost: %w", opListen, err)) },
+		Failed:         retrying.failed,
+		Connected:      retrying.ok,
+		Lost:           func(err error) { w.health.fail(opListen, fmt.Errorf("%s lost: %w", opListen, err)) },
 	})
 }
 

@@ -3,11 +3,9 @@ package pgchangestream
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgchangestream/pgchangestream/internal/lock"
@@ -67,7 +65,7 @@ func (x *exclusive) release() {
 // Config.Exclusive: its sessions are bounded by Config.LockSessionTimeout, its failed tries go
 // to Health.
 func (w *Watcher) newElector() *lock.Elector {
-	failed := newRepeatLog(w.log, slog.LevelWarn, "cannot try the exclusive lock; retrying")
+	retrying := newRetryReport(&w.health, w.log, opLock, "cannot try the exclusive lock; retrying")
 	return lock.NewElector(lock.ElectorConfig{
 		DB:             w.cfg.DB,
 		ConnString:     w.cfg.ConnString,
@@ -76,14 +74,8 @@ func (w *Watcher) newElector() *lock.Elector {
 		SessionTimeout: w.cfg.LockSessionTimeout,
 		Key:            lock.Key(w.cfg.TokenTable, w.cfg.ClientName),
 		Logger:         w.log,
-		TryFailed: func(err error, retryIn time.Duration) {
-			w.health.fail(opLock, fmt.Errorf("%s: %w", opLock, err))
-			failed.fail("error", err, "retry_in", retryIn)
-		},
-		Tried: func() {
-			failed.ok()
-			w.health.ok(opLock)
-		},
+		TryFailed:      retrying.failed,
+		Tried:          retrying.ok,
 	})
 }
 

@@ -458,3 +458,28 @@ func (r *repeatLog) ok() {
 	r.mu.Unlock()
 	r.log.Info(r.msg+": recovered", "failures", total, "failing_for", lasted.Round(time.Second))
 }
+
+// retryReport reports the attempts of a service that retries op with backoff: each failure is a
+// Health failure of op and goes to a repeatLog of msg; a success clears both.
+type retryReport struct {
+	h   *health
+	op  string
+	log *repeatLog
+}
+
+// newRetryReport returns the retryReport of op into h, logging msg to log.
+func newRetryReport(h *health, log *slog.Logger, op, msg string) retryReport {
+	return retryReport{h: h, op: op, log: newRepeatLog(log, slog.LevelWarn, msg)}
+}
+
+// failed records a failed attempt, retried in retryIn.
+func (r retryReport) failed(err error, retryIn time.Duration) {
+	r.h.fail(r.op, fmt.Errorf("%s: %w", r.op, err))
+	r.log.fail("error", err, "retry_in", retryIn)
+}
+
+// ok records a successful attempt.
+func (r retryReport) ok() {
+	r.log.ok()
+	r.h.ok(r.op)
+}
